@@ -1,0 +1,19 @@
+//! ONC-RPC over TCP (RFC 5531) for layerfs.
+//!
+//! The transport knows nothing of NFS: it frames records ([`record`]), decodes
+//! the call envelope ([`envelope`]), routes calls to registered [`Program`]s
+//! ([`program`]), sends each reply in one write ([`reply`]) and runs the
+//! connections ([`server`]). Everything but `server` is sans-IO or generic
+//! over `Read`/`Write`, so tests drive it without sockets.
+
+pub mod envelope;
+pub mod program;
+pub mod record;
+pub mod reply;
+pub mod server;
+
+pub use envelope::{AuthSys, Credentials};
+pub use program::{Call, Dispatcher, Outcome, Program, Refusal};
+pub use record::{Record, Records, READ_AHEAD, RECORD_LIMIT};
+pub use reply::{ReplyBuf, ReplyWriter};
+pub use server::{Server, ServerConfig, ServerHandle, TransportStats};

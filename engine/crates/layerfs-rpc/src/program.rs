@@ -1,0 +1,170 @@
+//! RPC programs and the dispatcher that routes a record to one of them.
+//!
+//! `Dispatcher::handle` is the whole life of a call without the socket:
+//! bytes of one record in, the framed reply (or nothing) out.
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use crate::envelope::{self, Accepted, CallHeader, Credentials, Envelope};
+use crate::reply::ReplyBuf;
+
+/// One call as a program sees it.
+#[derive(Debug)]
+pub struct Call<'a> {
+    pub xid: u32,
+    pub vers: u32,
+    pub proc: u32,
+    pub cred: &'a Credentials,
+    /// The procedure's XDR-encoded arguments.
+    pub args: &'a [u8],
+    /// The client's address, without the port.
+    pub peer: Option<IpAddr>,
+}
+
+/// Why a program answered a call without results.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    ProcUnavail,
+    GarbageArgs,
+    SystemErr,
+}
+
+/// An RPC program (such as NFS or MOUNT) served over this transport.
+pub trait Program: Send + Sync {
+    /// The program number, e.g. 100003 for NFS.
+    fn number(&self) -> u32;
+    /// Lowest and highest version served.
+    fn versions(&self) -> (u32, u32);
+    /// The procedure's name for logs and counters; `None` if it does not exist.
+    fn procedure_name(&self, proc: u32) -> Option<&'static str>;
+    /// Runs a call whose version is within `versions()`, appending the
+    /// procedure's results to `reply` (which already holds the reply header).
+    fn call(&self, call: &Call<'_>, reply: &mut ReplyBuf) -> Result<(), Refusal>;
+}
+
+/// What became of one record.
+#[derive(Debug)]
+pub enum Outcome {
+    /// A framed reply to send.
+    Reply(Vec<u8>),
+    /// Nothing to send; the reason was logged.
+    Dropped,
+}
+
+/// Calls answered, per program and procedure.
+struct ProgramEntry {
+    program: Box<dyn Program>,
+    /// Index `proc` counts calls to that procedure; the last slot counts calls
+    /// to procedures that do not exist.
+    calls: Vec<AtomicU64>,
+}
+
+/// Routes records to programs and counts what it did.
+pub struct Dispatcher {
+    programs: Vec<ProgramEntry>,
+    rejected: AtomicU64,
+    dropped: AtomicU64,
+}
+
+/// Procedures per program that get a counter of their own.
+const COUNTED_PROCS: u32 = 32;
+
+impl Dispatcher {
+    pub fn new(programs: Vec<Box<dyn Program>>) -> Self {
+        let programs = programs
+            .into_iter()
+            .map(|program| ProgramEntry {
+                program,
+                calls: (0..=COUNTED_PROCS).map(|_| AtomicU64::new(0)).collect(),
+            })
+            .collect();
+        Dispatcher {
+            programs,
+            rejected: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+        }
+    }
+
+    /// Answers one record received from `peer`.
+    pub fn handle(&self, record: &[u8], peer: Option<IpAddr>) -> Outcome {
+        match envelope::decode_call(record) {
+            Envelope::Call(header) => Outcome::Reply(self.call(&header, record, peer).into_frame()),
+            Envelope::Denied { xid, why } => {
+                self.rejected.fetch_add(1, Relaxed);
+                tracing::debug!(xid, ?why, "call denied");
+                Outcome::Reply(envelope::denied_reply(xid, why).into_frame())
+            }
+            Envelope::Drop(reason) => {
+                self.dropped.fetch_add(1, Relaxed);
+                tracing::warn!(?peer, len = record.len(), "dropped record: {reason}");
+                Outcome::Dropped
+            }
+        }
+    }
+
+    fn call(&self, header: &CallHeader, record: &[u8], peer: Option<IpAddr>) -> ReplyBuf {
+        let xid = header.xid;
+        let Some(entry) = self.programs.iter().find(|e| e.program.number() == header.prog) else {
+            self.rejected.fetch_add(1, Relaxed);
+            tracing::debug!(xid, prog = header.prog, "program unavailable");
+            return envelope::accepted_reply(xid, Accepted::ProgUnavail);
+        };
+        let (low, high) = entry.program.versions();
+        if !(low..=high).contains(&header.vers) {
+            self.rejected.fetch_add(1, Relaxed);
+            return envelope::accepted_reply(xid, Accepted::ProgMismatch { low, high });
+        }
+        let slot = header.proc.min(COUNTED_PROCS) as usize;
+        entry.calls[slot].fetch_add(1, Relaxed);
+        let call = Call {
+            xid,
+            vers: header.vers,
+            proc: header.proc,
+            cred: &header.cred,
+            args: &record[header.args_at..],
+            peer,
+        };
+        let mut reply = envelope::accepted_reply(xid, Accepted::Success);
+        match entry.program.call(&call, &mut reply) {
+            Ok(()) => reply,
+            Err(refusal) => {
+                self.rejected.fetch_add(1, Relaxed);
+                let name = entry.program.procedure_name(header.proc).unwrap_or("?");
+                tracing::debug!(xid, proc = name, ?refusal, "call refused");
+                let stat = match refusal {
+                    Refusal::ProcUnavail => Accepted::ProcUnavail,
+                    Refusal::GarbageArgs => Accepted::GarbageArgs,
+                    Refusal::SystemErr => Accepted::SystemErr,
+                };
+                envelope::accepted_reply(xid, stat)
+            }
+        }
+    }
+
+    /// Records refused with an RPC-level error (denied, unavailable, garbage).
+    pub fn rejected(&self) -> u64 {
+        self.rejected.load(Relaxed)
+    }
+
+    /// Records dropped without a reply.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Relaxed)
+    }
+
+    /// Calls that reached a program, as (program, procedure name, count), for
+    /// procedures called at least once.
+    pub fn calls(&self) -> Vec<(u32, &'static str, u64)> {
+        let mut out = Vec::new();
+        for entry in &self.programs {
+            for (proc, count) in entry.calls.iter().enumerate() {
+                let count = count.load(Relaxed);
+                if count > 0 {
+                    let name = entry.program.procedure_name(proc as u32).unwrap_or("(unknown)");
+                    out.push((entry.program.number(), name, count));
+                }
+            }
+        }
+        out
+    }
+}

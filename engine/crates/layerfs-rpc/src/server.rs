@@ -1,0 +1,358 @@
+//! The TCP server: one reader thread per connection, a shared pool of worker
+//! threads, and a bounded window of calls in flight per connection.
+//!
+//! The reader frames records and hands each call to the pool; replies leave in
+//! whatever order calls finish (the xid pairs them). When a connection has
+//! `window` calls in flight its reader stops reading until one finishes, so a
+//! client that pipelines without limit holds at most `window` records in
+//! server memory and the rest waits in its own socket buffer.
+
+use std::io::{self, ErrorKind};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, Sender};
+use socket2::{Domain, SockRef, Socket, Type};
+
+use crate::program::{Dispatcher, Outcome};
+use crate::record::Records;
+use crate::reply::ReplyWriter;
+
+/// Tuning of the server; the defaults suit a loopback mount.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Calls in flight per connection before its reader pauses.
+    pub window: usize,
+    /// Threads running calls, shared by all connections.
+    pub workers: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            window: 64,
+            workers: 16,
+        }
+    }
+}
+
+/// Counters of the transport, for one connection or summed over a server.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TransportStats {
+    pub connections: u64,
+    pub records: u64,
+    pub socket_reads: u64,
+    pub replies: u64,
+    pub socket_writes: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+}
+
+impl TransportStats {
+    fn add(&mut self, other: &TransportStats) {
+        self.connections += other.connections;
+        self.records += other.records;
+        self.socket_reads += other.socket_reads;
+        self.replies += other.replies;
+        self.socket_writes += other.socket_writes;
+        self.bytes_in += other.bytes_in;
+        self.bytes_out += other.bytes_out;
+    }
+}
+
+/// Calls in flight on one connection, at most `size`.
+struct Window {
+    in_flight: Mutex<usize>,
+    freed: Condvar,
+    size: usize,
+}
+
+impl Window {
+    fn new(size: usize) -> Self {
+        Window {
+            in_flight: Mutex::new(0),
+            freed: Condvar::new(),
+            size: size.max(1),
+        }
+    }
+
+    fn acquire(&self) {
+        let mut n = self.in_flight.lock().expect("window poisoned");
+        while *n >= self.size {
+            n = self.freed.wait(n).expect("window poisoned");
+        }
+        *n += 1;
+    }
+
+    fn release(&self) {
+        *self.in_flight.lock().expect("window poisoned") -= 1;
+        self.freed.notify_all();
+    }
+
+    /// Waits until every call in flight has finished.
+    fn drain(&self) {
+        let mut n = self.in_flight.lock().expect("window poisoned");
+        while *n > 0 {
+            n = self.freed.wait(n).expect("window poisoned");
+        }
+    }
+}
+
+struct Connection {
+    peer: Option<IpAddr>,
+    writer: ReplyWriter<TcpStream>,
+    window: Window,
+    records: AtomicU64,
+    socket_reads: AtomicU64,
+    bytes_in: AtomicU64,
+    replies: AtomicU64,
+}
+
+impl Connection {
+    fn stats(&self) -> TransportStats {
+        TransportStats {
+            connections: 1,
+            records: self.records.load(Relaxed),
+            socket_reads: self.socket_reads.load(Relaxed),
+            replies: self.replies.load(Relaxed),
+            socket_writes: self.writer.writes(),
+            bytes_in: self.bytes_in.load(Relaxed),
+            bytes_out: self.writer.bytes_out(),
+        }
+    }
+
+    /// Runs one call and sends its reply; releases its window slot.
+    fn answer(&self, dispatcher: &Dispatcher, record: &[u8]) {
+        if let Outcome::Reply(frame) = dispatcher.handle(record, self.peer) {
+            match self.writer.send(frame) {
+                Ok(()) => {
+                    self.replies.fetch_add(1, Relaxed);
+                }
+                Err(e) => tracing::debug!(peer = ?self.peer, "reply not sent: {e}"),
+            }
+        }
+        self.window.release();
+    }
+}
+
+struct Job {
+    conn: Arc<Connection>,
+    record: Vec<u8>,
+}
+
+/// State shared by the accept loop, the readers and the workers.
+struct Shared {
+    dispatcher: Arc<Dispatcher>,
+    config: ServerConfig,
+    jobs: Sender<Job>,
+    live: Mutex<Vec<Weak<Connection>>>,
+    closed: Mutex<TransportStats>,
+    stopping: AtomicBool,
+}
+
+impl Shared {
+    fn stats(&self) -> TransportStats {
+        let mut live = self.live.lock().expect("connections poisoned");
+        let mut total = *self.closed.lock().expect("stats poisoned");
+        live.retain(|weak| match weak.upgrade() {
+            Some(conn) => {
+                total.add(&conn.stats());
+                true
+            }
+            None => false,
+        });
+        total
+    }
+}
+
+/// A bound, not yet serving, RPC server.
+pub struct Server {
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    job_queue: Receiver<Job>,
+}
+
+impl Server {
+    /// Binds `addr` (port 0 lets the OS pick) with a backlog suited to bursts
+    /// of reconnects.
+    pub fn bind(addr: SocketAddr, dispatcher: Arc<Dispatcher>, config: ServerConfig) -> io::Result<Self> {
+        let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+        socket.set_reuse_address(true)?;
+        socket.bind(&addr.into())?;
+        socket.listen(1024)?;
+        let (jobs, job_queue) = crossbeam_channel::unbounded();
+        Ok(Server {
+            listener: socket.into(),
+            shared: Arc::new(Shared {
+                dispatcher,
+                config,
+                jobs,
+                live: Mutex::new(Vec::new()),
+                closed: Mutex::new(TransportStats::default()),
+                stopping: AtomicBool::new(false),
+            }),
+            job_queue,
+        })
+    }
+
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Starts the workers and the accept loop on threads of their own.
+    pub fn spawn(self) -> io::Result<ServerHandle> {
+        let addr = self.local_addr()?;
+        for i in 0..self.shared.config.workers.max(1) {
+            let queue = self.job_queue.clone();
+            let dispatcher = self.shared.dispatcher.clone();
+            thread::Builder::new()
+                .name(format!("rpc-worker-{i}"))
+                .spawn(move || {
+                    for job in queue {
+                        job.conn.answer(&dispatcher, &job.record);
+                    }
+                })?;
+        }
+        let shared = self.shared.clone();
+        let listener = self.listener;
+        let accept = thread::Builder::new()
+            .name("rpc-accept".into())
+            .spawn(move || accept_loop(&listener, &shared))?;
+        Ok(ServerHandle {
+            addr,
+            shared: self.shared,
+            accept: Some(accept),
+        })
+    }
+}
+
+/// A running server.
+pub struct ServerHandle {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    accept: Option<JoinHandle<()>>,
+}
+
+impl ServerHandle {
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Transport counters summed over every connection, open or closed.
+    pub fn stats(&self) -> TransportStats {
+        self.shared.stats()
+    }
+
+    pub fn dispatcher(&self) -> &Dispatcher {
+        &self.shared.dispatcher
+    }
+
+    /// Stops accepting connections; open connections run until their clients close them.
+    pub fn stop(&mut self) {
+        self.shared.stopping.store(true, Relaxed);
+        // Wake the accept loop so it sees the flag.
+        let _ = TcpStream::connect(self.addr);
+        if let Some(accept) = self.accept.take() {
+            let _ = accept.join();
+        }
+    }
+}
+
+impl Drop for ServerHandle {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
+    loop {
+        let accepted = listener.accept();
+        if shared.stopping.load(Relaxed) {
+            return;
+        }
+        match accepted {
+            Ok((stream, peer)) => {
+                let shared = shared.clone();
+                let spawned = thread::Builder::new()
+                    .name(format!("rpc-conn-{peer}"))
+                    .spawn(move || serve_connection(stream, peer, &shared));
+                if let Err(e) = spawned {
+                    tracing::error!(%peer, "cannot start a connection thread: {e}");
+                }
+            }
+            Err(e) => {
+                // Out of descriptors or a connection reset before accept: keep
+                // listening, but do not spin while the cause persists.
+                tracing::warn!("accept failed: {e}");
+                thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+}
+
+fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Shared) {
+    // Best effort: a connection the peer already reset may refuse options.
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::warn!(%peer, "TCP_NODELAY not set: {e}");
+    }
+    if let Err(e) = SockRef::from(&stream).set_keepalive(true) {
+        tracing::warn!(%peer, "SO_KEEPALIVE not set: {e}");
+    }
+    let write_half = match stream.try_clone() {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(%peer, "cannot clone the socket: {e}");
+            return;
+        }
+    };
+    let conn = Arc::new(Connection {
+        peer: Some(peer.ip()),
+        writer: ReplyWriter::new(write_half),
+        window: Window::new(shared.config.window),
+        records: AtomicU64::new(0),
+        socket_reads: AtomicU64::new(0),
+        bytes_in: AtomicU64::new(0),
+        replies: AtomicU64::new(0),
+    });
+    shared.live.lock().expect("connections poisoned").push(Arc::downgrade(&conn));
+    tracing::debug!(%peer, "connection open");
+
+    let mut records = Records::new(&stream);
+    let end = loop {
+        let next = records.next_record().map(|r| r.map(|r| r.into_vec()));
+        conn.socket_reads.store(records.reads(), Relaxed);
+        conn.bytes_in.store(records.bytes_in(), Relaxed);
+        let record = match next {
+            Ok(Some(record)) => record,
+            Ok(None) => break Ok(()),
+            Err(e) => break Err(e),
+        };
+        conn.records.fetch_add(1, Relaxed);
+        conn.window.acquire();
+        let job = Job {
+            conn: conn.clone(),
+            record,
+        };
+        if let Err(lost) = shared.jobs.send(job) {
+            lost.into_inner().conn.window.release();
+            break Err(io::Error::other("worker pool is gone"));
+        }
+    };
+    match end {
+        Ok(()) => tracing::debug!(%peer, "connection closed by the client"),
+        Err(e) if e.kind() == ErrorKind::InvalidData => {
+            tracing::warn!(%peer, "closing the connection: {e}")
+        }
+        Err(e) => tracing::debug!(%peer, "closing the connection: {e}"),
+    }
+    // Calls already read still get their replies unless the stream is broken.
+    conn.window.drain();
+    let _ = stream.shutdown(Shutdown::Both);
+    // Move its counters from the live list to the closed total in one step.
+    let mut live = shared.live.lock().expect("connections poisoned");
+    live.retain(|weak| !std::ptr::eq(weak.as_ptr(), Arc::as_ptr(&conn)));
+    shared.closed.lock().expect("stats poisoned").add(&conn.stats());
+}
