@@ -12,7 +12,11 @@ use layerfs_rpc::{Dispatcher, Program, Server, ServerConfig};
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
-#[command(name = "layerfs", version, about = "A layered, writable workspace served to the kernel over loopback NFSv3")]
+#[command(
+    name = "layerfs",
+    version,
+    about = "A layered, writable workspace served to the kernel over loopback NFSv3"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -46,7 +50,9 @@ struct ServeArgs {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
@@ -83,7 +89,9 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         let _ = stop_tx.send(());
     })
     .map_err(|e| format!("cannot install the signal handler: {e}"))?;
-    let _handle = server.spawn().map_err(|e| format!("cannot start the server: {e}"))?;
+    let _handle = server
+        .spawn()
+        .map_err(|e| format!("cannot start the server: {e}"))?;
 
     let port = addr.port();
     let ip = addr.ip();

@@ -3,9 +3,28 @@ use layerfs_rpc::{Call, Program, Refusal, ReplyBuf};
 use crate::{NFS_PROGRAM, NFS_VERSION};
 
 const PROCEDURES: [&str; 22] = [
-    "NULL", "GETATTR", "SETATTR", "LOOKUP", "ACCESS", "READLINK", "READ", "WRITE", "CREATE",
-    "MKDIR", "SYMLINK", "MKNOD", "REMOVE", "RMDIR", "RENAME", "LINK", "READDIR", "READDIRPLUS",
-    "FSSTAT", "FSINFO", "PATHCONF", "COMMIT",
+    "NULL",
+    "GETATTR",
+    "SETATTR",
+    "LOOKUP",
+    "ACCESS",
+    "READLINK",
+    "READ",
+    "WRITE",
+    "CREATE",
+    "MKDIR",
+    "SYMLINK",
+    "MKNOD",
+    "REMOVE",
+    "RMDIR",
+    "RENAME",
+    "LINK",
+    "READDIR",
+    "READDIRPLUS",
+    "FSSTAT",
+    "FSINFO",
+    "PATHCONF",
+    "COMMIT",
 ];
 
 /// NFS version 3.

@@ -58,7 +58,10 @@ pub struct CallHeader {
 pub enum Envelope {
     Call(CallHeader),
     /// A call refused before reaching a program; answer with this.
-    Denied { xid: u32, why: Denial },
+    Denied {
+        xid: u32,
+        why: Denial,
+    },
     /// Not a call we can answer at all; log it and move on.
     Drop(DropReason),
 }

@@ -105,7 +105,11 @@ impl Dispatcher {
 
     fn call(&self, header: &CallHeader, record: &[u8], peer: Option<IpAddr>) -> ReplyBuf {
         let xid = header.xid;
-        let Some(entry) = self.programs.iter().find(|e| e.program.number() == header.prog) else {
+        let Some(entry) = self
+            .programs
+            .iter()
+            .find(|e| e.program.number() == header.prog)
+        else {
             self.rejected.fetch_add(1, Relaxed);
             tracing::debug!(xid, prog = header.prog, "program unavailable");
             return envelope::accepted_reply(xid, Accepted::ProgUnavail);
@@ -160,7 +164,10 @@ impl Dispatcher {
             for (proc, count) in entry.calls.iter().enumerate() {
                 let count = count.load(Relaxed);
                 if count > 0 {
-                    let name = entry.program.procedure_name(proc as u32).unwrap_or("(unknown)");
+                    let name = entry
+                        .program
+                        .procedure_name(proc as u32)
+                        .unwrap_or("(unknown)");
                     out.push((entry.program.number(), name, count));
                 }
             }

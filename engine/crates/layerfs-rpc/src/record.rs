@@ -220,6 +220,9 @@ fn check_limit(len: usize) -> io::Result<()> {
 
 /// The 4-byte mark of a reply sent as one last fragment of `len` bytes.
 pub fn last_fragment_mark(len: usize) -> [u8; 4] {
-    assert!(len < LAST_FRAGMENT as usize, "reply larger than one fragment");
+    assert!(
+        len < LAST_FRAGMENT as usize,
+        "reply larger than one fragment"
+    );
     (LAST_FRAGMENT | len as u32).to_be_bytes()
 }

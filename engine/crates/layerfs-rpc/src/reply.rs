@@ -69,16 +69,7 @@ impl Write for ReplyBuf {
     }
 }
 
-impl Default for ReplyQueue {
-    fn default() -> Self {
-        ReplyQueue {
-            frames: Vec::new(),
-            writing: false,
-            broken: false,
-        }
-    }
-}
-
+#[derive(Default)]
 struct ReplyQueue {
     frames: Vec<Vec<u8>>,
     /// A thread is writing; it will also send what is queued.

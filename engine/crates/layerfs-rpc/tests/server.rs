@@ -1,0 +1,216 @@
+//! The server on real loopback sockets.
+
+mod support;
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::sync::{mpsc, Arc};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use layerfs_rpc::{
+    Dispatcher, Program, Records, Server, ServerConfig, ServerHandle, TransportStats,
+};
+use support::{call_msg, framed, words, TestProgram, TEST_PROG};
+
+fn start(program: TestProgram, window: usize) -> ServerHandle {
+    let programs: Vec<Box<dyn Program>> = vec![Box::new(program)];
+    let config = ServerConfig { window, workers: 4 };
+    let server = Server::bind(
+        "127.0.0.1:0".parse().unwrap(),
+        Arc::new(Dispatcher::new(programs)),
+        config,
+    )
+    .unwrap();
+    server.spawn().unwrap()
+}
+
+fn connect(server: &ServerHandle) -> TcpStream {
+    let stream = TcpStream::connect(server.local_addr()).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    stream
+}
+
+fn null_call(xid: u32) -> Vec<u8> {
+    framed(&call_msg(xid, 2, TEST_PROG, 2, 0, (0, &[]), &[]))
+}
+
+/// Reads `n` replies and returns their xids in arrival order.
+fn reply_xids(stream: &TcpStream, n: usize) -> Vec<u32> {
+    let mut records = Records::new(stream);
+    (0..n)
+        .map(|_| {
+            let record = records.next_record().unwrap().expect("a reply");
+            u32::from_be_bytes(record.as_bytes()[..4].try_into().unwrap())
+        })
+        .collect()
+}
+
+/// Polls the server's counters until `done` holds (bounded wait).
+fn wait_for_stats(server: &ServerHandle, done: impl Fn(&TransportStats) -> bool) -> TransportStats {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stats = server.stats();
+        if done(&stats) || Instant::now() > deadline {
+            return stats;
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn two_thousand_pipelined_calls_all_get_their_replies() {
+    let server = start(TestProgram::new(), 64);
+    let stream = connect(&server);
+    let mut sender = stream.try_clone().unwrap();
+    let writer = thread::spawn(move || {
+        let calls: Vec<u8> = (0..2000u32).flat_map(null_call).collect();
+        sender.write_all(&calls).unwrap();
+    });
+    let mut xids = reply_xids(&stream, 2000);
+    writer.join().unwrap();
+    xids.sort_unstable();
+    assert_eq!(xids, (0..2000).collect::<Vec<_>>());
+    let stats = wait_for_stats(&server, |s| s.replies == 2000);
+    assert_eq!((stats.records, stats.replies), (2000, 2000));
+    assert!(
+        stats.socket_reads < 2000,
+        "pipelined calls share reads: {stats:?}"
+    );
+}
+
+#[test]
+fn at_depth_one_each_call_costs_one_read_and_each_reply_one_write() {
+    let server = start(TestProgram::new(), 64);
+    let mut stream = connect(&server);
+    for xid in 0..100 {
+        stream.write_all(&null_call(xid)).unwrap();
+        assert_eq!(reply_xids(&stream, 1), vec![xid]);
+    }
+    let stats = wait_for_stats(&server, |s| s.replies == 100);
+    assert_eq!(stats.replies, 100);
+    assert_eq!(stats.socket_writes, 100);
+    // One read per call; the read that will see the end of the stream is not made yet.
+    assert!(stats.socket_reads <= 101, "{stats:?}");
+}
+
+#[test]
+fn every_reject_case_gets_its_reply_over_the_socket() {
+    let server = start(TestProgram::new(), 64);
+    let mut stream = connect(&server);
+    let accepted = [7, 1, 0, 0, 0];
+    let cases: Vec<(Vec<u8>, Vec<u8>)> = vec![
+        (
+            call_msg(7, 3, TEST_PROG, 2, 0, (0, &[]), &[]),
+            words(&[7, 1, 1, 0, 2, 2]),
+        ),
+        (
+            call_msg(7, 2, 100_227, 3, 0, (0, &[]), &[]),
+            words(&[&accepted[..], &[1]].concat()),
+        ),
+        (
+            call_msg(7, 2, TEST_PROG, 9, 0, (0, &[]), &[]),
+            words(&[&accepted[..], &[2, 2, 3]].concat()),
+        ),
+        (
+            call_msg(7, 2, TEST_PROG, 2, 9, (0, &[]), &[]),
+            words(&[&accepted[..], &[3]].concat()),
+        ),
+        (
+            call_msg(7, 2, TEST_PROG, 2, 1, (0, &[]), &[1]),
+            words(&[&accepted[..], &[4]].concat()),
+        ),
+        (
+            call_msg(7, 2, TEST_PROG, 2, 0, (6, &[]), &[]),
+            words(&[7, 1, 1, 1, 1]),
+        ),
+    ];
+    let mut records = Records::new(stream.try_clone().unwrap());
+    for (call, want) in cases {
+        stream.write_all(&framed(&call)).unwrap();
+        assert_eq!(records.next_record().unwrap().unwrap().as_bytes(), want);
+    }
+}
+
+#[test]
+fn replies_and_short_records_are_dropped_without_closing_the_connection() {
+    let server = start(TestProgram::new(), 64);
+    let mut stream = connect(&server);
+    let mut reply_msg = call_msg(5, 2, TEST_PROG, 2, 0, (0, &[]), &[]);
+    reply_msg[4..8].copy_from_slice(&1u32.to_be_bytes());
+    stream.write_all(&framed(&reply_msg)).unwrap();
+    stream.write_all(&framed(&[1, 2, 3])).unwrap();
+    stream.write_all(&null_call(6)).unwrap();
+    assert_eq!(reply_xids(&stream, 1), vec![6]);
+    assert_eq!(server.dispatcher().dropped(), 2);
+}
+
+/// Sends `hostile` on one connection; it must be closed while another
+/// connection keeps being served.
+fn assert_closes_only_its_connection(hostile: &[u8]) {
+    let server = start(TestProgram::new(), 64);
+    let mut good = connect(&server);
+    let mut bad = connect(&server);
+    // The server may close before taking all of it.
+    let _ = bad.write_all(hostile);
+    let mut buf = [0u8; 64];
+    match bad.read(&mut buf) {
+        Ok(0) => {}
+        Err(e) if e.kind() == ErrorKind::ConnectionReset => {}
+        other => panic!("hostile connection not closed: {other:?}"),
+    }
+    good.write_all(&null_call(1)).unwrap();
+    assert_eq!(reply_xids(&good, 1), vec![1]);
+    let mut again = connect(&server);
+    again.write_all(&null_call(2)).unwrap();
+    assert_eq!(reply_xids(&again, 1), vec![2]);
+}
+
+#[test]
+fn a_2_gib_mark_closes_only_that_connection() {
+    let mut hostile = 0xFFFF_FFFFu32.to_be_bytes().to_vec();
+    hostile.extend_from_slice(&[0; 100]);
+    assert_closes_only_its_connection(&hostile);
+}
+
+#[test]
+fn a_fragment_chain_past_2_mib_closes_only_that_connection() {
+    let mut hostile = Vec::new();
+    for _ in 0..3 {
+        // Three non-last fragments of 1 MiB: the third passes the running limit.
+        hostile.extend_from_slice(&(1024u32 * 1024).to_be_bytes());
+        hostile.extend_from_slice(&vec![0; 1024 * 1024]);
+    }
+    assert_closes_only_its_connection(&hostile);
+}
+
+#[test]
+fn a_full_window_stops_reading_until_a_call_finishes() {
+    let (release, waiting) = mpsc::channel();
+    let program = TestProgram::new();
+    *program.release.lock().unwrap() = Some(waiting);
+    let window = 4;
+    let server = start(program, window);
+    let mut stream = connect(&server);
+    let calls: Vec<u8> = (0..20u32)
+        .flat_map(|xid| framed(&call_msg(xid, 2, TEST_PROG, 2, 2, (0, &[]), &[])))
+        .collect();
+    stream.write_all(&calls).unwrap();
+    // The window's calls are running and the reader holds one more, waiting.
+    let stats = wait_for_stats(&server, |s| s.records as usize > window);
+    assert_eq!(stats.records as usize, window + 1);
+    thread::sleep(Duration::from_millis(100));
+    assert_eq!(
+        server.stats().records as usize,
+        window + 1,
+        "the reader kept reading"
+    );
+    for _ in 0..20 {
+        release.send(()).unwrap();
+    }
+    let mut xids = reply_xids(&stream, 20);
+    xids.sort_unstable();
+    assert_eq!(xids, (0..20).collect::<Vec<_>>());
+}
