@@ -89,6 +89,18 @@ impl<R: Read> Records<R> {
         self.end - self.start
     }
 
+    /// Whether a whole single-fragment record is buffered, so the next
+    /// [`next_record`](Self::next_record) returns without reading.
+    pub fn has_buffered_record(&self) -> bool {
+        let pending = &self.buf[self.start..self.end];
+        let Some(mark) = pending.get(..MARK_LEN) else {
+            return false;
+        };
+        let mark = u32::from_be_bytes(mark.try_into().expect("4 bytes"));
+        let len = (mark & !LAST_FRAGMENT) as usize;
+        mark & LAST_FRAGMENT != 0 && pending.len() >= MARK_LEN + len
+    }
+
     pub fn get_ref(&self) -> &R {
         &self.stream
     }

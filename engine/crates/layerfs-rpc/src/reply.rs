@@ -110,11 +110,19 @@ impl<W: Write> ReplyWriter<W> {
     /// of the batch another thread is writing. An error means the connection
     /// can take no more replies.
     pub fn send(&self, frame: Vec<u8>) -> io::Result<()> {
+        self.send_all(vec![frame])
+    }
+
+    /// Sends several framed replies, in one write when nothing else is queued.
+    pub fn send_all(&self, mut frames: Vec<Vec<u8>>) -> io::Result<()> {
+        if frames.is_empty() {
+            return Ok(());
+        }
         let mut queue = self.queue.lock().expect("reply queue poisoned");
         if queue.broken {
             return Err(io::ErrorKind::BrokenPipe.into());
         }
-        queue.frames.push(frame);
+        queue.frames.append(&mut frames);
         if queue.writing {
             return Ok(());
         }

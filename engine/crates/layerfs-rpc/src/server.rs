@@ -1,8 +1,10 @@
 //! The TCP server: one reader thread per connection, a shared pool of worker
 //! threads, and a bounded window of calls in flight per connection.
 //!
-//! The reader frames records and hands each call to the pool; replies leave in
-//! whatever order calls finish (the xid pairs them). When a connection has
+//! The reader frames records. Quick calls (see [`crate::Program::is_quick`])
+//! run on the reader itself and their replies are sent together once no
+//! further record is buffered; every other call goes to the pool. Replies leave
+//! in whatever order calls finish (the xid pairs them). When a connection has
 //! `window` calls in flight its reader stops reading until one finishes, so a
 //! client that pipelines without limit holds at most `window` records in
 //! server memory and the rest waits in its own socket buffer.
@@ -79,6 +81,15 @@ impl Window {
         }
     }
 
+    fn try_acquire(&self) -> bool {
+        let mut n = self.in_flight.lock().expect("window poisoned");
+        let free = *n < self.size;
+        if free {
+            *n += 1;
+        }
+        free
+    }
+
     fn acquire(&self) {
         let mut n = self.in_flight.lock().expect("window poisoned");
         while *n >= self.size {
@@ -124,17 +135,27 @@ impl Connection {
         }
     }
 
-    /// Runs one call and sends its reply; releases its window slot.
+    /// Runs one call on a worker and sends its reply; releases its window slot.
     fn answer(&self, dispatcher: &Dispatcher, record: &[u8]) {
         if let Outcome::Reply(frame) = dispatcher.handle(record, self.peer) {
-            match self.writer.send(frame) {
-                Ok(()) => {
-                    self.replies.fetch_add(1, Relaxed);
-                }
-                Err(e) => tracing::debug!(peer = ?self.peer, "reply not sent: {e}"),
-            }
+            self.send_replies(vec![frame]);
         }
         self.window.release();
+    }
+
+    fn send_replies(&self, frames: Vec<Vec<u8>>) {
+        let n = frames.len() as u64;
+        match self.writer.send_all(frames) {
+            Ok(()) => {
+                self.replies.fetch_add(n, Relaxed);
+            }
+            Err(e) => tracing::debug!(peer = ?self.peer, "replies not sent: {e}"),
+        }
+    }
+
+    fn note_reads<R: std::io::Read>(&self, records: &Records<R>) {
+        self.socket_reads.store(records.reads(), Relaxed);
+        self.bytes_in.store(records.bytes_in(), Relaxed);
     }
 }
 
@@ -335,17 +356,33 @@ fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Shared) {
     tracing::debug!(%peer, "connection open");
 
     let mut records = Records::new(&stream);
+    // Replies of calls run on this thread, sent together before it next blocks.
+    let mut ready = Vec::new();
+    let dispatcher = &shared.dispatcher;
     let end = loop {
-        let next = records.next_record().map(|r| r.map(|r| r.into_vec()));
-        conn.socket_reads.store(records.reads(), Relaxed);
-        conn.bytes_in.store(records.bytes_in(), Relaxed);
-        let record = match next {
+        if !records.has_buffered_record() {
+            conn.send_replies(std::mem::take(&mut ready));
+        }
+        let record = match records.next_record() {
             Ok(Some(record)) => record,
             Ok(None) => break Ok(()),
             Err(e) => break Err(e),
         };
         conn.records.fetch_add(1, Relaxed);
-        conn.window.acquire();
+        let for_worker = if dispatcher.is_quick(record.as_bytes()) {
+            if let Outcome::Reply(frame) = dispatcher.handle(record.as_bytes(), conn.peer) {
+                ready.push(frame);
+            }
+            None
+        } else {
+            Some(record.into_vec())
+        };
+        conn.note_reads(&records);
+        let Some(record) = for_worker else { continue };
+        if !conn.window.try_acquire() {
+            conn.send_replies(std::mem::take(&mut ready));
+            conn.window.acquire();
+        }
         let job = Job {
             conn: conn.clone(),
             record,
@@ -355,6 +392,8 @@ fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Shared) {
             break Err(io::Error::other("worker pool is gone"));
         }
     };
+    conn.note_reads(&records);
+    conn.send_replies(ready);
     match end {
         Ok(()) => tracing::debug!(%peer, "connection closed by the client"),
         Err(e) if e.kind() == ErrorKind::InvalidData => {
