@@ -7,8 +7,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
-use layerfs_nfs::{MountProgram, NfsProgram};
-use layerfs_rpc::{Dispatcher, Program, Server, ServerConfig};
+use layerfs_rpc::{Dispatcher, Server, ServerConfig};
+use layerfs_vfs::LocalFs;
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
@@ -76,7 +76,10 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     if !dir.is_dir() {
         return Err(format!("cannot export {}: not a directory", dir.display()));
     }
-    let programs: Vec<Box<dyn Program>> = vec![Box::new(NfsProgram), Box::new(MountProgram)];
+    let fs = LocalFs::open(&dir).map_err(|e| format!("cannot export {}: {e}", dir.display()))?;
+    let host_path = dir.as_os_str().as_encoded_bytes();
+    let programs = layerfs_nfs::programs(Arc::new(fs), host_path)
+        .map_err(|e| format!("cannot export {}: {e}", dir.display()))?;
     let config = ServerConfig {
         window: args.window,
         workers: args.workers,

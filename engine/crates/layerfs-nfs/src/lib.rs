@@ -1,8 +1,20 @@
-//! The NFSv3 (RFC 1813) and MOUNT v3 programs served by layerfs.
+//! The NFSv3 (RFC 1813) and MOUNT v3 programs served by layerfs, over the
+//! [`layerfs_vfs::Filesystem`] trait.
 
+mod convert;
+mod drc;
+mod export;
+mod handle;
 mod mount;
 mod nfs;
 
+use std::sync::Arc;
+
+use layerfs_rpc::Program;
+use layerfs_vfs::{Error, Filesystem};
+
+pub use export::Export;
+pub use handle::FileHandle;
 pub use mount::MountProgram;
 pub use nfs::NfsProgram;
 
@@ -11,3 +23,14 @@ pub const NFS_PROGRAM: u32 = 100_003;
 pub const NFS_VERSION: u32 = 3;
 pub const MOUNT_PROGRAM: u32 = 100_005;
 pub const MOUNT_VERSION: u32 = 3;
+
+/// The NFS and MOUNT programs for one exported filesystem, ready for a
+/// [`layerfs_rpc::Dispatcher`]. `host_path` is the path clients may mount
+/// besides `/`.
+pub fn programs(fs: Arc<dyn Filesystem>, host_path: &[u8]) -> Result<Vec<Box<dyn Program>>, Error> {
+    let export = Arc::new(Export::new(fs, host_path)?);
+    Ok(vec![
+        Box::new(NfsProgram::new(export.clone())),
+        Box::new(MountProgram::new(export)),
+    ])
+}

@@ -40,6 +40,17 @@ impl ReplyBuf {
         self.bytes.len() - 4
     }
 
+    /// The whole buffer, mark bytes first, for appending in place (such as
+    /// reading file data straight into a READ reply). Only append to it.
+    pub fn as_mut_vec(&mut self) -> &mut Vec<u8> {
+        &mut self.bytes
+    }
+
+    /// Overwrites body bytes at `at` (a header reserved before its contents were known).
+    pub fn patch_body(&mut self, at: usize, bytes: &[u8]) {
+        self.bytes[4 + at..4 + at + bytes.len()].copy_from_slice(bytes);
+    }
+
     pub fn reserve(&mut self, additional: usize) {
         self.bytes.reserve(additional);
     }

@@ -1,0 +1,153 @@
+//! Between the filesystem's types and NFSv3's wire types.
+
+use layerfs_vfs::{Attr, Change, Error, FileKind, SetAttr, SetTime, Timestamp};
+use nfs3_types::nfs3::{
+    fattr3, ftype3, nfsstat3, nfstime3, post_op_attr, pre_op_attr, sattr3, set_atime, set_mtime, specdata3,
+    wcc_attr, wcc_data, Nfs3Option,
+};
+
+pub fn status(e: Error) -> nfsstat3 {
+    match e {
+        Error::Perm => nfsstat3::NFS3ERR_PERM,
+        Error::NoEnt => nfsstat3::NFS3ERR_NOENT,
+        Error::Io => nfsstat3::NFS3ERR_IO,
+        Error::Access => nfsstat3::NFS3ERR_ACCES,
+        Error::Exist => nfsstat3::NFS3ERR_EXIST,
+        Error::XDev => nfsstat3::NFS3ERR_XDEV,
+        Error::NotDir => nfsstat3::NFS3ERR_NOTDIR,
+        Error::IsDir => nfsstat3::NFS3ERR_ISDIR,
+        Error::Inval => nfsstat3::NFS3ERR_INVAL,
+        Error::FBig => nfsstat3::NFS3ERR_FBIG,
+        Error::NoSpc => nfsstat3::NFS3ERR_NOSPC,
+        Error::RoFs => nfsstat3::NFS3ERR_ROFS,
+        Error::MLink => nfsstat3::NFS3ERR_MLINK,
+        Error::NameTooLong => nfsstat3::NFS3ERR_NAMETOOLONG,
+        Error::NotEmpty => nfsstat3::NFS3ERR_NOTEMPTY,
+        Error::DQuot => nfsstat3::NFS3ERR_DQUOT,
+        Error::Stale => nfsstat3::NFS3ERR_STALE,
+        Error::BadHandle => nfsstat3::NFS3ERR_BADHANDLE,
+        Error::NotSync => nfsstat3::NFS3ERR_NOT_SYNC,
+        Error::BadCookie => nfsstat3::NFS3ERR_BAD_COOKIE,
+        Error::NotSupp => nfsstat3::NFS3ERR_NOTSUPP,
+        Error::TooSmall => nfsstat3::NFS3ERR_TOOSMALL,
+        Error::ServerFault => nfsstat3::NFS3ERR_SERVERFAULT,
+    }
+}
+
+/// NFSv3 times are unsigned 32-bit seconds: earlier clamps to the epoch,
+/// later than 2106 to its last second.
+pub fn time(t: Timestamp) -> nfstime3 {
+    nfstime3 {
+        seconds: t.secs.clamp(0, i64::from(u32::MAX)) as u32,
+        nseconds: if t.secs < 0 { 0 } else { t.nanos },
+    }
+}
+
+pub fn from_time(t: nfstime3) -> Timestamp {
+    Timestamp {
+        secs: i64::from(t.seconds),
+        nanos: t.nseconds.min(999_999_999),
+    }
+}
+
+pub fn ftype(kind: FileKind) -> ftype3 {
+    match kind {
+        FileKind::Regular => ftype3::NF3REG,
+        FileKind::Directory => ftype3::NF3DIR,
+        FileKind::Symlink => ftype3::NF3LNK,
+        FileKind::BlockDevice => ftype3::NF3BLK,
+        FileKind::CharDevice => ftype3::NF3CHR,
+        FileKind::Fifo => ftype3::NF3FIFO,
+        FileKind::Socket => ftype3::NF3SOCK,
+    }
+}
+
+pub fn fattr(a: &Attr, fsid: u64) -> fattr3 {
+    fattr3 {
+        type_: ftype(a.kind),
+        mode: a.mode,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        size: a.size,
+        used: a.used,
+        rdev: specdata3 {
+            specdata1: a.rdev.0,
+            specdata2: a.rdev.1,
+        },
+        fsid,
+        fileid: a.fileid,
+        atime: time(a.atime),
+        mtime: time(a.mtime),
+        ctime: time(a.ctime),
+    }
+}
+
+pub fn post_op(a: Option<&Attr>, fsid: u64) -> post_op_attr {
+    match a {
+        Some(a) => Nfs3Option::Some(fattr(a, fsid)),
+        None => Nfs3Option::None,
+    }
+}
+
+pub fn wcc(c: &Change, fsid: u64) -> wcc_data {
+    wcc_data {
+        before: match c.before {
+            Some(b) => pre_op_attr::Some(wcc_attr {
+                size: b.size,
+                mtime: time(b.mtime),
+                ctime: time(b.ctime),
+            }),
+            None => pre_op_attr::None,
+        },
+        after: post_op(c.after.as_ref(), fsid),
+    }
+}
+
+/// Weak cache consistency data for a failed change: what is known after it.
+pub fn wcc_after(after: Option<&Attr>, fsid: u64) -> wcc_data {
+    wcc_data {
+        before: pre_op_attr::None,
+        after: post_op(after, fsid),
+    }
+}
+
+pub fn set_attr(s: &sattr3) -> SetAttr {
+    let opt = |o: &Nfs3Option<u32>| match o {
+        Nfs3Option::Some(v) => Some(*v),
+        Nfs3Option::None => None,
+    };
+    SetAttr {
+        mode: opt(&s.mode),
+        uid: opt(&s.uid),
+        gid: opt(&s.gid),
+        size: match s.size {
+            Nfs3Option::Some(v) => Some(v),
+            Nfs3Option::None => None,
+        },
+        atime: match s.atime {
+            set_atime::DONT_CHANGE => SetTime::Keep,
+            set_atime::SET_TO_SERVER_TIME => SetTime::ServerNow,
+            set_atime::SET_TO_CLIENT_TIME(t) => SetTime::Client(from_time(t)),
+        },
+        mtime: match s.mtime {
+            set_mtime::DONT_CHANGE => SetTime::Keep,
+            set_mtime::SET_TO_SERVER_TIME => SetTime::ServerNow,
+            set_mtime::SET_TO_CLIENT_TIME(t) => SetTime::Client(from_time(t)),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_outside_nfsv3_range_clamp() {
+        assert_eq!(time(Timestamp { secs: -5, nanos: 7 }), nfstime3 { seconds: 0, nseconds: 0 });
+        let late = time(Timestamp { secs: 1 << 33, nanos: 1 });
+        assert_eq!(late.seconds, u32::MAX);
+        let now = Timestamp { secs: 1_790_000_000, nanos: 123 };
+        assert_eq!(from_time(time(now)), now);
+    }
+}

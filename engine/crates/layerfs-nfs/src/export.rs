@@ -1,0 +1,68 @@
+//! What the NFS and MOUNT programs share: the filesystem, its handles and
+//! the identity of callers.
+
+use std::sync::Arc;
+
+use layerfs_rpc::Credentials;
+use layerfs_vfs::{Attr, Caller, Error, FileId, Filesystem};
+use nfs3_types::nfs3::nfs_fh3;
+use nfs3_types::xdr_codec::Opaque;
+
+use crate::handle::FileHandle;
+
+/// One exported filesystem.
+pub struct Export {
+    pub fs: Arc<dyn Filesystem>,
+    /// Names this export in handles, and is its fsid.
+    pub id: u64,
+    /// The host path of the export, which clients may also mount by.
+    pub host_path: Vec<u8>,
+}
+
+impl Export {
+    pub fn new(fs: Arc<dyn Filesystem>, host_path: &[u8]) -> Result<Export, Error> {
+        let root = fs.getattr(fs.root())?;
+        // From the root's identity, not its path or the start time, so
+        // handles stay valid across restarts and a moved export.
+        let id = (root.fileid.rotate_left(32) ^ root.generation).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        Ok(Export {
+            fs,
+            id,
+            host_path: host_path.to_vec(),
+        })
+    }
+
+    pub fn handle(&self, attr: &Attr) -> nfs_fh3 {
+        let handle = FileHandle {
+            export: self.id,
+            fileid: attr.fileid,
+            generation: attr.generation,
+        };
+        nfs_fh3 {
+            data: Opaque::owned(handle.encode()),
+        }
+    }
+
+    pub fn root_handle(&self) -> Result<nfs_fh3, Error> {
+        Ok(self.handle(&self.fs.getattr(self.fs.root())?))
+    }
+
+    /// The file a handle names, with its current attributes.
+    pub fn resolve(&self, fh: &nfs_fh3) -> Result<(FileId, Attr), Error> {
+        let h = FileHandle::decode(fh.data.as_ref(), self.id)?;
+        let attr = self.fs.check_generation(h.fileid, h.generation)?;
+        Ok((h.fileid, attr))
+    }
+}
+
+/// The caller an RPC credential describes; AUTH_NONE is nobody.
+pub fn caller(cred: &Credentials) -> Caller {
+    match cred {
+        Credentials::Sys(sys) => Caller {
+            uid: sys.uid,
+            gid: sys.gid,
+            gids: sys.gids.clone(),
+        },
+        Credentials::None => Caller::nobody(),
+    }
+}

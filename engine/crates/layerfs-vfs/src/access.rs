@@ -1,0 +1,167 @@
+//! Permission checks from mode bits and the caller's AUTH_SYS identity.
+//!
+//! The server usually runs as root, so the host does not check for it: every
+//! operation checks here first, the way a local kernel would for the caller.
+
+use crate::attr::{Attr, FileKind};
+
+/// Who is asking: the uid and groups the client sent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Caller {
+    pub uid: u32,
+    pub gid: u32,
+    pub gids: Vec<u32>,
+}
+
+impl Caller {
+    /// The superuser, which every check lets through.
+    pub fn root() -> Caller {
+        Caller {
+            uid: 0,
+            gid: 0,
+            gids: Vec::new(),
+        }
+    }
+
+    /// A caller that sent no credentials (AUTH_NONE): nobody.
+    pub fn nobody() -> Caller {
+        Caller {
+            uid: 65534,
+            gid: 65534,
+            gids: Vec::new(),
+        }
+    }
+
+    pub fn is_root(&self) -> bool {
+        self.uid == 0
+    }
+
+    pub fn in_group(&self, gid: u32) -> bool {
+        self.gid == gid || self.gids.contains(&gid)
+    }
+}
+
+/// NFSv3 ACCESS bits (RFC 1813 §3.3.4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Access(pub u32);
+
+impl Access {
+    pub const READ: u32 = 0x01;
+    pub const LOOKUP: u32 = 0x02;
+    pub const MODIFY: u32 = 0x04;
+    pub const EXTEND: u32 = 0x08;
+    pub const DELETE: u32 = 0x10;
+    pub const EXECUTE: u32 = 0x20;
+}
+
+/// The rwx bits (4, 2, 1) that apply to `caller` on a file with `attr`.
+pub fn mode_class(attr: &Attr, caller: &Caller) -> u32 {
+    if caller.uid == attr.uid {
+        (attr.mode >> 6) & 7
+    } else if caller.in_group(attr.gid) {
+        (attr.mode >> 3) & 7
+    } else {
+        attr.mode & 7
+    }
+}
+
+/// Whether `caller` holds all of `want` (a mix of 4, 2, 1) on the file.
+/// Root may read and write anything, and execute what anyone may execute.
+pub fn permits(attr: &Attr, caller: &Caller, want: u32) -> bool {
+    if caller.is_root() {
+        let exec_ok = want & 1 == 0 || attr.kind == FileKind::Directory || attr.mode & 0o111 != 0;
+        return exec_ok;
+    }
+    mode_class(attr, caller) & want == want
+}
+
+/// The ACCESS bits among `asked` that `caller` holds on a file with `attr`.
+pub fn granted(attr: &Attr, caller: &Caller, asked: u32) -> u32 {
+    let mut out = 0;
+    let r = permits(attr, caller, 4);
+    let w = permits(attr, caller, 2);
+    let x = permits(attr, caller, 1);
+    if r {
+        out |= Access::READ;
+    }
+    if attr.kind == FileKind::Directory {
+        if x {
+            out |= Access::LOOKUP;
+        }
+        if w && x {
+            out |= Access::MODIFY | Access::EXTEND | Access::DELETE;
+        }
+    } else {
+        if w {
+            out |= Access::MODIFY | Access::EXTEND;
+        }
+        if x {
+            out |= Access::EXECUTE;
+        }
+    }
+    out & asked
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attr::Timestamp;
+
+    fn attr(kind: FileKind, mode: u32, uid: u32, gid: u32) -> Attr {
+        Attr {
+            kind,
+            mode,
+            nlink: 1,
+            uid,
+            gid,
+            size: 0,
+            used: 0,
+            rdev: (0, 0),
+            fileid: 1,
+            generation: 0,
+            atime: Timestamp::default(),
+            mtime: Timestamp::default(),
+            ctime: Timestamp::default(),
+        }
+    }
+
+    fn user(uid: u32, gid: u32, gids: &[u32]) -> Caller {
+        Caller {
+            uid,
+            gid,
+            gids: gids.to_vec(),
+        }
+    }
+
+    #[test]
+    fn owner_group_and_other_classes() {
+        let f = attr(FileKind::Regular, 0o640, 10, 20);
+        assert!(permits(&f, &user(10, 99, &[]), 4 | 2));
+        assert!(permits(&f, &user(11, 99, &[20]), 4));
+        assert!(!permits(&f, &user(11, 99, &[20]), 2));
+        assert!(!permits(&f, &user(11, 99, &[]), 4));
+        // The owner class applies even when it grants less than the group's.
+        let odd = attr(FileKind::Regular, 0o070, 10, 20);
+        assert!(!permits(&odd, &user(10, 20, &[]), 4));
+    }
+
+    #[test]
+    fn root_reads_and_writes_but_executes_only_executables() {
+        let f = attr(FileKind::Regular, 0o000, 10, 20);
+        assert!(permits(&f, &Caller::root(), 4 | 2));
+        assert!(!permits(&f, &Caller::root(), 1));
+        let d = attr(FileKind::Directory, 0o000, 10, 20);
+        assert!(permits(&d, &Caller::root(), 1));
+    }
+
+    #[test]
+    fn access_bits_for_files_and_directories() {
+        let all = 0x3f;
+        let d = attr(FileKind::Directory, 0o755, 10, 20);
+        assert_eq!(granted(&d, &user(10, 20, &[]), all), 0x1f);
+        assert_eq!(granted(&d, &user(11, 21, &[]), all), Access::READ | Access::LOOKUP);
+        let f = attr(FileKind::Regular, 0o754, 10, 20);
+        assert_eq!(granted(&f, &user(11, 20, &[]), all), Access::READ | Access::EXECUTE);
+        assert_eq!(granted(&f, &user(12, 21, &[]), Access::MODIFY), 0);
+    }
+}

@@ -1,0 +1,118 @@
+use crate::access::Caller;
+use crate::attr::{Attr, Change, FileKind, SetAttr, Timestamp};
+use crate::error::Result;
+use crate::FileId;
+
+/// How a CREATE treats an existing name (RFC 1813 §3.3.8).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Create {
+    /// Create or truncate per the attributes.
+    Unchecked(SetAttr),
+    /// Fail with `Exist` if the name exists.
+    Guarded(SetAttr),
+    /// Create once per verifier: a retransmission with the same verifier
+    /// succeeds, a different verifier gets `Exist`.
+    Exclusive([u8; 8]),
+}
+
+/// How durable a WRITE must be before it is answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Stability {
+    Unstable,
+    DataSync,
+    FileSync,
+}
+
+/// One directory entry; `cookie` resumes the listing after it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirEntry {
+    pub fileid: FileId,
+    pub name: Vec<u8>,
+    pub cookie: u64,
+    /// Present when asked for (READDIRPLUS), unless the entry vanished.
+    pub attr: Option<Attr>,
+}
+
+/// Part of a directory listing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirPage {
+    pub entries: Vec<DirEntry>,
+    /// No entries follow the last one.
+    pub eof: bool,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FsStat {
+    pub total_bytes: u64,
+    pub free_bytes: u64,
+    pub avail_bytes: u64,
+    pub total_files: u64,
+    pub free_files: u64,
+    pub avail_files: u64,
+}
+
+/// A tree of files addressed by stable ids. Every method checks that `caller`
+/// may do what it asks. Names are single path components: no `/`, no NUL, not
+/// `.` or `..` (except where `lookup` allows them), at most [`crate::NAME_MAX`] bytes.
+pub trait Filesystem: Send + Sync {
+    fn root(&self) -> FileId;
+
+    /// Attributes of a file, or `Stale` if it no longer exists.
+    fn getattr(&self, id: FileId) -> Result<Attr>;
+
+    /// Whether `id` still names the file whose generation was `generation`.
+    fn check_generation(&self, id: FileId, generation: u64) -> Result<Attr> {
+        let attr = self.getattr(id)?;
+        if attr.generation != generation {
+            return Err(crate::Error::Stale);
+        }
+        Ok(attr)
+    }
+
+    /// Sets attributes; with `guard`, only if the file's ctime still equals it.
+    fn setattr(&self, caller: &Caller, id: FileId, set: &SetAttr, guard: Option<Timestamp>) -> Result<Change>;
+
+    /// The entry `name` of directory `dir`; `.` and `..` are allowed (`..` of
+    /// the root is the root).
+    fn lookup(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<Attr>;
+
+    fn readlink(&self, caller: &Caller, id: FileId) -> Result<Vec<u8>>;
+
+    /// Appends up to `count` bytes read at `offset` to `dst` (so a reply
+    /// buffer receives them without another copy); returns whether the end of
+    /// the file was reached, and the file's attributes.
+    fn read(&self, caller: &Caller, id: FileId, offset: u64, count: usize, dst: &mut Vec<u8>) -> Result<(bool, Attr)>;
+
+    /// Writes all of `data` at `offset`; returns how durable it already is.
+    fn write(&self, caller: &Caller, id: FileId, offset: u64, data: &[u8], stable: Stability) -> Result<(Change, Stability)>;
+
+    /// Makes everything written to `id` durable.
+    fn commit(&self, id: FileId) -> Result<Change>;
+
+    fn create(&self, caller: &Caller, dir: FileId, name: &[u8], how: Create) -> Result<(Attr, Change)>;
+
+    fn mkdir(&self, caller: &Caller, dir: FileId, name: &[u8], set: &SetAttr) -> Result<(Attr, Change)>;
+
+    fn symlink(&self, caller: &Caller, dir: FileId, name: &[u8], target: &[u8], set: &SetAttr) -> Result<(Attr, Change)>;
+
+    /// A FIFO, socket or device file; devices only where the host allows.
+    fn mknod(&self, caller: &Caller, dir: FileId, name: &[u8], kind: FileKind, rdev: (u32, u32), set: &SetAttr) -> Result<(Attr, Change)>;
+
+    fn remove(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<Change>;
+
+    fn rmdir(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<Change>;
+
+    /// Returns the changes to the source and the target directory.
+    fn rename(&self, caller: &Caller, from: FileId, from_name: &[u8], to: FileId, to_name: &[u8]) -> Result<(Change, Change)>;
+
+    /// Links file `id` as `name` in `dir`; returns the file's attributes.
+    fn link(&self, caller: &Caller, id: FileId, dir: FileId, name: &[u8]) -> Result<(Attr, Change)>;
+
+    /// Entries after `cookie` (0: from the start), at most `max`, with their
+    /// attributes if `with_attrs`. Includes `.` and `..`. Cookies are stable:
+    /// resuming from one neither repeats nor skips entries, whatever was
+    /// added or removed since.
+    fn readdir(&self, caller: &Caller, dir: FileId, cookie: u64, max: usize, with_attrs: bool) -> Result<DirPage>;
+
+    fn fsstat(&self, id: FileId) -> Result<FsStat>;
+}

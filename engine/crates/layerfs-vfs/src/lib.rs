@@ -1,0 +1,24 @@
+//! The filesystem layerfs serves, as both its doors (NFS, FUSE) see it.
+//!
+//! [`Filesystem`] is synchronous and keyed by stable file ids (inode numbers);
+//! it takes the caller's credentials and returns the attributes before and
+//! after every change, which NFS needs for its clients' caches. [`LocalFs`]
+//! serves one host directory.
+
+pub mod access;
+mod attr;
+mod error;
+mod fs;
+mod local;
+
+pub use access::{Access, Caller};
+pub use attr::{Attr, Change, FileKind, SetAttr, SetTime, Timestamp, WccAttr};
+pub use error::{Error, Result};
+pub use fs::{Create, DirEntry, DirPage, Filesystem, FsStat, Stability};
+pub use local::LocalFs;
+
+/// Unique, stable number of a file within one filesystem.
+pub type FileId = u64;
+
+/// Longest name of a directory entry, in bytes.
+pub const NAME_MAX: usize = 255;

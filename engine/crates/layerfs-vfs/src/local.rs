@@ -1,0 +1,726 @@
+//! [`LocalFs`]: the [`Filesystem`] over one host directory.
+//!
+//! Files are known by their host inode numbers. A table maps each id the
+//! server has handed out to its parent and name; directories are reached
+//! through cached descriptors opened component by component with `O_NOFOLLOW`,
+//! so neither a client's names nor symlinks inside the export lead outside it.
+//! Every operation is an `*at` call on a parent descriptor. An id the table
+//! does not know (after a restart) is found again by walking the export once.
+
+use std::collections::{HashMap, VecDeque};
+use std::ffi::CString;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags, Timestamps};
+use rustix::io::Errno;
+
+use crate::access::{self, Caller};
+use crate::attr::{Attr, Change, FileKind, SetAttr, SetTime, Timestamp};
+use crate::error::{Error, Result};
+use crate::fs::{Create, DirEntry, DirPage, Filesystem, FsStat, Stability};
+use crate::{FileId, NAME_MAX};
+
+mod stat;
+
+use stat::{stat_at, stat_fd};
+
+/// Open descriptors kept per kind; past this the cache starts over.
+const FD_CACHE: usize = 512;
+/// Locks that serialise changes (and their before/after attributes) per id.
+const STRIPES: usize = 64;
+
+#[derive(Clone)]
+struct Node {
+    parent: FileId,
+    name: Box<[u8]>,
+}
+
+pub struct LocalFs {
+    root: Arc<OwnedFd>,
+    root_id: FileId,
+    nodes: RwLock<HashMap<FileId, Node>>,
+    dirs: Mutex<HashMap<FileId, Arc<OwnedFd>>>,
+    files: Mutex<HashMap<FileId, Arc<OwnedFd>>>,
+    stripes: Vec<Mutex<()>>,
+    /// The server may give files to their creators and make device files.
+    as_root: bool,
+}
+
+impl LocalFs {
+    pub fn open(dir: &Path) -> Result<LocalFs> {
+        let root = rustix::fs::open(dir, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
+        let attr = stat_fd(root.as_fd())?;
+        Ok(LocalFs {
+            root: Arc::new(root),
+            root_id: attr.fileid,
+            nodes: RwLock::new(HashMap::new()),
+            dirs: Mutex::new(HashMap::new()),
+            files: Mutex::new(HashMap::new()),
+            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            as_root: rustix::process::geteuid().is_root(),
+        })
+    }
+
+    fn lock(&self, id: FileId) -> MutexGuard<'_, ()> {
+        self.stripes[(id % STRIPES as u64) as usize].lock().expect("stripe poisoned")
+    }
+
+    /// Locks two ids' stripes in a fixed order (once if they share one).
+    fn lock_two(&self, a: FileId, b: FileId) -> (MutexGuard<'_, ()>, Option<MutexGuard<'_, ()>>) {
+        let (sa, sb) = (a % STRIPES as u64, b % STRIPES as u64);
+        if sa == sb {
+            return (self.lock(a), None);
+        }
+        let (first, second) = if sa < sb { (a, b) } else { (b, a) };
+        let g1 = self.lock(first);
+        (g1, Some(self.lock(second)))
+    }
+
+    fn node(&self, id: FileId) -> Result<Node> {
+        if let Some(node) = self.nodes.read().expect("nodes poisoned").get(&id) {
+            return Ok(node.clone());
+        }
+        self.find(id)
+    }
+
+    fn remember(&self, parent: FileId, name: &[u8], attr: &Attr) {
+        if attr.fileid == self.root_id {
+            return;
+        }
+        let mut nodes = self.nodes.write().expect("nodes poisoned");
+        nodes.insert(attr.fileid, Node { parent, name: name.into() });
+    }
+
+    fn forget(&self, id: FileId) {
+        self.nodes.write().expect("nodes poisoned").remove(&id);
+        self.dirs.lock().expect("dirs poisoned").remove(&id);
+        self.files.lock().expect("files poisoned").remove(&id);
+    }
+
+    /// Walks the export breadth first, remembering what it passes, until it
+    /// meets `id`. Used for ids handed out before a restart.
+    fn find(&self, id: FileId) -> Result<Node> {
+        let mut queue = VecDeque::from([self.root_id]);
+        while let Some(dir) = queue.pop_front() {
+            let Ok(fd) = self.dir_fd(dir) else { continue };
+            let Ok(entries) = list(fd.as_fd()) else { continue };
+            for (name, ino, is_dir) in entries {
+                let node = Node { parent: dir, name: name.into() };
+                self.nodes.write().expect("nodes poisoned").insert(ino, node.clone());
+                if ino == id {
+                    return Ok(node);
+                }
+                if is_dir {
+                    queue.push_back(ino);
+                }
+            }
+        }
+        Err(Error::Stale)
+    }
+
+    /// A descriptor of directory `id`.
+    fn dir_fd(&self, id: FileId) -> Result<Arc<OwnedFd>> {
+        if id == self.root_id {
+            return Ok(self.root.clone());
+        }
+        if let Some(fd) = self.dirs.lock().expect("dirs poisoned").get(&id) {
+            return Ok(fd.clone());
+        }
+        let node = self.node(id)?;
+        let parent = self.dir_fd(node.parent)?;
+        let fd = rustix::fs::openat(
+            &*parent,
+            cstr(&node.name)?.as_c_str(),
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| match e {
+            Errno::NOENT | Errno::NOTDIR | Errno::LOOP => Error::Stale,
+            e => e.into(),
+        })?;
+        if stat_fd(fd.as_fd())?.fileid != id {
+            return Err(Error::Stale);
+        }
+        let fd = Arc::new(fd);
+        let mut dirs = self.dirs.lock().expect("dirs poisoned");
+        if dirs.len() >= FD_CACHE {
+            dirs.clear();
+        }
+        dirs.insert(id, fd.clone());
+        Ok(fd)
+    }
+
+    /// The parent descriptor and name of `id`, checked to still name it.
+    fn entry(&self, id: FileId) -> Result<(Arc<OwnedFd>, CString, Attr)> {
+        let node = self.node(id)?;
+        let parent = self.dir_fd(node.parent)?;
+        let name = cstr(&node.name)?;
+        match stat_at(parent.as_fd(), &name) {
+            Ok(attr) if attr.fileid == id => Ok((parent, name, attr)),
+            _ => {
+                // Renamed or removed behind our back: look for it once more.
+                self.nodes.write().expect("nodes poisoned").remove(&id);
+                let node = self.find(id)?;
+                let parent = self.dir_fd(node.parent)?;
+                let name = cstr(&node.name)?;
+                let attr = stat_at(parent.as_fd(), &name)?;
+                Ok((parent, name, attr))
+            }
+        }
+    }
+
+    /// A descriptor for reading and writing the regular file `id`.
+    fn file_fd(&self, id: FileId) -> Result<Arc<OwnedFd>> {
+        if let Some(fd) = self.files.lock().expect("files poisoned").get(&id) {
+            return Ok(fd.clone());
+        }
+        let (parent, name, attr) = self.entry(id)?;
+        match attr.kind {
+            FileKind::Regular => {}
+            FileKind::Directory => return Err(Error::IsDir),
+            _ => return Err(Error::Inval),
+        }
+        let flags = OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY;
+        let fd = match rustix::fs::openat(&*parent, name.as_c_str(), flags | OFlags::RDWR, Mode::empty()) {
+            Err(Errno::ACCESS | Errno::ROFS | Errno::PERM) => {
+                rustix::fs::openat(&*parent, name.as_c_str(), flags | OFlags::RDONLY, Mode::empty())?
+            }
+            other => other?,
+        };
+        let fd = Arc::new(fd);
+        let mut files = self.files.lock().expect("files poisoned");
+        if files.len() >= FD_CACHE {
+            files.clear();
+        }
+        files.insert(id, fd.clone());
+        Ok(fd)
+    }
+
+    fn dir_attr(&self, dir: &OwnedFd) -> Result<Attr> {
+        let attr = stat_fd(dir.as_fd())?;
+        if attr.kind != FileKind::Directory {
+            return Err(Error::NotDir);
+        }
+        Ok(attr)
+    }
+
+    /// Opens `dir` for adding or removing entries: checks write and search
+    /// permission and returns its descriptor and attributes before the change.
+    fn dir_for_change(&self, caller: &Caller, dir: FileId) -> Result<(Arc<OwnedFd>, Attr)> {
+        let fd = self.dir_fd(dir)?;
+        let attr = self.dir_attr(&fd)?;
+        if !access::permits(&attr, caller, 2 | 1) {
+            return Err(Error::Access);
+        }
+        Ok((fd, attr))
+    }
+
+    /// The sticky-bit rule: in a sticky directory only the owner of the entry
+    /// or of the directory (or root) may remove or rename the entry.
+    fn check_sticky(caller: &Caller, dir: &Attr, entry: &Attr) -> Result<()> {
+        if dir.mode & 0o1000 != 0 && !caller.is_root() && caller.uid != dir.uid && caller.uid != entry.uid {
+            return Err(Error::Perm);
+        }
+        Ok(())
+    }
+
+    fn change(&self, fd: &OwnedFd, before: &Attr) -> Change {
+        Change {
+            before: Some(before.wcc()),
+            after: stat_fd(fd.as_fd()).ok(),
+        }
+    }
+
+    /// Gives a new entry to its creator and applies the rest of `set`.
+    fn finish_new(&self, caller: &Caller, dir: &OwnedFd, dir_attr: &Attr, name: &CString, set: &SetAttr) -> Result<Attr> {
+        if self.as_root {
+            let gid = if dir_attr.mode & 0o2000 != 0 { dir_attr.gid } else { caller.gid };
+            let uid = set.uid.unwrap_or(caller.uid);
+            let gid = set.gid.unwrap_or(gid);
+            rustix::fs::chownat(
+                dir,
+                name.as_c_str(),
+                Some(rustix::fs::Uid::from_raw(uid)),
+                Some(rustix::fs::Gid::from_raw(gid)),
+                AtFlags::SYMLINK_NOFOLLOW,
+            )?;
+        }
+        let rest = SetAttr { uid: None, gid: None, ..*set };
+        if rest.size.is_some() || rest.atime != SetTime::Keep || rest.mtime != SetTime::Keep {
+            apply(dir.as_fd(), name, &rest)?;
+        }
+        if let Some(mode) = set.mode {
+            let attr = stat_at(dir.as_fd(), name)?;
+            if attr.kind != FileKind::Symlink {
+                rustix::fs::chmodat(dir, name.as_c_str(), Mode::from_raw_mode(mode & 0o7777), AtFlags::empty())?;
+            }
+        }
+        stat_at(dir.as_fd(), name)
+    }
+
+    fn new_entry(
+        &self,
+        caller: &Caller,
+        dir: FileId,
+        name: &[u8],
+        set: &SetAttr,
+        make: impl FnOnce(&OwnedFd, &CString) -> Result<()>,
+    ) -> Result<(Attr, Change)> {
+        let cname = creatable(name)?;
+        let (fd, before) = self.dir_for_change(caller, dir)?;
+        let _guard = self.lock(dir);
+        make(&fd, &cname)?;
+        let attr = self.finish_new(caller, &fd, &before, &cname, set)?;
+        self.remember(dir, name, &attr);
+        Ok((attr, self.change(&fd, &before)))
+    }
+}
+
+impl Filesystem for LocalFs {
+    fn root(&self) -> FileId {
+        self.root_id
+    }
+
+    fn getattr(&self, id: FileId) -> Result<Attr> {
+        if id == self.root_id {
+            return stat_fd(self.root.as_fd());
+        }
+        if let Some(fd) = self.dirs.lock().expect("dirs poisoned").get(&id).cloned() {
+            return stat_fd(fd.as_fd());
+        }
+        Ok(self.entry(id)?.2)
+    }
+
+    fn setattr(&self, caller: &Caller, id: FileId, set: &SetAttr, guard: Option<Timestamp>) -> Result<Change> {
+        let _guard = self.lock(id);
+        let (parent, name, before) = if id == self.root_id {
+            (self.root.clone(), CString::new(".").expect("no NUL"), stat_fd(self.root.as_fd())?)
+        } else {
+            self.entry(id)?
+        };
+        if guard.is_some_and(|ctime| ctime != before.ctime) {
+            return Err(Error::NotSync);
+        }
+        check_setattr(caller, &before, set)?;
+        if set.size.is_some() && before.kind == FileKind::Directory {
+            return Err(Error::IsDir);
+        }
+        if let Some(size) = set.size {
+            if before.kind != FileKind::Regular {
+                return Err(Error::Inval);
+            }
+            rustix::fs::ftruncate(&*self.file_fd(id)?, size)?;
+        }
+        if let Some(mode) = set.mode {
+            if before.kind != FileKind::Symlink {
+                rustix::fs::chmodat(&*parent, name.as_c_str(), Mode::from_raw_mode(mode & 0o7777), AtFlags::empty())?;
+            }
+        }
+        if set.uid.is_some() || set.gid.is_some() {
+            rustix::fs::chownat(
+                &*parent,
+                name.as_c_str(),
+                set.uid.map(rustix::fs::Uid::from_raw),
+                set.gid.map(rustix::fs::Gid::from_raw),
+                AtFlags::SYMLINK_NOFOLLOW,
+            )?;
+        }
+        apply(parent.as_fd(), &name, set)?;
+        let after = stat_at(parent.as_fd(), &name)?;
+        Ok(Change { before: Some(before.wcc()), after: Some(after) })
+    }
+
+    fn lookup(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<Attr> {
+        check_name(name)?;
+        let fd = self.dir_fd(dir)?;
+        let dir_attr = self.dir_attr(&fd)?;
+        if !access::permits(&dir_attr, caller, 1) {
+            return Err(Error::Access);
+        }
+        match name {
+            b"." => return Ok(dir_attr),
+            b".." if dir == self.root_id => return Ok(dir_attr),
+            b".." => return self.getattr(self.node(dir)?.parent),
+            _ => {}
+        }
+        let attr = stat_at(fd.as_fd(), &cstr(name)?)?;
+        self.remember(dir, name, &attr);
+        Ok(attr)
+    }
+
+    fn readlink(&self, caller: &Caller, id: FileId) -> Result<Vec<u8>> {
+        let (parent, name, attr) = self.entry(id)?;
+        if attr.kind != FileKind::Symlink {
+            return Err(Error::Inval);
+        }
+        let _ = caller;
+        Ok(rustix::fs::readlinkat(&*parent, name.as_c_str(), Vec::new())?.into_bytes())
+    }
+
+    fn read(&self, caller: &Caller, id: FileId, offset: u64, count: usize, dst: &mut Vec<u8>) -> Result<(bool, Attr)> {
+        let fd = self.file_fd(id)?;
+        let attr = stat_fd(fd.as_fd())?;
+        // The owner may read its own file whatever the mode: NFS checks at
+        // open on the client, and a file created read-only is still written.
+        if caller.uid != attr.uid && !access::permits(&attr, caller, 4) {
+            return Err(Error::Access);
+        }
+        let start = dst.len();
+        let want = count.min(attr.size.saturating_sub(offset) as usize);
+        dst.resize(start + want, 0);
+        let mut n = 0;
+        while n < want {
+            match rustix::io::pread(&*fd, &mut dst[start + n..], offset + n as u64) {
+                Ok(0) => break,
+                Ok(got) => n += got,
+                Err(Errno::INTR) => continue,
+                Err(e) => {
+                    dst.truncate(start);
+                    return Err(e.into());
+                }
+            }
+        }
+        dst.truncate(start + n);
+        let eof = offset.saturating_add(n as u64) >= attr.size;
+        Ok((eof, attr))
+    }
+
+    fn write(&self, caller: &Caller, id: FileId, offset: u64, data: &[u8], stable: Stability) -> Result<(Change, Stability)> {
+        let fd = self.file_fd(id)?;
+        let _guard = self.lock(id);
+        let before = stat_fd(fd.as_fd())?;
+        if caller.uid != before.uid && !access::permits(&before, caller, 2) {
+            return Err(Error::Access);
+        }
+        offset.checked_add(data.len() as u64).filter(|&end| end <= i64::MAX as u64).ok_or(Error::FBig)?;
+        let mut n = 0;
+        while n < data.len() {
+            match rustix::io::pwrite(&*fd, &data[n..], offset + n as u64) {
+                Ok(0) => return Err(Error::NoSpc),
+                Ok(put) => n += put,
+                Err(Errno::INTR) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        match stable {
+            Stability::Unstable => {}
+            Stability::DataSync => rustix::fs::fdatasync(&*fd)?,
+            Stability::FileSync => rustix::fs::fsync(&*fd)?,
+        }
+        Ok((self.change(&fd, &before), stable))
+    }
+
+    fn commit(&self, id: FileId) -> Result<Change> {
+        let fd = self.file_fd(id)?;
+        let before = stat_fd(fd.as_fd())?;
+        rustix::fs::fsync(&*fd)?;
+        Ok(self.change(&fd, &before))
+    }
+
+    fn create(&self, caller: &Caller, dir: FileId, name: &[u8], how: Create) -> Result<(Attr, Change)> {
+        let cname = creatable(name)?;
+        let (fd, before) = self.dir_for_change(caller, dir)?;
+        let _guard = self.lock(dir);
+        let base = OFlags::CREATE | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY;
+        let (flags, set) = match how {
+            Create::Unchecked(set) => (base, set),
+            Create::Guarded(set) => (base | OFlags::EXCL, set),
+            Create::Exclusive(_) => (base | OFlags::EXCL, SetAttr::default()),
+        };
+        let mode = Mode::from_raw_mode(set.mode.unwrap_or(0o644) & 0o7777);
+        let created = match rustix::fs::openat(&*fd, cname.as_c_str(), flags, mode) {
+            Ok(_) => true,
+            Err(Errno::EXIST) => false,
+            Err(Errno::ISDIR) => return Err(Error::Exist),
+            Err(e) => return Err(e.into()),
+        };
+        let attr = match how {
+            Create::Exclusive(verf) if !created => {
+                let existing = stat_at(fd.as_fd(), &cname)?;
+                if existing.kind != FileKind::Regular || exclusive_times(verf) != (existing.atime, existing.mtime) {
+                    return Err(Error::Exist);
+                }
+                existing
+            }
+            Create::Exclusive(verf) => {
+                let (atime, mtime) = exclusive_times(verf);
+                let stamp = SetAttr { atime: SetTime::Client(atime), mtime: SetTime::Client(mtime), ..SetAttr::default() };
+                self.finish_new(caller, &fd, &before, &cname, &stamp)?
+            }
+            _ if created => self.finish_new(caller, &fd, &before, &cname, &SetAttr { mode: None, ..set })?,
+            _ => {
+                // UNCHECKED on an existing file: only the size applies.
+                let existing = stat_at(fd.as_fd(), &cname)?;
+                if existing.kind == FileKind::Directory {
+                    return Err(Error::IsDir);
+                }
+                if let Some(size) = set.size {
+                    if caller.uid != existing.uid && !access::permits(&existing, caller, 2) {
+                        return Err(Error::Access);
+                    }
+                    let file = rustix::fs::openat(&*fd, cname.as_c_str(), OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())?;
+                    rustix::fs::ftruncate(&file, size)?;
+                }
+                stat_at(fd.as_fd(), &cname)?
+            }
+        };
+        self.remember(dir, name, &attr);
+        Ok((attr, self.change(&fd, &before)))
+    }
+
+    fn mkdir(&self, caller: &Caller, dir: FileId, name: &[u8], set: &SetAttr) -> Result<(Attr, Change)> {
+        let mode = Mode::from_raw_mode(set.mode.unwrap_or(0o755) & 0o7777);
+        let set = SetAttr { mode: None, ..*set };
+        self.new_entry(caller, dir, name, &set, |fd, name| Ok(rustix::fs::mkdirat(fd, name.as_c_str(), mode)?))
+    }
+
+    fn symlink(&self, caller: &Caller, dir: FileId, name: &[u8], target: &[u8], set: &SetAttr) -> Result<(Attr, Change)> {
+        if target.is_empty() || target.contains(&0) {
+            return Err(Error::Inval);
+        }
+        let target = CString::new(target).map_err(|_| Error::Inval)?;
+        let set = SetAttr { mode: None, ..*set };
+        self.new_entry(caller, dir, name, &set, |fd, name| Ok(rustix::fs::symlinkat(target.as_c_str(), fd, name.as_c_str())?))
+    }
+
+    fn mknod(&self, caller: &Caller, dir: FileId, name: &[u8], kind: FileKind, rdev: (u32, u32), set: &SetAttr) -> Result<(Attr, Change)> {
+        let file_type = match kind {
+            FileKind::Fifo => FileType::Fifo,
+            FileKind::Socket => FileType::Socket,
+            FileKind::CharDevice if self.as_root => FileType::CharacterDevice,
+            FileKind::BlockDevice if self.as_root => FileType::BlockDevice,
+            FileKind::CharDevice | FileKind::BlockDevice => return Err(Error::NotSupp),
+            _ => return Err(Error::Inval),
+        };
+        let mode = Mode::from_raw_mode(set.mode.unwrap_or(0o644) & 0o7777);
+        let dev = rustix::fs::makedev(rdev.0, rdev.1);
+        let set = SetAttr { mode: None, ..*set };
+        self.new_entry(caller, dir, name, &set, |fd, name| Ok(rustix::fs::mknodat(fd, name.as_c_str(), file_type, mode, dev)?))
+    }
+
+    fn remove(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<Change> {
+        let cname = removable(name)?;
+        let (fd, before) = self.dir_for_change(caller, dir)?;
+        let _guard = self.lock(dir);
+        let victim = stat_at(fd.as_fd(), &cname)?;
+        Self::check_sticky(caller, &before, &victim)?;
+        if victim.kind == FileKind::Directory {
+            return Err(Error::IsDir);
+        }
+        rustix::fs::unlinkat(&*fd, cname.as_c_str(), AtFlags::empty())?;
+        self.forget(victim.fileid);
+        Ok(self.change(&fd, &before))
+    }
+
+    fn rmdir(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<Change> {
+        if name == b".." {
+            return Err(Error::NotEmpty);
+        }
+        let cname = removable(name)?;
+        let (fd, before) = self.dir_for_change(caller, dir)?;
+        let _guard = self.lock(dir);
+        let victim = stat_at(fd.as_fd(), &cname)?;
+        Self::check_sticky(caller, &before, &victim)?;
+        if victim.kind != FileKind::Directory {
+            return Err(Error::NotDir);
+        }
+        rustix::fs::unlinkat(&*fd, cname.as_c_str(), AtFlags::REMOVEDIR)?;
+        self.forget(victim.fileid);
+        Ok(self.change(&fd, &before))
+    }
+
+    fn rename(&self, caller: &Caller, from: FileId, from_name: &[u8], to: FileId, to_name: &[u8]) -> Result<(Change, Change)> {
+        let from_c = removable(from_name)?;
+        let to_c = removable(to_name)?;
+        let (from_fd, from_before) = self.dir_for_change(caller, from)?;
+        let (to_fd, to_before) = self.dir_for_change(caller, to)?;
+        let _guards = self.lock_two(from, to);
+        let moving = stat_at(from_fd.as_fd(), &from_c)?;
+        Self::check_sticky(caller, &from_before, &moving)?;
+        let replaced = stat_at(to_fd.as_fd(), &to_c).ok();
+        if let Some(target) = &replaced {
+            Self::check_sticky(caller, &to_before, target)?;
+        }
+        rustix::fs::renameat(&*from_fd, from_c.as_c_str(), &*to_fd, to_c.as_c_str())?;
+        if let Some(target) = replaced.filter(|t| t.fileid != moving.fileid) {
+            self.forget(target.fileid);
+        }
+        self.remember(to, to_name, &moving);
+        Ok((self.change(&from_fd, &from_before), self.change(&to_fd, &to_before)))
+    }
+
+    fn link(&self, caller: &Caller, id: FileId, dir: FileId, name: &[u8]) -> Result<(Attr, Change)> {
+        let cname = creatable(name)?;
+        let (src_parent, src_name, attr) = self.entry(id)?;
+        if attr.kind == FileKind::Directory {
+            return Err(Error::IsDir);
+        }
+        let (fd, before) = self.dir_for_change(caller, dir)?;
+        let _guard = self.lock(dir);
+        rustix::fs::linkat(&*src_parent, src_name.as_c_str(), &*fd, cname.as_c_str(), AtFlags::empty())?;
+        let attr = stat_at(fd.as_fd(), &cname)?;
+        Ok((attr, self.change(&fd, &before)))
+    }
+
+    fn readdir(&self, caller: &Caller, dir: FileId, cookie: u64, max: usize, with_attrs: bool) -> Result<DirPage> {
+        let fd = self.dir_fd(dir)?;
+        let attr = self.dir_attr(&fd)?;
+        if !access::permits(&attr, caller, 4) {
+            return Err(Error::Access);
+        }
+        let parent = if dir == self.root_id { dir } else { self.node(dir)?.parent };
+        let mut all: Vec<DirEntry> = vec![
+            DirEntry { fileid: dir, name: b".".to_vec(), cookie: 1, attr: None },
+            DirEntry { fileid: parent, name: b"..".to_vec(), cookie: 2, attr: None },
+        ];
+        let mut named: Vec<DirEntry> = list(fd.as_fd())?
+            .into_iter()
+            .map(|(name, ino, _)| {
+                self.nodes.write().expect("nodes poisoned").insert(ino, Node { parent: dir, name: name.as_slice().into() });
+                DirEntry { fileid: ino, cookie: name_cookie(&name), name, attr: None }
+            })
+            .collect();
+        named.sort_by_key(|e| e.cookie);
+        all.extend(named);
+        let mut rest = all.into_iter().filter(|e| e.cookie > cookie).peekable();
+        let mut entries: Vec<DirEntry> = rest.by_ref().take(max).collect();
+        let eof = rest.peek().is_none();
+        if with_attrs {
+            for e in &mut entries {
+                e.attr = match e.cookie {
+                    1 => Some(attr),
+                    2 => self.getattr(parent).ok(),
+                    _ => cstr(&e.name).ok().and_then(|n| stat_at(fd.as_fd(), &n).ok()),
+                };
+            }
+        }
+        Ok(DirPage { entries, eof })
+    }
+
+    fn fsstat(&self, _id: FileId) -> Result<FsStat> {
+        let s = rustix::fs::fstatvfs(&*self.root)?;
+        let unit = s.f_frsize.max(1);
+        Ok(FsStat {
+            total_bytes: s.f_blocks * unit,
+            free_bytes: s.f_bfree * unit,
+            avail_bytes: s.f_bavail * unit,
+            total_files: s.f_files,
+            free_files: s.f_ffree,
+            avail_files: s.f_favail,
+        })
+    }
+}
+
+/// Entries of a directory other than `.` and `..`: name, inode, is-directory.
+fn list(fd: BorrowedFd<'_>) -> Result<Vec<(Vec<u8>, u64, bool)>> {
+    let mut dir = Dir::read_from(fd)?;
+    let mut out = Vec::new();
+    while let Some(entry) = dir.read() {
+        let entry = entry?;
+        let name = entry.file_name().to_bytes();
+        if name == b"." || name == b".." {
+            continue;
+        }
+        out.push((name.to_vec(), entry.ino(), entry.file_type() == FileType::Directory));
+    }
+    Ok(out)
+}
+
+/// A cookie from the name alone, so a listing resumes at the same place
+/// whatever was added or removed: FNV-1a, kept clear of the cookies of `.`
+/// and `..` (1, 2) and of the sign bit.
+fn name_cookie(name: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in name {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    3 + (h >> 2)
+}
+
+/// The verifier of an exclusive create, kept in the new file's times as the
+/// Linux server does, so a retransmission is recognised even after a restart.
+fn exclusive_times(verf: [u8; 8]) -> (Timestamp, Timestamp) {
+    let word = |b: &[u8]| i64::from(u32::from_be_bytes(b.try_into().expect("4 bytes")) & 0x7fff_ffff);
+    (Timestamp { secs: word(&verf[..4]), nanos: 0 }, Timestamp { secs: word(&verf[4..]), nanos: 0 })
+}
+
+fn check_name(name: &[u8]) -> Result<()> {
+    if name.len() > NAME_MAX {
+        return Err(Error::NameTooLong);
+    }
+    if name.is_empty() || name.contains(&b'/') || name.contains(&0) {
+        return Err(Error::Inval);
+    }
+    Ok(())
+}
+
+fn cstr(name: &[u8]) -> Result<CString> {
+    CString::new(name).map_err(|_| Error::Inval)
+}
+
+/// A name a new entry may take.
+fn creatable(name: &[u8]) -> Result<CString> {
+    check_name(name)?;
+    if name == b"." || name == b".." {
+        return Err(Error::Exist);
+    }
+    cstr(name)
+}
+
+/// A name an existing entry may be removed or renamed by.
+fn removable(name: &[u8]) -> Result<CString> {
+    check_name(name)?;
+    if name == b"." || name == b".." {
+        return Err(Error::Inval);
+    }
+    cstr(name)
+}
+
+/// Who may change what (chmod, chown, utimes, truncate), as a local kernel decides.
+fn check_setattr(caller: &Caller, attr: &Attr, set: &SetAttr) -> Result<()> {
+    if caller.is_root() {
+        return Ok(());
+    }
+    let owner = caller.uid == attr.uid;
+    if set.mode.is_some() && !owner {
+        return Err(Error::Perm);
+    }
+    if set.uid.is_some_and(|uid| uid != attr.uid) {
+        return Err(Error::Perm);
+    }
+    if let Some(gid) = set.gid {
+        if gid != attr.gid && !(owner && caller.in_group(gid)) {
+            return Err(Error::Perm);
+        }
+    }
+    let explicit_time = matches!(set.atime, SetTime::Client(_)) || matches!(set.mtime, SetTime::Client(_));
+    if explicit_time && !owner {
+        return Err(Error::Perm);
+    }
+    let now_time = set.atime == SetTime::ServerNow || set.mtime == SetTime::ServerNow;
+    if now_time && !owner && !access::permits(attr, caller, 2) {
+        return Err(Error::Access);
+    }
+    if set.size.is_some() && !owner && !access::permits(attr, caller, 2) {
+        return Err(Error::Access);
+    }
+    Ok(())
+}
+
+/// Applies the time part of `set` to `name` in `dir` without following a symlink.
+fn apply(dir: BorrowedFd<'_>, name: &CString, set: &SetAttr) -> Result<()> {
+    if set.atime == SetTime::Keep && set.mtime == SetTime::Keep {
+        return Ok(());
+    }
+    let spec = |t: SetTime| match t {
+        SetTime::Keep => rustix::fs::Timespec { tv_sec: 0, tv_nsec: rustix::fs::UTIME_OMIT },
+        SetTime::ServerNow => rustix::fs::Timespec { tv_sec: 0, tv_nsec: rustix::fs::UTIME_NOW },
+        SetTime::Client(t) => rustix::fs::Timespec { tv_sec: t.secs, tv_nsec: i64::from(t.nanos) as _ },
+    };
+    let times = Timestamps { last_access: spec(set.atime), last_modification: spec(set.mtime) };
+    rustix::fs::utimensat(dir, name.as_c_str(), &times, AtFlags::SYMLINK_NOFOLLOW)?;
+    Ok(())
+}

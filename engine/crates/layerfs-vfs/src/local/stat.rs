@@ -1,0 +1,92 @@
+//! Host attributes in one syscall each.
+
+use std::ffi::CStr;
+use std::os::fd::BorrowedFd;
+
+use rustix::fs::{AtFlags, FileType};
+
+use crate::attr::{Attr, FileKind, Timestamp};
+use crate::error::Result;
+
+fn kind(mode: u32) -> FileKind {
+    match FileType::from_raw_mode(mode) {
+        FileType::Directory => FileKind::Directory,
+        FileType::Symlink => FileKind::Symlink,
+        FileType::BlockDevice => FileKind::BlockDevice,
+        FileType::CharacterDevice => FileKind::CharDevice,
+        FileType::Fifo => FileKind::Fifo,
+        FileType::Socket => FileKind::Socket,
+        _ => FileKind::Regular,
+    }
+}
+
+#[cfg(target_os = "linux")]
+mod imp {
+    use super::*;
+    use rustix::fs::{statx, StatxFlags, StatxTimestamp};
+
+    fn ts(t: StatxTimestamp) -> Timestamp {
+        Timestamp { secs: t.tv_sec, nanos: t.tv_nsec }
+    }
+
+    pub fn stat(dir: BorrowedFd<'_>, name: &CStr, flags: AtFlags) -> Result<Attr> {
+        let s = statx(dir, name, flags | AtFlags::SYMLINK_NOFOLLOW, StatxFlags::BASIC_STATS | StatxFlags::BTIME)?;
+        let generation = if s.stx_mask & StatxFlags::BTIME.bits() != 0 {
+            (s.stx_btime.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(u64::from(s.stx_btime.tv_nsec))
+        } else {
+            0
+        };
+        let mode = u32::from(s.stx_mode);
+        Ok(Attr {
+            kind: kind(mode),
+            mode: mode & 0o7777,
+            nlink: s.stx_nlink,
+            uid: s.stx_uid,
+            gid: s.stx_gid,
+            size: s.stx_size,
+            used: s.stx_blocks * 512,
+            rdev: (s.stx_rdev_major, s.stx_rdev_minor),
+            fileid: s.stx_ino,
+            generation,
+            atime: ts(s.stx_atime),
+            mtime: ts(s.stx_mtime),
+            ctime: ts(s.stx_ctime),
+        })
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+mod imp {
+    use super::*;
+
+    pub fn stat(dir: BorrowedFd<'_>, name: &CStr, flags: AtFlags) -> Result<Attr> {
+        let s = rustix::fs::statat(dir, name, flags | AtFlags::SYMLINK_NOFOLLOW)?;
+        let mode = s.st_mode as u32;
+        let rdev = s.st_rdev as u64;
+        Ok(Attr {
+            kind: kind(mode),
+            mode: mode & 0o7777,
+            nlink: s.st_nlink as u32,
+            uid: s.st_uid,
+            gid: s.st_gid,
+            size: s.st_size as u64,
+            used: s.st_blocks as u64 * 512,
+            rdev: (rustix::fs::major(rdev), rustix::fs::minor(rdev)),
+            fileid: s.st_ino as u64,
+            generation: 0,
+            atime: Timestamp { secs: s.st_atime as i64, nanos: s.st_atime_nsec as u32 },
+            mtime: Timestamp { secs: s.st_mtime as i64, nanos: s.st_mtime_nsec as u32 },
+            ctime: Timestamp { secs: s.st_ctime as i64, nanos: s.st_ctime_nsec as u32 },
+        })
+    }
+}
+
+/// Attributes of `name` in `dir`, not following a final symlink.
+pub fn stat_at(dir: BorrowedFd<'_>, name: &CStr) -> Result<Attr> {
+    imp::stat(dir, name, AtFlags::empty())
+}
+
+/// Attributes of an open file.
+pub fn stat_fd(fd: BorrowedFd<'_>) -> Result<Attr> {
+    imp::stat(fd, c"", AtFlags::EMPTY_PATH)
+}
