@@ -9,8 +9,9 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use layerfs_nfs::{MountProgram, NfsProgram, NFS_PROGRAM, NFS_VERSION};
-use layerfs_rpc::{Dispatcher, Program, Server, ServerConfig, ServerHandle, TransportStats};
+use layerfs_nfs::{NFS_PROGRAM, NFS_VERSION};
+use layerfs_rpc::{Dispatcher, Server, ServerConfig, ServerHandle, TransportStats};
+use layerfs_vfs::LocalFs;
 use rpcbench::{run_load, spawn_floor, LoadResult};
 
 /// A NULL call to NFSv3 with an AUTH_SYS credential, as the Linux client sends.
@@ -43,8 +44,9 @@ fn null_reply() -> Vec<u8> {
     frame
 }
 
-fn spawn_layerfs() -> ServerHandle {
-    let programs: Vec<Box<dyn Program>> = vec![Box::new(NfsProgram), Box::new(MountProgram)];
+fn spawn_layerfs(dir: &std::path::Path) -> ServerHandle {
+    let fs = Arc::new(LocalFs::open(dir).expect("open the export"));
+    let programs = layerfs_nfs::programs(fs, b"/").expect("export");
     let server = Server::bind(
         "127.0.0.1:0".parse().unwrap(),
         Arc::new(Dispatcher::new(programs)),
@@ -126,7 +128,8 @@ fn main() {
         }
     }
     let duration = Duration::from_secs_f64(seconds);
-    let layerfs = spawn_layerfs();
+    let export = tempfile::tempdir().expect("temporary export");
+    let layerfs = spawn_layerfs(export.path());
     let targets: Vec<(&'static str, SocketAddr)> = vec![
         ("tcp floor", spawn_floor(null_reply()).expect("floor")),
         ("layerfs", layerfs.local_addr()),

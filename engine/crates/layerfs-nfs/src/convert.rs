@@ -2,8 +2,8 @@
 
 use layerfs_vfs::{Attr, Change, Error, FileKind, SetAttr, SetTime, Timestamp};
 use nfs3_types::nfs3::{
-    fattr3, ftype3, nfsstat3, nfstime3, post_op_attr, pre_op_attr, sattr3, set_atime, set_mtime, specdata3,
-    wcc_attr, wcc_data, Nfs3Option,
+    fattr3, ftype3, nfsstat3, nfstime3, post_op_attr, pre_op_attr, sattr3, set_atime, set_mtime,
+    specdata3, wcc_attr, wcc_data, Nfs3Option,
 };
 
 pub fn status(e: Error) -> nfsstat3 {
@@ -144,10 +144,22 @@ mod tests {
 
     #[test]
     fn times_outside_nfsv3_range_clamp() {
-        assert_eq!(time(Timestamp { secs: -5, nanos: 7 }), nfstime3 { seconds: 0, nseconds: 0 });
-        let late = time(Timestamp { secs: 1 << 33, nanos: 1 });
+        assert_eq!(
+            time(Timestamp { secs: -5, nanos: 7 }),
+            nfstime3 {
+                seconds: 0,
+                nseconds: 0
+            }
+        );
+        let late = time(Timestamp {
+            secs: 1 << 33,
+            nanos: 1,
+        });
         assert_eq!(late.seconds, u32::MAX);
-        let now = Timestamp { secs: 1_790_000_000, nanos: 123 };
+        let now = Timestamp {
+            secs: 1_790_000_000,
+            nanos: 123,
+        };
         assert_eq!(from_time(time(now)), now);
     }
 }

@@ -98,7 +98,9 @@ impl ReplyCache {
         entries.slots.insert(key.clone(), Slot::Running);
         entries.order.push_back(key.clone());
         while entries.order.len() > self.capacity {
-            let Some(old) = entries.order.pop_front() else { break };
+            let Some(old) = entries.order.pop_front() else {
+                break;
+            };
             entries.slots.remove(&old);
         }
         None
@@ -171,7 +173,9 @@ mod tests {
     fn the_oldest_entries_are_evicted() {
         let cache = ReplyCache::new(2);
         let cred = Credentials::None;
-        let keys: Vec<Key> = (0..3).map(|x| Key::of(1, &call(x, "127.0.0.1", b"a", &cred))).collect();
+        let keys: Vec<Key> = (0..3)
+            .map(|x| Key::of(1, &call(x, "127.0.0.1", b"a", &cred)))
+            .collect();
         for k in &keys {
             cache.begin(k);
             cache.finish(k.clone(), vec![1]);

@@ -24,7 +24,8 @@ impl Export {
         let root = fs.getattr(fs.root())?;
         // From the root's identity, not its path or the start time, so
         // handles stay valid across restarts and a moved export.
-        let id = (root.fileid.rotate_left(32) ^ root.generation).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let id =
+            (root.fileid.rotate_left(32) ^ root.generation).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
         Ok(Export {
             fs,
             id,

@@ -53,7 +53,11 @@ mod tests {
 
     #[test]
     fn a_handle_round_trips_and_fits_nfsv3() {
-        let h = FileHandle { export: 7, fileid: 42, generation: 99 };
+        let h = FileHandle {
+            export: 7,
+            fileid: 42,
+            generation: 99,
+        };
         let bytes = h.encode();
         assert!(bytes.len() <= 64);
         assert_eq!(FileHandle::decode(&bytes, 7), Ok(h));
@@ -61,7 +65,12 @@ mod tests {
 
     #[test]
     fn malformed_and_foreign_handles_are_refused() {
-        let bytes = FileHandle { export: 7, fileid: 42, generation: 99 }.encode();
+        let bytes = FileHandle {
+            export: 7,
+            fileid: 42,
+            generation: 99,
+        }
+        .encode();
         assert_eq!(FileHandle::decode(&bytes[..24], 7), Err(Error::BadHandle));
         assert_eq!(FileHandle::decode(&[], 7), Err(Error::BadHandle));
         let mut wrong_version = bytes.clone();

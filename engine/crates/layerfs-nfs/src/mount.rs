@@ -3,7 +3,9 @@
 use std::sync::{Arc, Mutex};
 
 use layerfs_rpc::{Call, Program, Refusal, ReplyBuf};
-use nfs3_types::mount::{dirpath, export_node, fhandle3, mountbody, mountres3, mountres3_ok, mountstat3, name};
+use nfs3_types::mount::{
+    dirpath, export_node, fhandle3, mountbody, mountres3, mountres3_ok, mountstat3, name,
+};
 use nfs3_types::xdr_codec::{List, Opaque, Pack, Unpack};
 
 use crate::export::Export;
@@ -51,7 +53,10 @@ fn path_arg(args: &[u8]) -> Result<Vec<u8>, Refusal> {
 }
 
 fn put(reply: &mut ReplyBuf, value: &impl Pack) -> Result<(), Refusal> {
-    value.pack(reply).map(|_| ()).map_err(|_| Refusal::SystemErr)
+    value
+        .pack(reply)
+        .map(|_| ())
+        .map_err(|_| Refusal::SystemErr)
 }
 
 impl Program for MountProgram {
@@ -79,7 +84,10 @@ impl Program for MountProgram {
                 } else {
                     match self.export.root_handle() {
                         Ok(fh) => {
-                            self.mounts.lock().expect("mounts poisoned").push((client, path));
+                            self.mounts
+                                .lock()
+                                .expect("mounts poisoned")
+                                .push((client, path));
                             mountres3::Ok(mountres3_ok {
                                 fhandle: fhandle3(fh.data),
                                 auth_flavors: vec![AUTH_UNIX],
@@ -112,7 +120,10 @@ impl Program for MountProgram {
                 Ok(())
             }
             4 => {
-                self.mounts.lock().expect("mounts poisoned").retain(|(host, _)| host != &client);
+                self.mounts
+                    .lock()
+                    .expect("mounts poisoned")
+                    .retain(|(host, _)| host != &client);
                 Ok(())
             }
             5 => {

@@ -15,9 +15,28 @@ use crate::export::{caller, Export};
 use crate::{NFS_PROGRAM, NFS_VERSION};
 
 const PROCEDURES: [&str; 22] = [
-    "NULL", "GETATTR", "SETATTR", "LOOKUP", "ACCESS", "READLINK", "READ", "WRITE", "CREATE",
-    "MKDIR", "SYMLINK", "MKNOD", "REMOVE", "RMDIR", "RENAME", "LINK", "READDIR", "READDIRPLUS",
-    "FSSTAT", "FSINFO", "PATHCONF", "COMMIT",
+    "NULL",
+    "GETATTR",
+    "SETATTR",
+    "LOOKUP",
+    "ACCESS",
+    "READLINK",
+    "READ",
+    "WRITE",
+    "CREATE",
+    "MKDIR",
+    "SYMLINK",
+    "MKNOD",
+    "REMOVE",
+    "RMDIR",
+    "RENAME",
+    "LINK",
+    "READDIR",
+    "READDIRPLUS",
+    "FSSTAT",
+    "FSINFO",
+    "PATHCONF",
+    "COMMIT",
 ];
 
 /// Largest READ and WRITE; the Linux client uses it as rsize and wsize.
@@ -39,7 +58,9 @@ pub struct NfsProgram {
 
 impl NfsProgram {
     pub fn new(export: Arc<Export>) -> Self {
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
         let verf = (now.as_nanos() as u64) ^ (u64::from(std::process::id()) << 48);
         NfsProgram {
             export,
@@ -88,7 +109,9 @@ impl NfsProgram {
 
     fn getattr(&self, a: GETATTR3args, reply: &mut ReplyBuf) -> Result<(), Refusal> {
         let res: GETATTR3res = match self.export.resolve(&a.object) {
-            Ok((_, attr)) => Nfs3Result::Ok(GETATTR3resok { obj_attributes: fattr(&attr, self.fsid()) }),
+            Ok((_, attr)) => Nfs3Result::Ok(GETATTR3resok {
+                obj_attributes: fattr(&attr, self.fsid()),
+            }),
             Err(e) => Nfs3Result::Err((status(e), nfs3_types::xdr_codec::Void)),
         };
         put(reply, &res)
@@ -99,25 +122,41 @@ impl NfsProgram {
             Nfs3Option::Some(ctime) => Some(from_time(ctime)),
             Nfs3Option::None => None,
         };
-        let result = self
-            .export
-            .resolve(&a.object)
-            .and_then(|(id, _)| self.export.fs.setattr(who, id, &set_attr(&a.new_attributes), guard));
+        let result = self.export.resolve(&a.object).and_then(|(id, _)| {
+            self.export
+                .fs
+                .setattr(who, id, &set_attr(&a.new_attributes), guard)
+        });
         let res: SETATTR3res = match result {
-            Ok(change) => Nfs3Result::Ok(SETATTR3resok { obj_wcc: wcc(&change, self.fsid()) }),
+            Ok(change) => Nfs3Result::Ok(SETATTR3resok {
+                obj_wcc: wcc(&change, self.fsid()),
+            }),
             Err(e) => {
                 let after = self.export.resolve(&a.object).ok().map(|(_, attr)| attr);
-                Nfs3Result::Err((status(e), SETATTR3resfail { obj_wcc: wcc_after(after.as_ref(), self.fsid()) }))
+                Nfs3Result::Err((
+                    status(e),
+                    SETATTR3resfail {
+                        obj_wcc: wcc_after(after.as_ref(), self.fsid()),
+                    },
+                ))
             }
         };
         put(reply, &res)
     }
 
-    fn lookup(&self, who: &Caller, a: LOOKUP3args<'static>, reply: &mut ReplyBuf) -> Result<(), Refusal> {
-        let found = self.export.resolve(&a.what.dir).and_then(|(dir, dir_attr)| {
-            let attr = self.export.fs.lookup(who, dir, a.what.name.as_ref())?;
-            Ok((attr, dir_attr))
-        });
+    fn lookup(
+        &self,
+        who: &Caller,
+        a: LOOKUP3args<'static>,
+        reply: &mut ReplyBuf,
+    ) -> Result<(), Refusal> {
+        let found = self
+            .export
+            .resolve(&a.what.dir)
+            .and_then(|(dir, dir_attr)| {
+                let attr = self.export.fs.lookup(who, dir, a.what.name.as_ref())?;
+                Ok((attr, dir_attr))
+            });
         let res: LOOKUP3res = match found {
             Ok((attr, dir_attr)) => Nfs3Result::Ok(LOOKUP3resok {
                 object: self.export.handle(&attr),
@@ -126,7 +165,12 @@ impl NfsProgram {
             }),
             Err(e) => {
                 let dir_attr = self.export.resolve(&a.what.dir).ok().map(|(_, attr)| attr);
-                Nfs3Result::Err((status(e), LOOKUP3resfail { dir_attributes: post_op(dir_attr.as_ref(), self.fsid()) }))
+                Nfs3Result::Err((
+                    status(e),
+                    LOOKUP3resfail {
+                        dir_attributes: post_op(dir_attr.as_ref(), self.fsid()),
+                    },
+                ))
             }
         };
         put(reply, &res)
@@ -138,22 +182,39 @@ impl NfsProgram {
                 obj_attributes: post_op(Some(&attr), self.fsid()),
                 access: granted(&attr, who, a.access),
             }),
-            Err(e) => Nfs3Result::Err((status(e), ACCESS3resfail { obj_attributes: Nfs3Option::None })),
+            Err(e) => Nfs3Result::Err((
+                status(e),
+                ACCESS3resfail {
+                    obj_attributes: Nfs3Option::None,
+                },
+            )),
         };
         put(reply, &res)
     }
 
-    fn readlink(&self, who: &Caller, a: READLINK3args, reply: &mut ReplyBuf) -> Result<(), Refusal> {
-        let result = self
-            .export
-            .resolve(&a.symlink)
-            .and_then(|(id, attr)| self.export.fs.readlink(who, id).map(|target| (target, attr)));
+    fn readlink(
+        &self,
+        who: &Caller,
+        a: READLINK3args,
+        reply: &mut ReplyBuf,
+    ) -> Result<(), Refusal> {
+        let result = self.export.resolve(&a.symlink).and_then(|(id, attr)| {
+            self.export
+                .fs
+                .readlink(who, id)
+                .map(|target| (target, attr))
+        });
         let res: READLINK3res<'_> = match result {
             Ok((target, attr)) => Nfs3Result::Ok(READLINK3resok {
                 symlink_attributes: post_op(Some(&attr), self.fsid()),
                 data: nfspath3(Opaque::owned(target)),
             }),
-            Err(e) => Nfs3Result::Err((status(e), READLINK3resfail { symlink_attributes: Nfs3Option::None })),
+            Err(e) => Nfs3Result::Err((
+                status(e),
+                READLINK3resfail {
+                    symlink_attributes: Nfs3Option::None,
+                },
+            )),
         };
         put(reply, &res)
     }
@@ -173,7 +234,11 @@ impl NfsProgram {
         reply.reserve(HEADER + count + 4);
         reply.extend_from_slice(&[0; HEADER]);
         let data_at = reply.as_mut_vec().len();
-        match self.export.fs.read(who, id, a.offset, count, reply.as_mut_vec()) {
+        match self
+            .export
+            .fs
+            .read(who, id, a.offset, count, reply.as_mut_vec())
+        {
             Ok((eof, attr)) => {
                 let n = reply.as_mut_vec().len() - data_at;
                 reply.extend_from_slice(&[0; 3][..(4 - n % 4) % 4]);
@@ -194,17 +259,24 @@ impl NfsProgram {
         }
     }
 
-    fn write(&self, who: &Caller, a: WRITE3args<'static>, reply: &mut ReplyBuf) -> Result<(), Refusal> {
+    fn write(
+        &self,
+        who: &Caller,
+        a: WRITE3args<'static>,
+        reply: &mut ReplyBuf,
+    ) -> Result<(), Refusal> {
         let data = &a.data.as_ref()[..(a.count as usize).min(a.data.len())];
         let stable = match a.stable {
             stable_how::UNSTABLE => Stability::Unstable,
             stable_how::DATA_SYNC => Stability::DataSync,
             stable_how::FILE_SYNC => Stability::FileSync,
         };
-        let result = self
-            .export
-            .resolve(&a.file)
-            .and_then(|(id, _)| self.export.fs.write(who, id, a.offset, data, stable).map(|r| (id, r)));
+        let result = self.export.resolve(&a.file).and_then(|(id, _)| {
+            self.export
+                .fs
+                .write(who, id, a.offset, data, stable)
+                .map(|r| (id, r))
+        });
         let res: WRITE3res = match result {
             Ok((_, (change, done))) => Nfs3Result::Ok(WRITE3resok {
                 file_wcc: wcc(&change, self.fsid()),
@@ -218,7 +290,12 @@ impl NfsProgram {
             }),
             Err(e) => {
                 let after = self.export.resolve(&a.file).ok().map(|(_, attr)| attr);
-                Nfs3Result::Err((status(e), WRITE3resfail { file_wcc: wcc_after(after.as_ref(), self.fsid()) }))
+                Nfs3Result::Err((
+                    status(e),
+                    WRITE3resfail {
+                        file_wcc: wcc_after(after.as_ref(), self.fsid()),
+                    },
+                ))
             }
         };
         put(reply, &res)
@@ -226,7 +303,12 @@ impl NfsProgram {
 
     /// The common end of CREATE, MKDIR, SYMLINK and MKNOD, whose results
     /// share one shape: new handle, its attributes, the directory's change.
-    fn made(&self, dir: &nfs_fh3, result: Result<(Attr, Change), Error>, reply: &mut ReplyBuf) -> Result<(), Refusal> {
+    fn made(
+        &self,
+        dir: &nfs_fh3,
+        result: Result<(Attr, Change), Error>,
+        reply: &mut ReplyBuf,
+    ) -> Result<(), Refusal> {
         match result {
             Ok((attr, change)) => {
                 put(reply, &nfsstat3::NFS3_OK)?;
@@ -245,7 +327,12 @@ impl NfsProgram {
         put(reply, &wcc_after(after.as_ref(), self.fsid()))
     }
 
-    fn create(&self, who: &Caller, a: CREATE3args<'static>, reply: &mut ReplyBuf) -> Result<(), Refusal> {
+    fn create(
+        &self,
+        who: &Caller,
+        a: CREATE3args<'static>,
+        reply: &mut ReplyBuf,
+    ) -> Result<(), Refusal> {
         let how = match &a.how {
             createhow3::UNCHECKED(s) => Create::Unchecked(set_attr(s)),
             createhow3::GUARDED(s) => Create::Guarded(set_attr(s)),
@@ -258,42 +345,83 @@ impl NfsProgram {
         self.made(&a.where_.dir, result, reply)
     }
 
-    fn mkdir(&self, who: &Caller, a: MKDIR3args<'static>, reply: &mut ReplyBuf) -> Result<(), Refusal> {
-        let result = self
-            .export
-            .resolve(&a.where_.dir)
-            .and_then(|(dir, _)| self.export.fs.mkdir(who, dir, a.where_.name.as_ref(), &set_attr(&a.attributes)));
-        self.made(&a.where_.dir, result, reply)
-    }
-
-    fn symlink(&self, who: &Caller, a: SYMLINK3args<'static>, reply: &mut ReplyBuf) -> Result<(), Refusal> {
+    fn mkdir(
+        &self,
+        who: &Caller,
+        a: MKDIR3args<'static>,
+        reply: &mut ReplyBuf,
+    ) -> Result<(), Refusal> {
         let result = self.export.resolve(&a.where_.dir).and_then(|(dir, _)| {
-            let set = set_attr(&a.symlink.symlink_attributes);
-            self.export.fs.symlink(who, dir, a.where_.name.as_ref(), a.symlink.symlink_data.as_ref(), &set)
+            self.export
+                .fs
+                .mkdir(who, dir, a.where_.name.as_ref(), &set_attr(&a.attributes))
         });
         self.made(&a.where_.dir, result, reply)
     }
 
-    fn mknod(&self, who: &Caller, a: MKNOD3args<'static>, reply: &mut ReplyBuf) -> Result<(), Refusal> {
+    fn symlink(
+        &self,
+        who: &Caller,
+        a: SYMLINK3args<'static>,
+        reply: &mut ReplyBuf,
+    ) -> Result<(), Refusal> {
+        let result = self.export.resolve(&a.where_.dir).and_then(|(dir, _)| {
+            let set = set_attr(&a.symlink.symlink_attributes);
+            self.export.fs.symlink(
+                who,
+                dir,
+                a.where_.name.as_ref(),
+                a.symlink.symlink_data.as_ref(),
+                &set,
+            )
+        });
+        self.made(&a.where_.dir, result, reply)
+    }
+
+    fn mknod(
+        &self,
+        who: &Caller,
+        a: MKNOD3args<'static>,
+        reply: &mut ReplyBuf,
+    ) -> Result<(), Refusal> {
         let (kind, rdev, set) = match &a.what {
-            mknoddata3::NF3CHR(d) => (FileKind::CharDevice, (d.spec.specdata1, d.spec.specdata2), set_attr(&d.dev_attributes)),
-            mknoddata3::NF3BLK(d) => (FileKind::BlockDevice, (d.spec.specdata1, d.spec.specdata2), set_attr(&d.dev_attributes)),
+            mknoddata3::NF3CHR(d) => (
+                FileKind::CharDevice,
+                (d.spec.specdata1, d.spec.specdata2),
+                set_attr(&d.dev_attributes),
+            ),
+            mknoddata3::NF3BLK(d) => (
+                FileKind::BlockDevice,
+                (d.spec.specdata1, d.spec.specdata2),
+                set_attr(&d.dev_attributes),
+            ),
             mknoddata3::NF3SOCK(s) => (FileKind::Socket, (0, 0), set_attr(s)),
             mknoddata3::NF3FIFO(s) => (FileKind::Fifo, (0, 0), set_attr(s)),
             mknoddata3::default => {
-                let after = self.export.resolve(&a.where_.dir).ok().map(|(_, attr)| attr);
+                let after = self
+                    .export
+                    .resolve(&a.where_.dir)
+                    .ok()
+                    .map(|(_, attr)| attr);
                 put(reply, &nfsstat3::NFS3ERR_BADTYPE)?;
                 return put(reply, &wcc_after(after.as_ref(), self.fsid()));
             }
         };
-        let result = self
-            .export
-            .resolve(&a.where_.dir)
-            .and_then(|(dir, _)| self.export.fs.mknod(who, dir, a.where_.name.as_ref(), kind, rdev, &set));
+        let result = self.export.resolve(&a.where_.dir).and_then(|(dir, _)| {
+            self.export
+                .fs
+                .mknod(who, dir, a.where_.name.as_ref(), kind, rdev, &set)
+        });
         self.made(&a.where_.dir, result, reply)
     }
 
-    fn remove(&self, who: &Caller, a: REMOVE3args<'static>, reply: &mut ReplyBuf, dir_only: bool) -> Result<(), Refusal> {
+    fn remove(
+        &self,
+        who: &Caller,
+        a: REMOVE3args<'static>,
+        reply: &mut ReplyBuf,
+        dir_only: bool,
+    ) -> Result<(), Refusal> {
         let result = self.export.resolve(&a.object.dir).and_then(|(dir, _)| {
             let name = a.object.name.as_ref();
             if dir_only {
@@ -311,10 +439,17 @@ impl NfsProgram {
         }
     }
 
-    fn rename(&self, who: &Caller, a: RENAME3args<'static, 'static>, reply: &mut ReplyBuf) -> Result<(), Refusal> {
+    fn rename(
+        &self,
+        who: &Caller,
+        a: RENAME3args<'static, 'static>,
+        reply: &mut ReplyBuf,
+    ) -> Result<(), Refusal> {
         let result = self.export.resolve(&a.from.dir).and_then(|(from, _)| {
             let (to, _) = self.export.resolve(&a.to.dir)?;
-            self.export.fs.rename(who, from, a.from.name.as_ref(), to, a.to.name.as_ref())
+            self.export
+                .fs
+                .rename(who, from, a.from.name.as_ref(), to, a.to.name.as_ref())
         });
         match result {
             Ok((from, to)) => {
@@ -332,7 +467,12 @@ impl NfsProgram {
         }
     }
 
-    fn link(&self, who: &Caller, a: LINK3args<'static>, reply: &mut ReplyBuf) -> Result<(), Refusal> {
+    fn link(
+        &self,
+        who: &Caller,
+        a: LINK3args<'static>,
+        reply: &mut ReplyBuf,
+    ) -> Result<(), Refusal> {
         let result = self.export.resolve(&a.file).and_then(|(id, _)| {
             let (dir, _) = self.export.resolve(&a.link.dir)?;
             self.export.fs.link(who, id, dir, a.link.name.as_ref())
@@ -364,7 +504,12 @@ impl NfsProgram {
 
     /// The start of a READDIR(PLUS) that passed its checks: the directory's
     /// id, attributes and cookie verifier.
-    fn open_listing(&self, dir: &nfs_fh3, cookie: u64, verf: &cookieverf3) -> Result<(FileId, Attr, cookieverf3), (Error, Option<Attr>)> {
+    fn open_listing(
+        &self,
+        dir: &nfs_fh3,
+        cookie: u64,
+        verf: &cookieverf3,
+    ) -> Result<(FileId, Attr, cookieverf3), (Error, Option<Attr>)> {
         let (id, attr) = self.export.resolve(dir).map_err(|e| (e, None))?;
         if attr.kind != FileKind::Directory {
             return Err((Error::NotDir, Some(attr)));
@@ -381,14 +526,38 @@ impl NfsProgram {
     fn readdir(&self, who: &Caller, a: READDIR3args, reply: &mut ReplyBuf) -> Result<(), Refusal> {
         let (dir, attr, verf) = match self.open_listing(&a.dir, a.cookie, &a.cookieverf) {
             Ok(found) => found,
-            Err((e, attr)) => return put(reply, &READDIR3res::Err((status(e), READDIR3resfail { dir_attributes: post_op(attr.as_ref(), self.fsid()) }))),
+            Err((e, attr)) => {
+                return put(
+                    reply,
+                    &READDIR3res::Err((
+                        status(e),
+                        READDIR3resfail {
+                            dir_attributes: post_op(attr.as_ref(), self.fsid()),
+                        },
+                    )),
+                )
+            }
         };
         // status, dir attributes, verifier, end of list, eof.
         let mut size = 4 + 88 + 8 + 4 + 4;
         let budget = a.count as usize;
-        let page = match self.export.fs.readdir(who, dir, a.cookie, budget / 20 + 2, false) {
+        let page = match self
+            .export
+            .fs
+            .readdir(who, dir, a.cookie, budget / 20 + 2, false)
+        {
             Ok(page) => page,
-            Err(e) => return put(reply, &READDIR3res::Err((status(e), READDIR3resfail { dir_attributes: post_op(Some(&attr), self.fsid()) }))),
+            Err(e) => {
+                return put(
+                    reply,
+                    &READDIR3res::Err((
+                        status(e),
+                        READDIR3resfail {
+                            dir_attributes: post_op(Some(&attr), self.fsid()),
+                        },
+                    )),
+                )
+            }
         };
         let total = page.entries.len();
         let mut entries = Vec::new();
@@ -398,10 +567,22 @@ impl NfsProgram {
                 break;
             }
             size += entry_size;
-            entries.push(entry3 { fileid: e.fileid, name: filename3(Opaque::borrowed(&e.name)), cookie: e.cookie });
+            entries.push(entry3 {
+                fileid: e.fileid,
+                name: filename3(Opaque::borrowed(&e.name)),
+                cookie: e.cookie,
+            });
         }
         if entries.is_empty() && total > 0 {
-            return put(reply, &READDIR3res::Err((nfsstat3::NFS3ERR_TOOSMALL, READDIR3resfail { dir_attributes: post_op(Some(&attr), self.fsid()) })));
+            return put(
+                reply,
+                &READDIR3res::Err((
+                    nfsstat3::NFS3ERR_TOOSMALL,
+                    READDIR3resfail {
+                        dir_attributes: post_op(Some(&attr), self.fsid()),
+                    },
+                )),
+            );
         }
         let eof = page.eof && entries.len() == total;
         put(
@@ -409,14 +590,30 @@ impl NfsProgram {
             &READDIR3res::Ok(READDIR3resok {
                 dir_attributes: post_op(Some(&attr), self.fsid()),
                 cookieverf: verf,
-                reply: dirlist3 { entries: List(entries), eof },
+                reply: dirlist3 {
+                    entries: List(entries),
+                    eof,
+                },
             }),
         )
     }
 
-    fn readdirplus(&self, who: &Caller, a: READDIRPLUS3args, reply: &mut ReplyBuf) -> Result<(), Refusal> {
+    fn readdirplus(
+        &self,
+        who: &Caller,
+        a: READDIRPLUS3args,
+        reply: &mut ReplyBuf,
+    ) -> Result<(), Refusal> {
         let fail = |e: Error, attr: Option<&Attr>, reply: &mut ReplyBuf| {
-            put(reply, &READDIRPLUS3res::Err((status(e), READDIRPLUS3resfail { dir_attributes: post_op(attr, self.fsid()) })))
+            put(
+                reply,
+                &READDIRPLUS3res::Err((
+                    status(e),
+                    READDIRPLUS3resfail {
+                        dir_attributes: post_op(attr, self.fsid()),
+                    },
+                )),
+            )
         };
         let (dir, attr, verf) = match self.open_listing(&a.dir, a.cookie, &a.cookieverf) {
             Ok(found) => found,
@@ -426,7 +623,11 @@ impl NfsProgram {
         let dir_budget = a.dircount as usize;
         let mut size = 4 + 88 + 8 + 4 + 4;
         let mut dir_size = 0;
-        let page = match self.export.fs.readdir(who, dir, a.cookie, budget / 140 + 2, true) {
+        let page = match self
+            .export
+            .fs
+            .readdir(who, dir, a.cookie, budget / 140 + 2, true)
+        {
             Ok(page) => page,
             Err(e) => return fail(e, Some(&attr), reply),
         };
@@ -435,7 +636,9 @@ impl NfsProgram {
         for e in &page.entries {
             let name_size = 8 + 4 + padded(e.name.len()) + 8;
             let entry_size = 4 + name_size + 88 + 4 + 4 + 28;
-            if size + entry_size > budget || (dir_budget > 0 && dir_size + name_size > dir_budget && !entries.is_empty()) {
+            if size + entry_size > budget
+                || (dir_budget > 0 && dir_size + name_size > dir_budget && !entries.is_empty())
+            {
                 break;
             }
             size += entry_size;
@@ -460,13 +663,19 @@ impl NfsProgram {
             &READDIRPLUS3res::Ok(READDIRPLUS3resok {
                 dir_attributes: post_op(Some(&attr), self.fsid()),
                 cookieverf: verf,
-                reply: dirlistplus3 { entries: List(entries), eof },
+                reply: dirlistplus3 {
+                    entries: List(entries),
+                    eof,
+                },
             }),
         )
     }
 
     fn fsstat(&self, a: FSSTAT3args, reply: &mut ReplyBuf) -> Result<(), Refusal> {
-        let result = self.export.resolve(&a.fsroot).and_then(|(id, attr)| self.export.fs.fsstat(id).map(|s| (s, attr)));
+        let result = self
+            .export
+            .resolve(&a.fsroot)
+            .and_then(|(id, attr)| self.export.fs.fsstat(id).map(|s| (s, attr)));
         let res: FSSTAT3res = match result {
             Ok((s, attr)) => Nfs3Result::Ok(FSSTAT3resok {
                 obj_attributes: post_op(Some(&attr), self.fsid()),
@@ -478,7 +687,12 @@ impl NfsProgram {
                 afiles: s.avail_files,
                 invarsec: 0,
             }),
-            Err(e) => Nfs3Result::Err((status(e), FSSTAT3resfail { obj_attributes: Nfs3Option::None })),
+            Err(e) => Nfs3Result::Err((
+                status(e),
+                FSSTAT3resfail {
+                    obj_attributes: Nfs3Option::None,
+                },
+            )),
         };
         put(reply, &res)
     }
@@ -495,10 +709,18 @@ impl NfsProgram {
                 wtmult: 4096,
                 dtpref: DIR_PREF,
                 maxfilesize: i64::MAX as u64,
-                time_delta: nfstime3 { seconds: 0, nseconds: 1 },
+                time_delta: nfstime3 {
+                    seconds: 0,
+                    nseconds: 1,
+                },
                 properties: PROPERTIES,
             }),
-            Err(e) => Nfs3Result::Err((status(e), FSINFO3resfail { obj_attributes: Nfs3Option::None })),
+            Err(e) => Nfs3Result::Err((
+                status(e),
+                FSINFO3resfail {
+                    obj_attributes: Nfs3Option::None,
+                },
+            )),
         };
         put(reply, &res)
     }
@@ -514,18 +736,38 @@ impl NfsProgram {
                 case_insensitive: false,
                 case_preserving: true,
             }),
-            Err(e) => Nfs3Result::Err((status(e), PATHCONF3resfail { obj_attributes: Nfs3Option::None })),
+            Err(e) => Nfs3Result::Err((
+                status(e),
+                PATHCONF3resfail {
+                    obj_attributes: Nfs3Option::None,
+                },
+            )),
         };
         put(reply, &res)
     }
 
     fn commit(&self, a: COMMIT3args, reply: &mut ReplyBuf) -> Result<(), Refusal> {
-        let result = self.export.resolve(&a.file).and_then(|(id, _)| self.export.fs.commit(id));
+        let result = self
+            .export
+            .resolve(&a.file)
+            .and_then(|(id, _)| self.export.fs.commit(id));
         let res: COMMIT3res = match result {
-            Ok(change) => Nfs3Result::Ok(COMMIT3resok { file_wcc: wcc(&change, self.fsid()), verf: self.write_verf }),
+            Ok(change) => Nfs3Result::Ok(COMMIT3resok {
+                file_wcc: wcc(&change, self.fsid()),
+                verf: self.write_verf,
+            }),
             Err(e) => {
-                let after = self.export.resolve(&a.file).ok().and_then(|(id, _)| self.attr_of(id));
-                Nfs3Result::Err((status(e), COMMIT3resfail { file_wcc: wcc_after(after.as_ref(), self.fsid()) }))
+                let after = self
+                    .export
+                    .resolve(&a.file)
+                    .ok()
+                    .and_then(|(id, _)| self.attr_of(id));
+                Nfs3Result::Err((
+                    status(e),
+                    COMMIT3resfail {
+                        file_wcc: wcc_after(after.as_ref(), self.fsid()),
+                    },
+                ))
             }
         };
         put(reply, &res)
@@ -533,7 +775,12 @@ impl NfsProgram {
 }
 
 fn read_fail(e: Error, attr: Option<&Attr>, fsid: u64) -> READ3res<'static> {
-    Nfs3Result::Err((status(e), READ3resfail { file_attributes: post_op(attr, fsid) }))
+    Nfs3Result::Err((
+        status(e),
+        READ3resfail {
+            file_attributes: post_op(attr, fsid),
+        },
+    ))
 }
 
 fn padded(len: usize) -> usize {
@@ -547,11 +794,16 @@ fn is_non_idempotent(proc: u32) -> bool {
 }
 
 fn args<T: Unpack>(mut bytes: &[u8]) -> Result<T, Refusal> {
-    T::unpack(&mut bytes).map(|(v, _)| v).map_err(|_| Refusal::GarbageArgs)
+    T::unpack(&mut bytes)
+        .map(|(v, _)| v)
+        .map_err(|_| Refusal::GarbageArgs)
 }
 
 fn put(reply: &mut ReplyBuf, value: &impl Pack) -> Result<(), Refusal> {
-    value.pack(reply).map(|_| ()).map_err(|_| Refusal::SystemErr)
+    value
+        .pack(reply)
+        .map(|_| ())
+        .map_err(|_| Refusal::SystemErr)
 }
 
 fn put_into(out: &mut Vec<u8>, value: &impl Pack) -> Result<(), Refusal> {
@@ -582,7 +834,11 @@ impl Program for NfsProgram {
         }
         let key = Key::of(NFS_PROGRAM, call);
         if let Some(results) = self.cache.begin(&key) {
-            tracing::debug!(xid = call.xid, proc = PROCEDURES[call.proc as usize], "retransmission answered from the reply cache");
+            tracing::debug!(
+                xid = call.xid,
+                proc = PROCEDURES[call.proc as usize],
+                "retransmission answered from the reply cache"
+            );
             reply.extend_from_slice(&results);
             return Ok(());
         }

@@ -159,9 +159,15 @@ mod tests {
         let all = 0x3f;
         let d = attr(FileKind::Directory, 0o755, 10, 20);
         assert_eq!(granted(&d, &user(10, 20, &[]), all), 0x1f);
-        assert_eq!(granted(&d, &user(11, 21, &[]), all), Access::READ | Access::LOOKUP);
+        assert_eq!(
+            granted(&d, &user(11, 21, &[]), all),
+            Access::READ | Access::LOOKUP
+        );
         let f = attr(FileKind::Regular, 0o754, 10, 20);
-        assert_eq!(granted(&f, &user(11, 20, &[]), all), Access::READ | Access::EXECUTE);
+        assert_eq!(
+            granted(&f, &user(11, 20, &[]), all),
+            Access::READ | Access::EXECUTE
+        );
         assert_eq!(granted(&f, &user(12, 21, &[]), Access::MODIFY), 0);
     }
 }

@@ -70,7 +70,13 @@ pub trait Filesystem: Send + Sync {
     }
 
     /// Sets attributes; with `guard`, only if the file's ctime still equals it.
-    fn setattr(&self, caller: &Caller, id: FileId, set: &SetAttr, guard: Option<Timestamp>) -> Result<Change>;
+    fn setattr(
+        &self,
+        caller: &Caller,
+        id: FileId,
+        set: &SetAttr,
+        guard: Option<Timestamp>,
+    ) -> Result<Change>;
 
     /// The entry `name` of directory `dir`; `.` and `..` are allowed (`..` of
     /// the root is the root).
@@ -81,38 +87,94 @@ pub trait Filesystem: Send + Sync {
     /// Appends up to `count` bytes read at `offset` to `dst` (so a reply
     /// buffer receives them without another copy); returns whether the end of
     /// the file was reached, and the file's attributes.
-    fn read(&self, caller: &Caller, id: FileId, offset: u64, count: usize, dst: &mut Vec<u8>) -> Result<(bool, Attr)>;
+    fn read(
+        &self,
+        caller: &Caller,
+        id: FileId,
+        offset: u64,
+        count: usize,
+        dst: &mut Vec<u8>,
+    ) -> Result<(bool, Attr)>;
 
     /// Writes all of `data` at `offset`; returns how durable it already is.
-    fn write(&self, caller: &Caller, id: FileId, offset: u64, data: &[u8], stable: Stability) -> Result<(Change, Stability)>;
+    fn write(
+        &self,
+        caller: &Caller,
+        id: FileId,
+        offset: u64,
+        data: &[u8],
+        stable: Stability,
+    ) -> Result<(Change, Stability)>;
 
     /// Makes everything written to `id` durable.
     fn commit(&self, id: FileId) -> Result<Change>;
 
-    fn create(&self, caller: &Caller, dir: FileId, name: &[u8], how: Create) -> Result<(Attr, Change)>;
+    fn create(
+        &self,
+        caller: &Caller,
+        dir: FileId,
+        name: &[u8],
+        how: Create,
+    ) -> Result<(Attr, Change)>;
 
-    fn mkdir(&self, caller: &Caller, dir: FileId, name: &[u8], set: &SetAttr) -> Result<(Attr, Change)>;
+    fn mkdir(
+        &self,
+        caller: &Caller,
+        dir: FileId,
+        name: &[u8],
+        set: &SetAttr,
+    ) -> Result<(Attr, Change)>;
 
-    fn symlink(&self, caller: &Caller, dir: FileId, name: &[u8], target: &[u8], set: &SetAttr) -> Result<(Attr, Change)>;
+    fn symlink(
+        &self,
+        caller: &Caller,
+        dir: FileId,
+        name: &[u8],
+        target: &[u8],
+        set: &SetAttr,
+    ) -> Result<(Attr, Change)>;
 
     /// A FIFO, socket or device file; devices only where the host allows.
-    fn mknod(&self, caller: &Caller, dir: FileId, name: &[u8], kind: FileKind, rdev: (u32, u32), set: &SetAttr) -> Result<(Attr, Change)>;
+    fn mknod(
+        &self,
+        caller: &Caller,
+        dir: FileId,
+        name: &[u8],
+        kind: FileKind,
+        rdev: (u32, u32),
+        set: &SetAttr,
+    ) -> Result<(Attr, Change)>;
 
     fn remove(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<Change>;
 
     fn rmdir(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<Change>;
 
     /// Returns the changes to the source and the target directory.
-    fn rename(&self, caller: &Caller, from: FileId, from_name: &[u8], to: FileId, to_name: &[u8]) -> Result<(Change, Change)>;
+    fn rename(
+        &self,
+        caller: &Caller,
+        from: FileId,
+        from_name: &[u8],
+        to: FileId,
+        to_name: &[u8],
+    ) -> Result<(Change, Change)>;
 
     /// Links file `id` as `name` in `dir`; returns the file's attributes.
-    fn link(&self, caller: &Caller, id: FileId, dir: FileId, name: &[u8]) -> Result<(Attr, Change)>;
+    fn link(&self, caller: &Caller, id: FileId, dir: FileId, name: &[u8])
+        -> Result<(Attr, Change)>;
 
     /// Entries after `cookie` (0: from the start), at most `max`, with their
     /// attributes if `with_attrs`. Includes `.` and `..`. Cookies are stable:
     /// resuming from one neither repeats nor skips entries, whatever was
     /// added or removed since.
-    fn readdir(&self, caller: &Caller, dir: FileId, cookie: u64, max: usize, with_attrs: bool) -> Result<DirPage>;
+    fn readdir(
+        &self,
+        caller: &Caller,
+        dir: FileId,
+        cookie: u64,
+        max: usize,
+        with_attrs: bool,
+    ) -> Result<DirPage>;
 
     fn fsstat(&self, id: FileId) -> Result<FsStat>;
 }

@@ -50,7 +50,11 @@ pub struct LocalFs {
 
 impl LocalFs {
     pub fn open(dir: &Path) -> Result<LocalFs> {
-        let root = rustix::fs::open(dir, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
+        let root = rustix::fs::open(
+            dir,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
         let attr = stat_fd(root.as_fd())?;
         Ok(LocalFs {
             root: Arc::new(root),
@@ -64,7 +68,9 @@ impl LocalFs {
     }
 
     fn lock(&self, id: FileId) -> MutexGuard<'_, ()> {
-        self.stripes[(id % STRIPES as u64) as usize].lock().expect("stripe poisoned")
+        self.stripes[(id % STRIPES as u64) as usize]
+            .lock()
+            .expect("stripe poisoned")
     }
 
     /// Locks two ids' stripes in a fixed order (once if they share one).
@@ -90,7 +96,13 @@ impl LocalFs {
             return;
         }
         let mut nodes = self.nodes.write().expect("nodes poisoned");
-        nodes.insert(attr.fileid, Node { parent, name: name.into() });
+        nodes.insert(
+            attr.fileid,
+            Node {
+                parent,
+                name: name.into(),
+            },
+        );
     }
 
     fn forget(&self, id: FileId) {
@@ -105,10 +117,18 @@ impl LocalFs {
         let mut queue = VecDeque::from([self.root_id]);
         while let Some(dir) = queue.pop_front() {
             let Ok(fd) = self.dir_fd(dir) else { continue };
-            let Ok(entries) = list(fd.as_fd()) else { continue };
+            let Ok(entries) = list(fd.as_fd()) else {
+                continue;
+            };
             for (name, ino, is_dir) in entries {
-                let node = Node { parent: dir, name: name.into() };
-                self.nodes.write().expect("nodes poisoned").insert(ino, node.clone());
+                let node = Node {
+                    parent: dir,
+                    name: name.into(),
+                };
+                self.nodes
+                    .write()
+                    .expect("nodes poisoned")
+                    .insert(ino, node.clone());
                 if ino == id {
                     return Ok(node);
                 }
@@ -137,7 +157,14 @@ impl LocalFs {
             Mode::empty(),
         )
         .map_err(|e| match e {
-            Errno::NOENT | Errno::NOTDIR | Errno::LOOP => Error::Stale,
+            // The id names something that is not a directory, or is gone.
+            Errno::NOTDIR | Errno::LOOP => {
+                match stat_at(parent.as_fd(), &cstr(&node.name).unwrap_or_default()) {
+                    Ok(attr) if attr.fileid == id => Error::NotDir,
+                    _ => Error::Stale,
+                }
+            }
+            Errno::NOENT => Error::Stale,
             e => e.into(),
         })?;
         if stat_fd(fd.as_fd())?.fileid != id {
@@ -183,10 +210,18 @@ impl LocalFs {
             _ => return Err(Error::Inval),
         }
         let flags = OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY;
-        let fd = match rustix::fs::openat(&*parent, name.as_c_str(), flags | OFlags::RDWR, Mode::empty()) {
-            Err(Errno::ACCESS | Errno::ROFS | Errno::PERM) => {
-                rustix::fs::openat(&*parent, name.as_c_str(), flags | OFlags::RDONLY, Mode::empty())?
-            }
+        let fd = match rustix::fs::openat(
+            &*parent,
+            name.as_c_str(),
+            flags | OFlags::RDWR,
+            Mode::empty(),
+        ) {
+            Err(Errno::ACCESS | Errno::ROFS | Errno::PERM) => rustix::fs::openat(
+                &*parent,
+                name.as_c_str(),
+                flags | OFlags::RDONLY,
+                Mode::empty(),
+            )?,
             other => other?,
         };
         let fd = Arc::new(fd);
@@ -220,7 +255,11 @@ impl LocalFs {
     /// The sticky-bit rule: in a sticky directory only the owner of the entry
     /// or of the directory (or root) may remove or rename the entry.
     fn check_sticky(caller: &Caller, dir: &Attr, entry: &Attr) -> Result<()> {
-        if dir.mode & 0o1000 != 0 && !caller.is_root() && caller.uid != dir.uid && caller.uid != entry.uid {
+        if dir.mode & 0o1000 != 0
+            && !caller.is_root()
+            && caller.uid != dir.uid
+            && caller.uid != entry.uid
+        {
             return Err(Error::Perm);
         }
         Ok(())
@@ -234,9 +273,20 @@ impl LocalFs {
     }
 
     /// Gives a new entry to its creator and applies the rest of `set`.
-    fn finish_new(&self, caller: &Caller, dir: &OwnedFd, dir_attr: &Attr, name: &CString, set: &SetAttr) -> Result<Attr> {
+    fn finish_new(
+        &self,
+        caller: &Caller,
+        dir: &OwnedFd,
+        dir_attr: &Attr,
+        name: &CString,
+        set: &SetAttr,
+    ) -> Result<Attr> {
         if self.as_root {
-            let gid = if dir_attr.mode & 0o2000 != 0 { dir_attr.gid } else { caller.gid };
+            let gid = if dir_attr.mode & 0o2000 != 0 {
+                dir_attr.gid
+            } else {
+                caller.gid
+            };
             let uid = set.uid.unwrap_or(caller.uid);
             let gid = set.gid.unwrap_or(gid);
             rustix::fs::chownat(
@@ -247,14 +297,25 @@ impl LocalFs {
                 AtFlags::SYMLINK_NOFOLLOW,
             )?;
         }
-        let rest = SetAttr { uid: None, gid: None, ..*set };
-        if rest.size.is_some() || rest.atime != SetTime::Keep || rest.mtime != SetTime::Keep {
-            apply(dir.as_fd(), name, &rest)?;
+        if let Some(size) = set.size.filter(|&s| s > 0) {
+            let file = rustix::fs::openat(
+                dir,
+                name.as_c_str(),
+                OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            )?;
+            rustix::fs::ftruncate(&file, size)?;
         }
+        apply(dir.as_fd(), name, set)?;
         if let Some(mode) = set.mode {
             let attr = stat_at(dir.as_fd(), name)?;
             if attr.kind != FileKind::Symlink {
-                rustix::fs::chmodat(dir, name.as_c_str(), Mode::from_raw_mode(mode & 0o7777), AtFlags::empty())?;
+                rustix::fs::chmodat(
+                    dir,
+                    name.as_c_str(),
+                    Mode::from_raw_mode(mode & 0o7777),
+                    AtFlags::empty(),
+                )?;
             }
         }
         stat_at(dir.as_fd(), name)
@@ -293,10 +354,20 @@ impl Filesystem for LocalFs {
         Ok(self.entry(id)?.2)
     }
 
-    fn setattr(&self, caller: &Caller, id: FileId, set: &SetAttr, guard: Option<Timestamp>) -> Result<Change> {
+    fn setattr(
+        &self,
+        caller: &Caller,
+        id: FileId,
+        set: &SetAttr,
+        guard: Option<Timestamp>,
+    ) -> Result<Change> {
         let _guard = self.lock(id);
         let (parent, name, before) = if id == self.root_id {
-            (self.root.clone(), CString::new(".").expect("no NUL"), stat_fd(self.root.as_fd())?)
+            (
+                self.root.clone(),
+                CString::new(".").expect("no NUL"),
+                stat_fd(self.root.as_fd())?,
+            )
         } else {
             self.entry(id)?
         };
@@ -315,7 +386,12 @@ impl Filesystem for LocalFs {
         }
         if let Some(mode) = set.mode {
             if before.kind != FileKind::Symlink {
-                rustix::fs::chmodat(&*parent, name.as_c_str(), Mode::from_raw_mode(mode & 0o7777), AtFlags::empty())?;
+                rustix::fs::chmodat(
+                    &*parent,
+                    name.as_c_str(),
+                    Mode::from_raw_mode(mode & 0o7777),
+                    AtFlags::empty(),
+                )?;
             }
         }
         if set.uid.is_some() || set.gid.is_some() {
@@ -329,7 +405,10 @@ impl Filesystem for LocalFs {
         }
         apply(parent.as_fd(), &name, set)?;
         let after = stat_at(parent.as_fd(), &name)?;
-        Ok(Change { before: Some(before.wcc()), after: Some(after) })
+        Ok(Change {
+            before: Some(before.wcc()),
+            after: Some(after),
+        })
     }
 
     fn lookup(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<Attr> {
@@ -359,7 +438,14 @@ impl Filesystem for LocalFs {
         Ok(rustix::fs::readlinkat(&*parent, name.as_c_str(), Vec::new())?.into_bytes())
     }
 
-    fn read(&self, caller: &Caller, id: FileId, offset: u64, count: usize, dst: &mut Vec<u8>) -> Result<(bool, Attr)> {
+    fn read(
+        &self,
+        caller: &Caller,
+        id: FileId,
+        offset: u64,
+        count: usize,
+        dst: &mut Vec<u8>,
+    ) -> Result<(bool, Attr)> {
         let fd = self.file_fd(id)?;
         let attr = stat_fd(fd.as_fd())?;
         // The owner may read its own file whatever the mode: NFS checks at
@@ -387,14 +473,24 @@ impl Filesystem for LocalFs {
         Ok((eof, attr))
     }
 
-    fn write(&self, caller: &Caller, id: FileId, offset: u64, data: &[u8], stable: Stability) -> Result<(Change, Stability)> {
+    fn write(
+        &self,
+        caller: &Caller,
+        id: FileId,
+        offset: u64,
+        data: &[u8],
+        stable: Stability,
+    ) -> Result<(Change, Stability)> {
         let fd = self.file_fd(id)?;
         let _guard = self.lock(id);
         let before = stat_fd(fd.as_fd())?;
         if caller.uid != before.uid && !access::permits(&before, caller, 2) {
             return Err(Error::Access);
         }
-        offset.checked_add(data.len() as u64).filter(|&end| end <= i64::MAX as u64).ok_or(Error::FBig)?;
+        offset
+            .checked_add(data.len() as u64)
+            .filter(|&end| end <= i64::MAX as u64)
+            .ok_or(Error::FBig)?;
         let mut n = 0;
         while n < data.len() {
             match rustix::io::pwrite(&*fd, &data[n..], offset + n as u64) {
@@ -419,19 +515,26 @@ impl Filesystem for LocalFs {
         Ok(self.change(&fd, &before))
     }
 
-    fn create(&self, caller: &Caller, dir: FileId, name: &[u8], how: Create) -> Result<(Attr, Change)> {
+    fn create(
+        &self,
+        caller: &Caller,
+        dir: FileId,
+        name: &[u8],
+        how: Create,
+    ) -> Result<(Attr, Change)> {
         let cname = creatable(name)?;
         let (fd, before) = self.dir_for_change(caller, dir)?;
         let _guard = self.lock(dir);
-        let base = OFlags::CREATE | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY;
-        let (flags, set) = match how {
-            Create::Unchecked(set) => (base, set),
-            Create::Guarded(set) => (base | OFlags::EXCL, set),
-            Create::Exclusive(_) => (base | OFlags::EXCL, SetAttr::default()),
+        let base =
+            OFlags::CREATE | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY;
+        let set = match how {
+            Create::Unchecked(set) | Create::Guarded(set) => set,
+            Create::Exclusive(_) => SetAttr::default(),
         };
         let mode = Mode::from_raw_mode(set.mode.unwrap_or(0o644) & 0o7777);
-        let created = match rustix::fs::openat(&*fd, cname.as_c_str(), flags, mode) {
+        let created = match rustix::fs::openat(&*fd, cname.as_c_str(), base | OFlags::EXCL, mode) {
             Ok(_) => true,
+            Err(Errno::EXIST) if matches!(how, Create::Guarded(_)) => return Err(Error::Exist),
             Err(Errno::EXIST) => false,
             Err(Errno::ISDIR) => return Err(Error::Exist),
             Err(e) => return Err(e.into()),
@@ -439,17 +542,25 @@ impl Filesystem for LocalFs {
         let attr = match how {
             Create::Exclusive(verf) if !created => {
                 let existing = stat_at(fd.as_fd(), &cname)?;
-                if existing.kind != FileKind::Regular || exclusive_times(verf) != (existing.atime, existing.mtime) {
+                if existing.kind != FileKind::Regular
+                    || exclusive_times(verf) != (existing.atime, existing.mtime)
+                {
                     return Err(Error::Exist);
                 }
                 existing
             }
             Create::Exclusive(verf) => {
                 let (atime, mtime) = exclusive_times(verf);
-                let stamp = SetAttr { atime: SetTime::Client(atime), mtime: SetTime::Client(mtime), ..SetAttr::default() };
+                let stamp = SetAttr {
+                    atime: SetTime::Client(atime),
+                    mtime: SetTime::Client(mtime),
+                    ..SetAttr::default()
+                };
                 self.finish_new(caller, &fd, &before, &cname, &stamp)?
             }
-            _ if created => self.finish_new(caller, &fd, &before, &cname, &SetAttr { mode: None, ..set })?,
+            _ if created => {
+                self.finish_new(caller, &fd, &before, &cname, &SetAttr { mode: None, ..set })?
+            }
             _ => {
                 // UNCHECKED on an existing file: only the size applies.
                 let existing = stat_at(fd.as_fd(), &cname)?;
@@ -460,7 +571,12 @@ impl Filesystem for LocalFs {
                     if caller.uid != existing.uid && !access::permits(&existing, caller, 2) {
                         return Err(Error::Access);
                     }
-                    let file = rustix::fs::openat(&*fd, cname.as_c_str(), OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())?;
+                    let file = rustix::fs::openat(
+                        &*fd,
+                        cname.as_c_str(),
+                        OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                        Mode::empty(),
+                    )?;
                     rustix::fs::ftruncate(&file, size)?;
                 }
                 stat_at(fd.as_fd(), &cname)?
@@ -470,22 +586,51 @@ impl Filesystem for LocalFs {
         Ok((attr, self.change(&fd, &before)))
     }
 
-    fn mkdir(&self, caller: &Caller, dir: FileId, name: &[u8], set: &SetAttr) -> Result<(Attr, Change)> {
+    fn mkdir(
+        &self,
+        caller: &Caller,
+        dir: FileId,
+        name: &[u8],
+        set: &SetAttr,
+    ) -> Result<(Attr, Change)> {
         let mode = Mode::from_raw_mode(set.mode.unwrap_or(0o755) & 0o7777);
         let set = SetAttr { mode: None, ..*set };
-        self.new_entry(caller, dir, name, &set, |fd, name| Ok(rustix::fs::mkdirat(fd, name.as_c_str(), mode)?))
+        self.new_entry(caller, dir, name, &set, |fd, name| {
+            Ok(rustix::fs::mkdirat(fd, name.as_c_str(), mode)?)
+        })
     }
 
-    fn symlink(&self, caller: &Caller, dir: FileId, name: &[u8], target: &[u8], set: &SetAttr) -> Result<(Attr, Change)> {
+    fn symlink(
+        &self,
+        caller: &Caller,
+        dir: FileId,
+        name: &[u8],
+        target: &[u8],
+        set: &SetAttr,
+    ) -> Result<(Attr, Change)> {
         if target.is_empty() || target.contains(&0) {
             return Err(Error::Inval);
         }
         let target = CString::new(target).map_err(|_| Error::Inval)?;
         let set = SetAttr { mode: None, ..*set };
-        self.new_entry(caller, dir, name, &set, |fd, name| Ok(rustix::fs::symlinkat(target.as_c_str(), fd, name.as_c_str())?))
+        self.new_entry(caller, dir, name, &set, |fd, name| {
+            Ok(rustix::fs::symlinkat(
+                target.as_c_str(),
+                fd,
+                name.as_c_str(),
+            )?)
+        })
     }
 
-    fn mknod(&self, caller: &Caller, dir: FileId, name: &[u8], kind: FileKind, rdev: (u32, u32), set: &SetAttr) -> Result<(Attr, Change)> {
+    fn mknod(
+        &self,
+        caller: &Caller,
+        dir: FileId,
+        name: &[u8],
+        kind: FileKind,
+        rdev: (u32, u32),
+        set: &SetAttr,
+    ) -> Result<(Attr, Change)> {
         let file_type = match kind {
             FileKind::Fifo => FileType::Fifo,
             FileKind::Socket => FileType::Socket,
@@ -497,7 +642,15 @@ impl Filesystem for LocalFs {
         let mode = Mode::from_raw_mode(set.mode.unwrap_or(0o644) & 0o7777);
         let dev = rustix::fs::makedev(rdev.0, rdev.1);
         let set = SetAttr { mode: None, ..*set };
-        self.new_entry(caller, dir, name, &set, |fd, name| Ok(rustix::fs::mknodat(fd, name.as_c_str(), file_type, mode, dev)?))
+        self.new_entry(caller, dir, name, &set, |fd, name| {
+            Ok(rustix::fs::mknodat(
+                fd,
+                name.as_c_str(),
+                file_type,
+                mode,
+                dev,
+            )?)
+        })
     }
 
     fn remove(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<Change> {
@@ -531,7 +684,14 @@ impl Filesystem for LocalFs {
         Ok(self.change(&fd, &before))
     }
 
-    fn rename(&self, caller: &Caller, from: FileId, from_name: &[u8], to: FileId, to_name: &[u8]) -> Result<(Change, Change)> {
+    fn rename(
+        &self,
+        caller: &Caller,
+        from: FileId,
+        from_name: &[u8],
+        to: FileId,
+        to_name: &[u8],
+    ) -> Result<(Change, Change)> {
         let from_c = removable(from_name)?;
         let to_c = removable(to_name)?;
         let (from_fd, from_before) = self.dir_for_change(caller, from)?;
@@ -548,10 +708,19 @@ impl Filesystem for LocalFs {
             self.forget(target.fileid);
         }
         self.remember(to, to_name, &moving);
-        Ok((self.change(&from_fd, &from_before), self.change(&to_fd, &to_before)))
+        Ok((
+            self.change(&from_fd, &from_before),
+            self.change(&to_fd, &to_before),
+        ))
     }
 
-    fn link(&self, caller: &Caller, id: FileId, dir: FileId, name: &[u8]) -> Result<(Attr, Change)> {
+    fn link(
+        &self,
+        caller: &Caller,
+        id: FileId,
+        dir: FileId,
+        name: &[u8],
+    ) -> Result<(Attr, Change)> {
         let cname = creatable(name)?;
         let (src_parent, src_name, attr) = self.entry(id)?;
         if attr.kind == FileKind::Directory {
@@ -559,27 +728,65 @@ impl Filesystem for LocalFs {
         }
         let (fd, before) = self.dir_for_change(caller, dir)?;
         let _guard = self.lock(dir);
-        rustix::fs::linkat(&*src_parent, src_name.as_c_str(), &*fd, cname.as_c_str(), AtFlags::empty())?;
+        rustix::fs::linkat(
+            &*src_parent,
+            src_name.as_c_str(),
+            &*fd,
+            cname.as_c_str(),
+            AtFlags::empty(),
+        )?;
         let attr = stat_at(fd.as_fd(), &cname)?;
         Ok((attr, self.change(&fd, &before)))
     }
 
-    fn readdir(&self, caller: &Caller, dir: FileId, cookie: u64, max: usize, with_attrs: bool) -> Result<DirPage> {
+    fn readdir(
+        &self,
+        caller: &Caller,
+        dir: FileId,
+        cookie: u64,
+        max: usize,
+        with_attrs: bool,
+    ) -> Result<DirPage> {
         let fd = self.dir_fd(dir)?;
         let attr = self.dir_attr(&fd)?;
         if !access::permits(&attr, caller, 4) {
             return Err(Error::Access);
         }
-        let parent = if dir == self.root_id { dir } else { self.node(dir)?.parent };
+        let parent = if dir == self.root_id {
+            dir
+        } else {
+            self.node(dir)?.parent
+        };
         let mut all: Vec<DirEntry> = vec![
-            DirEntry { fileid: dir, name: b".".to_vec(), cookie: 1, attr: None },
-            DirEntry { fileid: parent, name: b"..".to_vec(), cookie: 2, attr: None },
+            DirEntry {
+                fileid: dir,
+                name: b".".to_vec(),
+                cookie: 1,
+                attr: None,
+            },
+            DirEntry {
+                fileid: parent,
+                name: b"..".to_vec(),
+                cookie: 2,
+                attr: None,
+            },
         ];
         let mut named: Vec<DirEntry> = list(fd.as_fd())?
             .into_iter()
             .map(|(name, ino, _)| {
-                self.nodes.write().expect("nodes poisoned").insert(ino, Node { parent: dir, name: name.as_slice().into() });
-                DirEntry { fileid: ino, cookie: name_cookie(&name), name, attr: None }
+                self.nodes.write().expect("nodes poisoned").insert(
+                    ino,
+                    Node {
+                        parent: dir,
+                        name: name.as_slice().into(),
+                    },
+                );
+                DirEntry {
+                    fileid: ino,
+                    cookie: name_cookie(&name),
+                    name,
+                    attr: None,
+                }
             })
             .collect();
         named.sort_by_key(|e| e.cookie);
@@ -592,7 +799,9 @@ impl Filesystem for LocalFs {
                 e.attr = match e.cookie {
                     1 => Some(attr),
                     2 => self.getattr(parent).ok(),
-                    _ => cstr(&e.name).ok().and_then(|n| stat_at(fd.as_fd(), &n).ok()),
+                    _ => cstr(&e.name)
+                        .ok()
+                        .and_then(|n| stat_at(fd.as_fd(), &n).ok()),
                 };
             }
         }
@@ -623,7 +832,11 @@ fn list(fd: BorrowedFd<'_>) -> Result<Vec<(Vec<u8>, u64, bool)>> {
         if name == b"." || name == b".." {
             continue;
         }
-        out.push((name.to_vec(), entry.ino(), entry.file_type() == FileType::Directory));
+        out.push((
+            name.to_vec(),
+            entry.ino(),
+            entry.file_type() == FileType::Directory,
+        ));
     }
     Ok(out)
 }
@@ -643,8 +856,18 @@ fn name_cookie(name: &[u8]) -> u64 {
 /// The verifier of an exclusive create, kept in the new file's times as the
 /// Linux server does, so a retransmission is recognised even after a restart.
 fn exclusive_times(verf: [u8; 8]) -> (Timestamp, Timestamp) {
-    let word = |b: &[u8]| i64::from(u32::from_be_bytes(b.try_into().expect("4 bytes")) & 0x7fff_ffff);
-    (Timestamp { secs: word(&verf[..4]), nanos: 0 }, Timestamp { secs: word(&verf[4..]), nanos: 0 })
+    let word =
+        |b: &[u8]| i64::from(u32::from_be_bytes(b.try_into().expect("4 bytes")) & 0x7fff_ffff);
+    (
+        Timestamp {
+            secs: word(&verf[..4]),
+            nanos: 0,
+        },
+        Timestamp {
+            secs: word(&verf[4..]),
+            nanos: 0,
+        },
+    )
 }
 
 fn check_name(name: &[u8]) -> Result<()> {
@@ -696,7 +919,8 @@ fn check_setattr(caller: &Caller, attr: &Attr, set: &SetAttr) -> Result<()> {
             return Err(Error::Perm);
         }
     }
-    let explicit_time = matches!(set.atime, SetTime::Client(_)) || matches!(set.mtime, SetTime::Client(_));
+    let explicit_time =
+        matches!(set.atime, SetTime::Client(_)) || matches!(set.mtime, SetTime::Client(_));
     if explicit_time && !owner {
         return Err(Error::Perm);
     }
@@ -716,11 +940,23 @@ fn apply(dir: BorrowedFd<'_>, name: &CString, set: &SetAttr) -> Result<()> {
         return Ok(());
     }
     let spec = |t: SetTime| match t {
-        SetTime::Keep => rustix::fs::Timespec { tv_sec: 0, tv_nsec: rustix::fs::UTIME_OMIT },
-        SetTime::ServerNow => rustix::fs::Timespec { tv_sec: 0, tv_nsec: rustix::fs::UTIME_NOW },
-        SetTime::Client(t) => rustix::fs::Timespec { tv_sec: t.secs, tv_nsec: i64::from(t.nanos) as _ },
+        SetTime::Keep => rustix::fs::Timespec {
+            tv_sec: 0,
+            tv_nsec: rustix::fs::UTIME_OMIT,
+        },
+        SetTime::ServerNow => rustix::fs::Timespec {
+            tv_sec: 0,
+            tv_nsec: rustix::fs::UTIME_NOW,
+        },
+        SetTime::Client(t) => rustix::fs::Timespec {
+            tv_sec: t.secs,
+            tv_nsec: i64::from(t.nanos) as _,
+        },
     };
-    let times = Timestamps { last_access: spec(set.atime), last_modification: spec(set.mtime) };
+    let times = Timestamps {
+        last_access: spec(set.atime),
+        last_modification: spec(set.mtime),
+    };
     rustix::fs::utimensat(dir, name.as_c_str(), &times, AtFlags::SYMLINK_NOFOLLOW)?;
     Ok(())
 }

@@ -26,13 +26,23 @@ mod imp {
     use rustix::fs::{statx, StatxFlags, StatxTimestamp};
 
     fn ts(t: StatxTimestamp) -> Timestamp {
-        Timestamp { secs: t.tv_sec, nanos: t.tv_nsec }
+        Timestamp {
+            secs: t.tv_sec,
+            nanos: t.tv_nsec,
+        }
     }
 
     pub fn stat(dir: BorrowedFd<'_>, name: &CStr, flags: AtFlags) -> Result<Attr> {
-        let s = statx(dir, name, flags | AtFlags::SYMLINK_NOFOLLOW, StatxFlags::BASIC_STATS | StatxFlags::BTIME)?;
+        let s = statx(
+            dir,
+            name,
+            flags | AtFlags::SYMLINK_NOFOLLOW,
+            StatxFlags::BASIC_STATS | StatxFlags::BTIME,
+        )?;
         let generation = if s.stx_mask & StatxFlags::BTIME.bits() != 0 {
-            (s.stx_btime.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(u64::from(s.stx_btime.tv_nsec))
+            (s.stx_btime.tv_sec as u64)
+                .wrapping_mul(1_000_000_000)
+                .wrapping_add(u64::from(s.stx_btime.tv_nsec))
         } else {
             0
         };
@@ -74,9 +84,18 @@ mod imp {
             rdev: (rustix::fs::major(rdev), rustix::fs::minor(rdev)),
             fileid: s.st_ino as u64,
             generation: 0,
-            atime: Timestamp { secs: s.st_atime as i64, nanos: s.st_atime_nsec as u32 },
-            mtime: Timestamp { secs: s.st_mtime as i64, nanos: s.st_mtime_nsec as u32 },
-            ctime: Timestamp { secs: s.st_ctime as i64, nanos: s.st_ctime_nsec as u32 },
+            atime: Timestamp {
+                secs: s.st_atime as i64,
+                nanos: s.st_atime_nsec as u32,
+            },
+            mtime: Timestamp {
+                secs: s.st_mtime as i64,
+                nanos: s.st_mtime_nsec as u32,
+            },
+            ctime: Timestamp {
+                secs: s.st_ctime as i64,
+                nanos: s.st_ctime_nsec as u32,
+            },
         })
     }
 }
