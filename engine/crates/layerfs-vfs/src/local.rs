@@ -24,7 +24,7 @@ use crate::{FileId, NAME_MAX};
 
 mod stat;
 
-use stat::{stat_at, stat_fd};
+use stat::Stats;
 
 /// Open descriptors kept per kind; past this the cache starts over.
 const FD_CACHE: usize = 512;
@@ -38,6 +38,7 @@ struct Node {
 }
 
 pub struct LocalFs {
+    stats: Stats,
     root: Arc<OwnedFd>,
     root_id: FileId,
     nodes: RwLock<HashMap<FileId, Node>>,
@@ -55,8 +56,10 @@ impl LocalFs {
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
             Mode::empty(),
         )?;
-        let attr = stat_fd(root.as_fd())?;
+        let stats = Stats::for_export(root.as_fd());
+        let attr = stats.fd(root.as_fd())?;
         Ok(LocalFs {
+            stats,
             root: Arc::new(root),
             root_id: attr.fileid,
             nodes: RwLock::new(HashMap::new()),
@@ -159,7 +162,7 @@ impl LocalFs {
         .map_err(|e| match e {
             // The id names something that is not a directory, or is gone.
             Errno::NOTDIR | Errno::LOOP => {
-                match stat_at(parent.as_fd(), &cstr(&node.name).unwrap_or_default()) {
+                match self.stats.at(parent.as_fd(), &cstr(&node.name).unwrap_or_default()) {
                     Ok(attr) if attr.fileid == id => Error::NotDir,
                     _ => Error::Stale,
                 }
@@ -167,7 +170,7 @@ impl LocalFs {
             Errno::NOENT => Error::Stale,
             e => e.into(),
         })?;
-        if stat_fd(fd.as_fd())?.fileid != id {
+        if self.stats.fd(fd.as_fd())?.fileid != id {
             return Err(Error::Stale);
         }
         let fd = Arc::new(fd);
@@ -184,7 +187,7 @@ impl LocalFs {
         let node = self.node(id)?;
         let parent = self.dir_fd(node.parent)?;
         let name = cstr(&node.name)?;
-        match stat_at(parent.as_fd(), &name) {
+        match self.stats.at(parent.as_fd(), &name) {
             Ok(attr) if attr.fileid == id => Ok((parent, name, attr)),
             _ => {
                 // Renamed or removed behind our back: look for it once more.
@@ -192,7 +195,7 @@ impl LocalFs {
                 let node = self.find(id)?;
                 let parent = self.dir_fd(node.parent)?;
                 let name = cstr(&node.name)?;
-                let attr = stat_at(parent.as_fd(), &name)?;
+                let attr = self.stats.at(parent.as_fd(), &name)?;
                 Ok((parent, name, attr))
             }
         }
@@ -234,7 +237,7 @@ impl LocalFs {
     }
 
     fn dir_attr(&self, dir: &OwnedFd) -> Result<Attr> {
-        let attr = stat_fd(dir.as_fd())?;
+        let attr = self.stats.fd(dir.as_fd())?;
         if attr.kind != FileKind::Directory {
             return Err(Error::NotDir);
         }
@@ -268,7 +271,7 @@ impl LocalFs {
     fn change(&self, fd: &OwnedFd, before: &Attr) -> Change {
         Change {
             before: Some(before.wcc()),
-            after: stat_fd(fd.as_fd()).ok(),
+            after: self.stats.fd(fd.as_fd()).ok(),
         }
     }
 
@@ -308,7 +311,7 @@ impl LocalFs {
         }
         apply(dir.as_fd(), name, set)?;
         if let Some(mode) = set.mode {
-            let attr = stat_at(dir.as_fd(), name)?;
+            let attr = self.stats.at(dir.as_fd(), name)?;
             if attr.kind != FileKind::Symlink {
                 rustix::fs::chmodat(
                     dir,
@@ -318,7 +321,7 @@ impl LocalFs {
                 )?;
             }
         }
-        stat_at(dir.as_fd(), name)
+        self.stats.at(dir.as_fd(), name)
     }
 
     fn new_entry(
@@ -346,10 +349,10 @@ impl Filesystem for LocalFs {
 
     fn getattr(&self, id: FileId) -> Result<Attr> {
         if id == self.root_id {
-            return stat_fd(self.root.as_fd());
+            return self.stats.fd(self.root.as_fd());
         }
         if let Some(fd) = self.dirs.lock().expect("dirs poisoned").get(&id).cloned() {
-            return stat_fd(fd.as_fd());
+            return self.stats.fd(fd.as_fd());
         }
         Ok(self.entry(id)?.2)
     }
@@ -366,7 +369,7 @@ impl Filesystem for LocalFs {
             (
                 self.root.clone(),
                 CString::new(".").expect("no NUL"),
-                stat_fd(self.root.as_fd())?,
+                self.stats.fd(self.root.as_fd())?,
             )
         } else {
             self.entry(id)?
@@ -404,7 +407,7 @@ impl Filesystem for LocalFs {
             )?;
         }
         apply(parent.as_fd(), &name, set)?;
-        let after = stat_at(parent.as_fd(), &name)?;
+        let after = self.stats.at(parent.as_fd(), &name)?;
         Ok(Change {
             before: Some(before.wcc()),
             after: Some(after),
@@ -424,7 +427,7 @@ impl Filesystem for LocalFs {
             b".." => return self.getattr(self.node(dir)?.parent),
             _ => {}
         }
-        let attr = stat_at(fd.as_fd(), &cstr(name)?)?;
+        let attr = self.stats.at(fd.as_fd(), &cstr(name)?)?;
         self.remember(dir, name, &attr);
         Ok(attr)
     }
@@ -447,7 +450,7 @@ impl Filesystem for LocalFs {
         dst: &mut Vec<u8>,
     ) -> Result<(bool, Attr)> {
         let fd = self.file_fd(id)?;
-        let attr = stat_fd(fd.as_fd())?;
+        let attr = self.stats.fd(fd.as_fd())?;
         // The owner may read its own file whatever the mode: NFS checks at
         // open on the client, and a file created read-only is still written.
         if caller.uid != attr.uid && !access::permits(&attr, caller, 4) {
@@ -483,7 +486,7 @@ impl Filesystem for LocalFs {
     ) -> Result<(Change, Stability)> {
         let fd = self.file_fd(id)?;
         let _guard = self.lock(id);
-        let before = stat_fd(fd.as_fd())?;
+        let before = self.stats.fd(fd.as_fd())?;
         if caller.uid != before.uid && !access::permits(&before, caller, 2) {
             return Err(Error::Access);
         }
@@ -510,7 +513,7 @@ impl Filesystem for LocalFs {
 
     fn commit(&self, id: FileId) -> Result<Change> {
         let fd = self.file_fd(id)?;
-        let before = stat_fd(fd.as_fd())?;
+        let before = self.stats.fd(fd.as_fd())?;
         rustix::fs::fsync(&*fd)?;
         Ok(self.change(&fd, &before))
     }
@@ -541,7 +544,7 @@ impl Filesystem for LocalFs {
         };
         let attr = match how {
             Create::Exclusive(verf) if !created => {
-                let existing = stat_at(fd.as_fd(), &cname)?;
+                let existing = self.stats.at(fd.as_fd(), &cname)?;
                 if existing.kind != FileKind::Regular
                     || exclusive_times(verf) != (existing.atime, existing.mtime)
                 {
@@ -563,7 +566,7 @@ impl Filesystem for LocalFs {
             }
             _ => {
                 // UNCHECKED on an existing file: only the size applies.
-                let existing = stat_at(fd.as_fd(), &cname)?;
+                let existing = self.stats.at(fd.as_fd(), &cname)?;
                 if existing.kind == FileKind::Directory {
                     return Err(Error::IsDir);
                 }
@@ -579,7 +582,7 @@ impl Filesystem for LocalFs {
                     )?;
                     rustix::fs::ftruncate(&file, size)?;
                 }
-                stat_at(fd.as_fd(), &cname)?
+                self.stats.at(fd.as_fd(), &cname)?
             }
         };
         self.remember(dir, name, &attr);
@@ -657,7 +660,7 @@ impl Filesystem for LocalFs {
         let cname = removable(name)?;
         let (fd, before) = self.dir_for_change(caller, dir)?;
         let _guard = self.lock(dir);
-        let victim = stat_at(fd.as_fd(), &cname)?;
+        let victim = self.stats.at(fd.as_fd(), &cname)?;
         Self::check_sticky(caller, &before, &victim)?;
         if victim.kind == FileKind::Directory {
             return Err(Error::IsDir);
@@ -674,7 +677,7 @@ impl Filesystem for LocalFs {
         let cname = removable(name)?;
         let (fd, before) = self.dir_for_change(caller, dir)?;
         let _guard = self.lock(dir);
-        let victim = stat_at(fd.as_fd(), &cname)?;
+        let victim = self.stats.at(fd.as_fd(), &cname)?;
         Self::check_sticky(caller, &before, &victim)?;
         if victim.kind != FileKind::Directory {
             return Err(Error::NotDir);
@@ -697,9 +700,9 @@ impl Filesystem for LocalFs {
         let (from_fd, from_before) = self.dir_for_change(caller, from)?;
         let (to_fd, to_before) = self.dir_for_change(caller, to)?;
         let _guards = self.lock_two(from, to);
-        let moving = stat_at(from_fd.as_fd(), &from_c)?;
+        let moving = self.stats.at(from_fd.as_fd(), &from_c)?;
         Self::check_sticky(caller, &from_before, &moving)?;
-        let replaced = stat_at(to_fd.as_fd(), &to_c).ok();
+        let replaced = self.stats.at(to_fd.as_fd(), &to_c).ok();
         if let Some(target) = &replaced {
             Self::check_sticky(caller, &to_before, target)?;
         }
@@ -735,7 +738,7 @@ impl Filesystem for LocalFs {
             cname.as_c_str(),
             AtFlags::empty(),
         )?;
-        let attr = stat_at(fd.as_fd(), &cname)?;
+        let attr = self.stats.at(fd.as_fd(), &cname)?;
         Ok((attr, self.change(&fd, &before)))
     }
 
@@ -801,7 +804,7 @@ impl Filesystem for LocalFs {
                     2 => self.getattr(parent).ok(),
                     _ => cstr(&e.name)
                         .ok()
-                        .and_then(|n| stat_at(fd.as_fd(), &n).ok()),
+                        .and_then(|n| self.stats.at(fd.as_fd(), &n).ok()),
                 };
             }
         }

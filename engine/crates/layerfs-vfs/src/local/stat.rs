@@ -100,12 +100,49 @@ mod imp {
     }
 }
 
-/// Attributes of `name` in `dir`, not following a final symlink.
-pub fn stat_at(dir: BorrowedFd<'_>, name: &CStr) -> Result<Attr> {
-    imp::stat(dir, name, AtFlags::empty())
+/// Reads attributes for one export.
+#[derive(Clone, Copy, Debug)]
+pub struct Stats {
+    /// Whether a file's birth time identifies it. Not on overlayfs, where a
+    /// file copied up from a lower layer is born again: using it there would
+    /// turn every handle stale at the first change.
+    birth_is_identity: bool,
 }
 
-/// Attributes of an open file.
-pub fn stat_fd(fd: BorrowedFd<'_>) -> Result<Attr> {
-    imp::stat(fd, c"", AtFlags::EMPTY_PATH)
+impl Stats {
+    pub fn for_export(root: BorrowedFd<'_>) -> Stats {
+        Stats {
+            birth_is_identity: !is_overlay(root),
+        }
+    }
+
+    /// Attributes of `name` in `dir`, not following a final symlink.
+    pub fn at(&self, dir: BorrowedFd<'_>, name: &CStr) -> Result<Attr> {
+        self.finish(imp::stat(dir, name, AtFlags::empty()))
+    }
+
+    /// Attributes of an open file.
+    pub fn fd(&self, fd: BorrowedFd<'_>) -> Result<Attr> {
+        self.finish(imp::stat(fd, c"", AtFlags::EMPTY_PATH))
+    }
+
+    fn finish(&self, attr: Result<Attr>) -> Result<Attr> {
+        attr.map(|mut a| {
+            if !self.birth_is_identity {
+                a.generation = 0;
+            }
+            a
+        })
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn is_overlay(fd: BorrowedFd<'_>) -> bool {
+    const OVERLAYFS_SUPER_MAGIC: i64 = 0x794c_7630;
+    rustix::fs::fstatfs(fd).is_ok_and(|s| s.f_type as i64 == OVERLAYFS_SUPER_MAGIC)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn is_overlay(_fd: BorrowedFd<'_>) -> bool {
+    false
 }
