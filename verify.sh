@@ -17,3 +17,20 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 
 step "cargo test"
 cargo test --workspace
+
+step "end to end: libnfs client"
+cargo build --release -p layerfs-cli
+if command -v nfs-cp >/dev/null; then
+	tests/libnfs.sh target/release/layerfs
+else
+	echo "SKIPPED: libnfs-utils is not installed (apt-get install libnfs-utils)"
+fi
+
+step "end to end: the Linux kernel NFSv3 client (QEMU)"
+if command -v qemu-system-x86_64 >/dev/null && command -v busybox >/dev/null; then
+	tools/kernel-client/run \
+		--server "mkdir -p /run/export && exec $PWD/target/release/layerfs serve --listen 127.0.0.1:20490 /run/export" \
+		--port 20490 --workload tests/kernel/workload.sh --timeout 900
+else
+	echo "SKIPPED: QEMU is not installed (apt-get install qemu-system-x86 busybox-static xz-utils)"
+fi

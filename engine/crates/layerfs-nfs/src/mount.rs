@@ -8,14 +8,18 @@ use nfs3_types::mount::{
 };
 use nfs3_types::xdr_codec::{List, Opaque, Pack, Unpack};
 
-use crate::export::Export;
+use layerfs_vfs::{Caller, Error, FileKind};
+use nfs3_types::nfs3::nfs_fh3;
+
+use crate::export::{caller, Export};
 use crate::{MOUNT_PROGRAM, MOUNT_VERSION};
 
 const PROCEDURES: [&str; 6] = ["NULL", "MNT", "DUMP", "UMNT", "UMNTALL", "EXPORT"];
 /// AUTH_SYS, the one flavor served.
 const AUTH_UNIX: u32 = 1;
 
-/// MOUNT version 3 for one export, mountable as `/` or by its host path.
+/// MOUNT version 3 for one export, mountable as `/` or by its host path,
+/// and at any directory below.
 pub struct MountProgram {
     export: Arc<Export>,
     /// (client address, path) of MNTs not yet UMNTed, for DUMP.
@@ -30,16 +34,29 @@ impl MountProgram {
         }
     }
 
-    fn serves(&self, path: &[u8]) -> bool {
-        let trimmed = |p: &[u8]| -> Vec<u8> {
-            let mut p = p.to_vec();
-            while p.len() > 1 && p.ends_with(b"/") {
-                p.pop();
-            }
-            p
+    /// The directory a MNT path names: `/` or the export's host path, or a
+    /// directory below either (as the Linux server allows), looked up as the caller.
+    fn resolve(&self, path: &[u8], who: &Caller) -> Result<nfs_fh3, mountstat3> {
+        let host = self.export.host_path.as_slice();
+        let rest = match path.strip_prefix(host) {
+            Some(rest) if host.len() > 1 && (rest.is_empty() || rest.starts_with(b"/")) => rest,
+            _ => path.strip_prefix(b"/").ok_or(mountstat3::MNT3ERR_NOENT)?,
         };
-        let path = trimmed(path);
-        path == b"/" || path == trimmed(&self.export.host_path)
+        let fs = &self.export.fs;
+        let mut dir = fs.getattr(fs.root()).map_err(|_| mountstat3::MNT3ERR_IO)?;
+        for component in rest.split(|&b| b == b'/').filter(|n| !n.is_empty()) {
+            dir = fs.lookup(who, dir.fileid, component).map_err(|e| match e {
+                Error::NotDir => mountstat3::MNT3ERR_NOTDIR,
+                Error::Access | Error::Perm => mountstat3::MNT3ERR_ACCES,
+                Error::NameTooLong => mountstat3::MNT3ERR_NAMETOOLONG,
+                Error::Inval => mountstat3::MNT3ERR_INVAL,
+                _ => mountstat3::MNT3ERR_NOENT,
+            })?;
+        }
+        if dir.kind != FileKind::Directory {
+            return Err(mountstat3::MNT3ERR_NOTDIR);
+        }
+        Ok(self.export.handle(&dir))
     }
 }
 
@@ -78,22 +95,17 @@ impl Program for MountProgram {
             0 => Ok(()),
             1 => {
                 let path = path_arg(call.args)?;
-                let res = if !self.serves(&path) {
-                    tracing::info!(%client, path = %String::from_utf8_lossy(&path), "MNT of an unknown export");
-                    mountres3::Err(mountstat3::MNT3ERR_NOENT)
-                } else {
-                    match self.export.root_handle() {
-                        Ok(fh) => {
-                            self.mounts
-                                .lock()
-                                .expect("mounts poisoned")
-                                .push((client, path));
-                            mountres3::Ok(mountres3_ok {
-                                fhandle: fhandle3(fh.data),
-                                auth_flavors: vec![AUTH_UNIX],
-                            })
-                        }
-                        Err(_) => mountres3::Err(mountstat3::MNT3ERR_IO),
+                let res = match self.resolve(&path, &caller(call.cred)) {
+                    Ok(fh) => {
+                        self.mounts.lock().expect("mounts poisoned").push((client, path));
+                        mountres3::Ok(mountres3_ok {
+                            fhandle: fhandle3(fh.data),
+                            auth_flavors: vec![AUTH_UNIX],
+                        })
+                    }
+                    Err(stat) => {
+                        tracing::info!(%client, path = %String::from_utf8_lossy(&path), "MNT refused: {stat}");
+                        mountres3::Err(stat)
                     }
                 };
                 put(reply, &res)
