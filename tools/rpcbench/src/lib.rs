@@ -7,6 +7,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use layerfs_rpc::Records;
+use nfs3_types::rpc::{auth_unix, call_body, msg_body, opaque_auth, rpc_msg};
+use nfs3_types::xdr_codec::{Opaque, Pack};
 
 /// What one load run measured.
 #[derive(Clone, Debug)]
@@ -124,4 +126,59 @@ pub fn spawn_floor(reply: Vec<u8>) -> io::Result<SocketAddr> {
         }
     });
     Ok(addr)
+}
+
+/// A framed RPC call with an AUTH_SYS credential for root, as a kernel client
+/// sends it: mark, header and arguments in one buffer.
+pub fn frame_call(xid: u32, prog: u32, vers: u32, proc: u32, args: &impl Pack) -> Vec<u8> {
+    let cred = opaque_auth::auth_unix(&auth_unix {
+        stamp: 0,
+        machinename: Opaque::borrowed(b"bench"),
+        uid: 0,
+        gid: 0,
+        gids: Vec::new(),
+    });
+    let msg = rpc_msg {
+        xid,
+        body: msg_body::CALL(call_body {
+            rpcvers: 2,
+            prog,
+            vers,
+            proc,
+            cred,
+            verf: opaque_auth::default(),
+        }),
+    };
+    let mut frame = vec![0; 4];
+    msg.pack(&mut frame).expect("packing into memory");
+    args.pack(&mut frame).expect("packing into memory");
+    let mark = 0x8000_0000u32 | (frame.len() as u32 - 4);
+    frame[..4].copy_from_slice(&mark.to_be_bytes());
+    frame
+}
+
+/// Sends one call on a fresh connection and returns the procedure's results
+/// (the bytes after an accepted, successful reply header).
+pub fn call_once(
+    addr: SocketAddr,
+    prog: u32,
+    vers: u32,
+    proc: u32,
+    args: &impl Pack,
+) -> io::Result<Vec<u8>> {
+    let mut stream = TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    stream.write_all(&frame_call(1, prog, vers, proc, args))?;
+    let mut replies = Records::new(&stream);
+    let reply = replies.next_record()?.ok_or(io::ErrorKind::UnexpectedEof)?;
+    let bytes = reply.as_bytes();
+    let word = |i: usize| {
+        bytes
+            .get(i * 4..i * 4 + 4)
+            .map(|w| u32::from_be_bytes(w.try_into().expect("4 bytes")))
+    };
+    if (word(1), word(2), word(5)) != (Some(1), Some(0), Some(0)) {
+        return Err(io::Error::other("the call was not accepted"));
+    }
+    Ok(bytes[24..].to_vec())
 }

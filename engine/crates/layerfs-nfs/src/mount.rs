@@ -97,7 +97,10 @@ impl Program for MountProgram {
                 let path = path_arg(call.args)?;
                 let res = match self.resolve(&path, &caller(call.cred)) {
                     Ok(fh) => {
-                        self.mounts.lock().expect("mounts poisoned").push((client, path));
+                        self.mounts
+                            .lock()
+                            .expect("mounts poisoned")
+                            .push((client, path));
                         mountres3::Ok(mountres3_ok {
                             fhandle: fhandle3(fh.data),
                             auth_flavors: vec![AUTH_UNIX],

@@ -162,7 +162,10 @@ impl LocalFs {
         .map_err(|e| match e {
             // The id names something that is not a directory, or is gone.
             Errno::NOTDIR | Errno::LOOP => {
-                match self.stats.at(parent.as_fd(), &cstr(&node.name).unwrap_or_default()) {
+                match self
+                    .stats
+                    .at(parent.as_fd(), &cstr(&node.name).unwrap_or_default())
+                {
                     Ok(attr) if attr.fileid == id => Error::NotDir,
                     _ => Error::Stale,
                 }

@@ -1,0 +1,211 @@
+//! Tables, ratios and the chart.
+
+use std::fmt::Write;
+
+use layerfs_rpc::TransportStats;
+
+use crate::workloads::Workload;
+use crate::Row;
+
+/// The framed NULL reply: mark, xid, REPLY, MSG_ACCEPTED, AUTH_NONE verifier, SUCCESS.
+pub fn null_reply() -> Vec<u8> {
+    reply_of(0)
+}
+
+/// A framed accepted reply carrying `payload` bytes after its header.
+pub fn reply_of(payload: usize) -> Vec<u8> {
+    let mut frame = (0x8000_0000u32 | (24 + payload) as u32)
+        .to_be_bytes()
+        .to_vec();
+    for w in [0u32, 1, 0, 0, 0, 0] {
+        frame.extend_from_slice(&w.to_be_bytes());
+    }
+    frame.resize(frame.len() + payload, 0);
+    frame
+}
+
+pub fn delta(after: &TransportStats, before: &TransportStats) -> TransportStats {
+    TransportStats {
+        connections: after.connections - before.connections,
+        records: after.records - before.records,
+        socket_reads: after.socket_reads - before.socket_reads,
+        replies: after.replies - before.replies,
+        socket_writes: after.socket_writes - before.socket_writes,
+        bytes_in: after.bytes_in - before.bytes_in,
+        bytes_out: after.bytes_out - before.bytes_out,
+    }
+}
+
+/// Each (workload, server, depth)'s median round by calls/s.
+pub fn medians(runs: &[Row]) -> Vec<Row> {
+    let mut out: Vec<Row> = Vec::new();
+    for r in runs {
+        if out
+            .iter()
+            .any(|o| o.workload == r.workload && o.server == r.server && o.depth == r.depth)
+        {
+            continue;
+        }
+        let mut same: Vec<&Row> = runs
+            .iter()
+            .filter(|o| o.workload == r.workload && o.server == r.server && o.depth == r.depth)
+            .collect();
+        same.sort_by(|a, b| a.load.calls_per_sec().total_cmp(&b.load.calls_per_sec()));
+        let m = same[same.len() / 2];
+        out.push(Row {
+            workload: m.workload,
+            server: m.server,
+            depth: m.depth,
+            load: m.load.clone(),
+            transport: m.transport,
+        });
+    }
+    out
+}
+
+fn find<'a>(rows: &'a [Row], w: Workload, server: &str, depth: usize) -> Option<&'a Row> {
+    rows.iter()
+        .find(|r| r.workload == w && r.server == server && r.depth == depth)
+}
+
+/// layerfs' rate over the best peer's, and that peer's name.
+fn versus_best_peer(rows: &[Row], w: Workload, depth: usize) -> Option<(f64, &'static str)> {
+    let ours = find(rows, w, "layerfs", depth)?.load.calls_per_sec();
+    let (name, best) = ["nfs3_server", "nfsserve"]
+        .iter()
+        .filter_map(|p| find(rows, w, p, depth).map(|r| (*p, r.load.calls_per_sec())))
+        .max_by(|a, b| a.1.total_cmp(&b.1))?;
+    Some((ours / best, name))
+}
+
+fn mb_per_sec(r: &Row) -> Option<f64> {
+    r.workload
+        .bytes()
+        .map(|b| r.load.calls_per_sec() * b as f64 / 1e6)
+}
+
+pub fn print(rows: &[Row]) {
+    for w in Workload::ALL {
+        if !rows.iter().any(|r| r.workload == w) {
+            continue;
+        }
+        println!("### {}\n", w.name());
+        println!(
+            "| server | depth | calls/s | MB/s | p50 us | p99 us | reads/record | writes/reply |"
+        );
+        println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+        for r in rows.iter().filter(|r| r.workload == w) {
+            let (reads, writes) = match r.transport {
+                Some(t) => (
+                    format!("{:.2}", t.socket_reads as f64 / t.records.max(1) as f64),
+                    format!("{:.2}", t.socket_writes as f64 / t.replies.max(1) as f64),
+                ),
+                None => ("-".into(), "-".into()),
+            };
+            let mbs = mb_per_sec(r).map_or("-".into(), |m| format!("{m:.0}"));
+            println!(
+                "| {} | {} | {:.0} | {} | {:.1} | {:.1} | {} | {} |",
+                r.server,
+                r.depth,
+                r.load.calls_per_sec(),
+                mbs,
+                r.load.p50_us,
+                r.load.p99_us,
+                reads,
+                writes
+            );
+        }
+        println!();
+        for depth in [1, 32] {
+            if let Some((ratio, peer)) = versus_best_peer(rows, w, depth) {
+                print!("depth {depth}: layerfs = {ratio:.2}x the best peer ({peer})");
+                if let (Some(ours), Some(floor)) = (
+                    find(rows, w, "layerfs", depth),
+                    find(rows, w, "tcp floor", depth),
+                ) {
+                    if w.bytes().is_some() {
+                        print!(
+                            "; {:.0}% of the raw TCP floor's MB/s",
+                            100.0 * ours.load.calls_per_sec() / floor.load.calls_per_sec()
+                        );
+                    } else {
+                        print!(
+                            "; p50 = {:.2}x the raw TCP floor's",
+                            ours.load.p50_us / floor.load.p50_us
+                        );
+                    }
+                }
+                println!();
+            }
+        }
+        println!();
+    }
+}
+
+/// A bar per workload and depth: layerfs' rate over the best peer's, with the
+/// 1.5x target marked.
+pub fn svg(rows: &[Row]) -> String {
+    let mut bars = Vec::new();
+    for w in Workload::ALL {
+        for depth in [1, 32] {
+            if let Some((ratio, peer)) = versus_best_peer(rows, w, depth) {
+                bars.push((format!("{} @{depth}", w.name()), ratio, peer));
+            }
+        }
+    }
+    let (left, bar_h, gap, width) = (230.0, 18.0, 8.0, 760.0);
+    let max = bars.iter().map(|b| b.1).fold(2.0f64, f64::max).ceil();
+    let scale = (width - left - 60.0) / max;
+    let height = 60.0 + bars.len() as f64 * (bar_h + gap);
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="12">"##
+    );
+    let _ = writeln!(
+        s,
+        r##"<text x="10" y="20" font-size="14" font-weight="bold">layerfs calls/s over the best peer's (same run, one connection)</text>"##
+    );
+    for (i, (label, ratio, peer)) in bars.iter().enumerate() {
+        let y = 40.0 + i as f64 * (bar_h + gap);
+        let color = if *ratio >= 1.5 {
+            "#2e7d32"
+        } else if *ratio >= 1.0 {
+            "#f9a825"
+        } else {
+            "#c62828"
+        };
+        let _ = writeln!(
+            s,
+            r##"<text x="{}" y="{}" text-anchor="end">{label}</text>"##,
+            left - 8.0,
+            y + 13.0
+        );
+        let _ = writeln!(
+            s,
+            r##"<rect x="{left}" y="{y}" width="{:.1}" height="{bar_h}" fill="{color}"/>"##,
+            ratio * scale
+        );
+        let _ = writeln!(
+            s,
+            r##"<text x="{:.1}" y="{}">{ratio:.2}x vs {peer}</text>"##,
+            left + ratio * scale + 6.0,
+            y + 13.0
+        );
+    }
+    for (mark, dash) in [(1.0, "2,2"), (1.5, "6,3")] {
+        let x = left + mark * scale;
+        let _ = writeln!(
+            s,
+            r##"<line x1="{x:.1}" y1="30" x2="{x:.1}" y2="{:.1}" stroke="#333" stroke-dasharray="{dash}"/>"##,
+            height - 10.0
+        );
+        let _ = writeln!(
+            s,
+            r##"<text x="{x:.1}" y="{:.1}" text-anchor="middle">{mark}x</text>"##,
+            height - 0.0
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
