@@ -139,6 +139,8 @@ impl Stats {
 #[cfg(target_os = "linux")]
 fn is_overlay(fd: BorrowedFd<'_>) -> bool {
     const OVERLAYFS_SUPER_MAGIC: i64 = 0x794c_7630;
+    // f_type is i64 here and narrower on other targets.
+    #[allow(clippy::unnecessary_cast)]
     rustix::fs::fstatfs(fd).is_ok_and(|s| s.f_type as i64 == OVERLAYFS_SUPER_MAGIC)
 }
 
