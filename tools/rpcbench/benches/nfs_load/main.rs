@@ -118,7 +118,7 @@ fn main() {
                     // CREATE names restart each round; REMOVE follows CREATE.
                     let base = 100_000 * round as u32 + if depth == 32 { 50_000 } else { 0 };
                     let load = run_load(t.addr, depth, warmup, duration, max, |xid| {
-                        w.call(h, &payload, base + xid)
+                        w.call(h, &payload, xid, base)
                     })
                     .unwrap_or_else(|e| panic!("{} {}: {e}", t.name, w.name()));
                     thread::sleep(Duration::from_millis(50));
@@ -138,7 +138,7 @@ fn main() {
                 };
                 if let Some(addr) = floor {
                     let load = run_load(addr, depth, 20, duration, 5_000_000, |xid| {
-                        w.call(targets[0].handles.as_ref().unwrap(), &payload, xid)
+                        w.call(targets[0].handles.as_ref().unwrap(), &payload, xid, 0)
                     })
                     .expect("floor run");
                     runs.push(Row {

@@ -112,9 +112,10 @@ impl Workload {
         matches!(self, Workload::Create | Workload::Remove).then_some(2000)
     }
 
-    pub fn call(self, h: &Handles, payload: &[u8], xid: u32) -> Vec<u8> {
+    /// Call `xid`; CREATE and REMOVE name their file `c<names + xid>`.
+    pub fn call(self, h: &Handles, payload: &[u8], xid: u32, names: u32) -> Vec<u8> {
         let offset = (xid as usize % (crate::peers::DATA_LEN / MIB) * MIB) as u64;
-        let name = format!("c{xid:05}");
+        let name = format!("c{:06}", names + xid);
         match self {
             Workload::Null => frame_call(xid, NFS, 3, 0, &nfs3_types::xdr_codec::Void),
             Workload::Getattr => frame_call(
@@ -208,7 +209,7 @@ impl Workload {
         if matches!(self, Workload::Create | Workload::Remove) {
             return Ok(());
         }
-        let frame = self.call(h, &vec![1; MIB], 0);
+        let frame = self.call(h, &vec![1; MIB], 0, 0);
         let mut stream = std::net::TcpStream::connect(addr)?;
         std::io::Write::write_all(&mut stream, &frame)?;
         let mut records = layerfs_rpc::Records::new(&stream);
