@@ -88,7 +88,7 @@ impl NfsProgram {
             4 => self.access(&who, args(a)?, reply),
             5 => self.readlink(&who, args(a)?, reply),
             6 => self.read(&who, args(a)?, reply),
-            7 => self.write(&who, args(a)?, reply),
+            7 => self.write(&who, WriteArgs::decode(a)?, reply),
             8 => self.create(&who, args(a)?, reply),
             9 => self.mkdir(&who, args(a)?, reply),
             10 => self.symlink(&who, args(a)?, reply),
@@ -259,26 +259,14 @@ impl NfsProgram {
         }
     }
 
-    fn write(
-        &self,
-        who: &Caller,
-        a: WRITE3args<'static>,
-        reply: &mut ReplyBuf,
-    ) -> Result<(), Refusal> {
-        let data = &a.data.as_ref()[..(a.count as usize).min(a.data.len())];
-        let stable = match a.stable {
-            stable_how::UNSTABLE => Stability::Unstable,
-            stable_how::DATA_SYNC => Stability::DataSync,
-            stable_how::FILE_SYNC => Stability::FileSync,
-        };
-        let result = self.export.resolve(&a.file).and_then(|(id, _)| {
-            self.export
-                .fs
-                .write(who, id, a.offset, data, stable)
-                .map(|r| (id, r))
-        });
+    fn write(&self, who: &Caller, a: WriteArgs<'_>, reply: &mut ReplyBuf) -> Result<(), Refusal> {
+        let data = a.data;
+        let result = self
+            .export
+            .resolve(&a.file)
+            .and_then(|(id, _)| self.export.fs.write(who, id, a.offset, data, a.stable));
         let res: WRITE3res = match result {
-            Ok((_, (change, done))) => Nfs3Result::Ok(WRITE3resok {
+            Ok((change, done)) => Nfs3Result::Ok(WRITE3resok {
                 file_wcc: wcc(&change, self.fsid()),
                 count: data.len() as u32,
                 committed: match done {
@@ -585,6 +573,7 @@ impl NfsProgram {
             );
         }
         let eof = page.eof && entries.len() == total;
+        reply.reserve(size);
         put(
             reply,
             &READDIR3res::Ok(READDIR3resok {
@@ -658,6 +647,7 @@ impl NfsProgram {
             return fail(Error::TooSmall, Some(&attr), reply);
         }
         let eof = page.eof && entries.len() == total;
+        reply.reserve(size);
         put(
             reply,
             &READDIRPLUS3res::Ok(READDIRPLUS3resok {
@@ -774,6 +764,52 @@ impl NfsProgram {
     }
 }
 
+/// WRITE3args with the data borrowed from the record: `nfs3_types` would copy
+/// the payload (up to 1 MiB) into a buffer of its own first.
+struct WriteArgs<'a> {
+    file: nfs_fh3,
+    offset: u64,
+    stable: Stability,
+    data: &'a [u8],
+}
+
+impl<'a> WriteArgs<'a> {
+    fn decode(mut args: &'a [u8]) -> Result<WriteArgs<'a>, Refusal> {
+        fn take<'b>(r: &mut &'b [u8], n: usize) -> Result<&'b [u8], Refusal> {
+            let (head, rest) = r.split_at_checked(n).ok_or(Refusal::GarbageArgs)?;
+            *r = rest;
+            Ok(head)
+        }
+        fn word(r: &mut &[u8]) -> Result<u32, Refusal> {
+            Ok(u32::from_be_bytes(take(r, 4)?.try_into().expect("4 bytes")))
+        }
+        let r = &mut args;
+        let fh_len = word(r)? as usize;
+        if fh_len > NFS3_FHSIZE {
+            return Err(Refusal::GarbageArgs);
+        }
+        let fh = take(r, fh_len.div_ceil(4) * 4)?[..fh_len].to_vec();
+        let offset = (u64::from(word(r)?) << 32) | u64::from(word(r)?);
+        let count = word(r)? as usize;
+        let stable = match word(r)? {
+            0 => Stability::Unstable,
+            1 => Stability::DataSync,
+            2 => Stability::FileSync,
+            _ => return Err(Refusal::GarbageArgs),
+        };
+        let len = word(r)? as usize;
+        let data = take(r, len)?;
+        Ok(WriteArgs {
+            file: nfs_fh3 {
+                data: Opaque::owned(fh),
+            },
+            offset,
+            stable,
+            data: &data[..count.min(len)],
+        })
+    }
+}
+
 fn read_fail(e: Error, attr: Option<&Attr>, fsid: u64) -> READ3res<'static> {
     Nfs3Result::Err((
         status(e),
@@ -853,5 +889,64 @@ impl Program for NfsProgram {
                 Err(refusal)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn packed(args: &WRITE3args<'_>) -> Vec<u8> {
+        let mut out = Vec::new();
+        args.pack(&mut out).unwrap();
+        out
+    }
+
+    fn sample(data: &[u8]) -> WRITE3args<'_> {
+        WRITE3args {
+            file: nfs_fh3 {
+                data: Opaque::owned(vec![7; 25]),
+            },
+            offset: 0x1_0000_0002,
+            count: data.len() as u32,
+            stable: stable_how::DATA_SYNC,
+            data: Opaque::borrowed(data),
+        }
+    }
+
+    #[test]
+    fn write_args_borrow_the_payload() {
+        let bytes = packed(&sample(b"payload!x"));
+        let a = WriteArgs::decode(&bytes).unwrap();
+        assert_eq!(a.file.data.as_ref(), &[7; 25]);
+        assert_eq!((a.offset, a.stable), (0x1_0000_0002, Stability::DataSync));
+        assert_eq!(a.data, b"payload!x");
+        let at = bytes.len() - 12;
+        assert!(
+            std::ptr::eq(a.data.as_ptr(), bytes[at..].as_ptr()),
+            "not copied"
+        );
+    }
+
+    #[test]
+    fn malformed_write_args_are_garbage() {
+        let good = packed(&sample(b"data"));
+        for cut in [0, 3, 20, good.len() - 5] {
+            assert!(WriteArgs::decode(&good[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut long_fh = good.clone();
+        long_fh[..4].copy_from_slice(&65u32.to_be_bytes());
+        assert!(WriteArgs::decode(&long_fh).is_err());
+        let mut huge = good.clone();
+        let len_at = good.len() - 8;
+        huge[len_at..len_at + 4].copy_from_slice(&u32::MAX.to_be_bytes());
+        assert!(
+            WriteArgs::decode(&huge).is_err(),
+            "a length past the record"
+        );
+        let mut bad_stable = good;
+        let stable_at = len_at - 4;
+        bad_stable[stable_at..stable_at + 4].copy_from_slice(&3u32.to_be_bytes());
+        assert!(WriteArgs::decode(&bad_stable).is_err());
     }
 }

@@ -13,7 +13,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
-use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags, Timestamps};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, Timestamps};
 use rustix::io::Errno;
 
 use crate::access::{self, Caller};
@@ -22,8 +22,10 @@ use crate::error::{Error, Result};
 use crate::fs::{Create, DirEntry, DirPage, Filesystem, FsStat, Stability};
 use crate::{FileId, NAME_MAX};
 
+mod listing;
 mod stat;
 
+use listing::{list, Listings};
 use stat::Stats;
 
 /// Open descriptors kept per kind; past this the cache starts over.
@@ -42,6 +44,7 @@ pub struct LocalFs {
     root: Arc<OwnedFd>,
     root_id: FileId,
     nodes: RwLock<HashMap<FileId, Node>>,
+    listings: Listings,
     dirs: Mutex<HashMap<FileId, Arc<OwnedFd>>>,
     files: Mutex<HashMap<FileId, Arc<OwnedFd>>>,
     stripes: Vec<Mutex<()>>,
@@ -63,6 +66,7 @@ impl LocalFs {
             root: Arc::new(root),
             root_id: attr.fileid,
             nodes: RwLock::new(HashMap::new()),
+            listings: Listings::default(),
             dirs: Mutex::new(HashMap::new()),
             files: Mutex::new(HashMap::new()),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
@@ -461,10 +465,12 @@ impl Filesystem for LocalFs {
         }
         let start = dst.len();
         let want = count.min(attr.size.saturating_sub(offset) as usize);
-        dst.resize(start + want, 0);
+        // Read into the buffer's spare capacity: no zeroing pass over it
+        // first. A read may fill more than `want`; the excess is cut below.
         let mut n = 0;
         while n < want {
-            match rustix::io::pread(&*fd, &mut dst[start + n..], offset + n as u64) {
+            dst.reserve(want - n);
+            match rustix::io::pread(&*fd, rustix::buffer::spare_capacity(dst), offset + n as u64) {
                 Ok(0) => break,
                 Ok(got) => n += got,
                 Err(Errno::INTR) => continue,
@@ -474,6 +480,7 @@ impl Filesystem for LocalFs {
                 }
             }
         }
+        let n = n.min(want);
         dst.truncate(start + n);
         let eof = offset.saturating_add(n as u64) >= attr.size;
         Ok((eof, attr))
@@ -763,51 +770,44 @@ impl Filesystem for LocalFs {
         } else {
             self.node(dir)?.parent
         };
-        let mut all: Vec<DirEntry> = vec![
-            DirEntry {
-                fileid: dir,
-                name: b".".to_vec(),
-                cookie: 1,
-                attr: None,
-            },
-            DirEntry {
-                fileid: parent,
-                name: b"..".to_vec(),
-                cookie: 2,
-                attr: None,
-            },
-        ];
-        let mut named: Vec<DirEntry> = list(fd.as_fd())?
-            .into_iter()
-            .map(|(name, ino, _)| {
-                self.nodes.write().expect("nodes poisoned").insert(
-                    ino,
+        let listing = self.listings.get(dir, &attr, fd.as_fd(), |fresh| {
+            let mut nodes = self.nodes.write().expect("nodes poisoned");
+            for e in fresh {
+                nodes.insert(
+                    e.fileid,
                     Node {
                         parent: dir,
-                        name: name.as_slice().into(),
+                        name: e.name.clone(),
                     },
                 );
-                DirEntry {
-                    fileid: ino,
-                    cookie: name_cookie(&name),
-                    name,
-                    attr: None,
-                }
+            }
+        })?;
+        let dots = [(dir, &b"."[..], 1), (parent, &b".."[..], 2)];
+        let named = listing[listing.partition_point(|e| e.cookie <= cookie)..]
+            .iter()
+            .map(|e| (e.fileid, &e.name[..], e.cookie));
+        let mut rest = dots
+            .into_iter()
+            .filter(|d| d.2 > cookie)
+            .chain(named)
+            .peekable();
+        let mut entries: Vec<DirEntry> = rest
+            .by_ref()
+            .take(max)
+            .map(|(fileid, name, cookie)| DirEntry {
+                fileid,
+                name: name.to_vec(),
+                cookie,
+                attr: None,
             })
             .collect();
-        named.sort_by_key(|e| e.cookie);
-        all.extend(named);
-        let mut rest = all.into_iter().filter(|e| e.cookie > cookie).peekable();
-        let mut entries: Vec<DirEntry> = rest.by_ref().take(max).collect();
         let eof = rest.peek().is_none();
         if with_attrs {
             for e in &mut entries {
                 e.attr = match e.cookie {
                     1 => Some(attr),
                     2 => self.getattr(parent).ok(),
-                    _ => cstr(&e.name)
-                        .ok()
-                        .and_then(|n| self.stats.at(fd.as_fd(), &n).ok()),
+                    _ => self.stats.at(fd.as_fd(), &e.name[..]).ok(),
                 };
             }
         }
@@ -826,37 +826,6 @@ impl Filesystem for LocalFs {
             avail_files: s.f_favail,
         })
     }
-}
-
-/// Entries of a directory other than `.` and `..`: name, inode, is-directory.
-fn list(fd: BorrowedFd<'_>) -> Result<Vec<(Vec<u8>, u64, bool)>> {
-    let mut dir = Dir::read_from(fd)?;
-    let mut out = Vec::new();
-    while let Some(entry) = dir.read() {
-        let entry = entry?;
-        let name = entry.file_name().to_bytes();
-        if name == b"." || name == b".." {
-            continue;
-        }
-        out.push((
-            name.to_vec(),
-            entry.ino(),
-            entry.file_type() == FileType::Directory,
-        ));
-    }
-    Ok(out)
-}
-
-/// A cookie from the name alone, so a listing resumes at the same place
-/// whatever was added or removed: FNV-1a, kept clear of the cookies of `.`
-/// and `..` (1, 2) and of the sign bit.
-fn name_cookie(name: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in name {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    3 + (h >> 2)
 }
 
 /// The verifier of an exclusive create, kept in the new file's times as the

@@ -3,7 +3,8 @@
 //! WRITE, and CREATE/REMOVE, each on one connection at depth 1 and 32.
 //!
 //! Run: `cargo bench -p rpcbench --bench nfs_load -- [--seconds S] [--rounds N]
-//! [--only NAME] [--svg PATH]`
+//! [--only NAME] [--svg PATH] [--export-in DIR]` (layerfs' export goes in
+//! /dev/shm unless --export-in names another directory).
 
 mod memfs;
 mod peers;
@@ -37,6 +38,13 @@ fn main() {
     let mut seconds = 2.0;
     let mut rounds = 3;
     let mut only: Option<String> = None;
+    // The peers keep their data in memory; by default so does layerfs
+    // (a tmpfs), so the comparison is of servers, not of disks.
+    let mut export_in = std::path::PathBuf::from(if std::path::Path::new("/dev/shm").is_dir() {
+        "/dev/shm"
+    } else {
+        "/tmp"
+    });
     let mut svg = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/benchmarks.svg").to_string();
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -55,12 +63,14 @@ fn main() {
             }
             "--only" => only = args.next(),
             "--svg" => svg = args.next().expect("--svg PATH"),
+            "--export-in" => export_in = args.next().expect("--export-in DIR").into(),
             _ => {}
         }
     }
     let duration = Duration::from_secs_f64(seconds);
     eprintln!("preparing the data on every server ...");
-    let export = tempfile::tempdir().expect("temporary export");
+    let export = tempfile::tempdir_in(&export_in).expect("temporary export");
+    eprintln!("layerfs serves {}", export.path().display());
     peers::fill_dir(export.path());
     let layerfs = peers::spawn_layerfs(export.path());
     let mut targets: Vec<Target> = vec![

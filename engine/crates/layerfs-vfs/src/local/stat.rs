@@ -1,6 +1,5 @@
 //! Host attributes in one syscall each.
 
-use std::ffi::CStr;
 use std::os::fd::BorrowedFd;
 
 use rustix::fs::{AtFlags, FileType};
@@ -32,7 +31,11 @@ mod imp {
         }
     }
 
-    pub fn stat(dir: BorrowedFd<'_>, name: &CStr, flags: AtFlags) -> Result<Attr> {
+    pub fn stat<P: rustix::path::Arg>(
+        dir: BorrowedFd<'_>,
+        name: P,
+        flags: AtFlags,
+    ) -> Result<Attr> {
         let s = statx(
             dir,
             name,
@@ -69,7 +72,11 @@ mod imp {
 mod imp {
     use super::*;
 
-    pub fn stat(dir: BorrowedFd<'_>, name: &CStr, flags: AtFlags) -> Result<Attr> {
+    pub fn stat<P: rustix::path::Arg>(
+        dir: BorrowedFd<'_>,
+        name: P,
+        flags: AtFlags,
+    ) -> Result<Attr> {
         let s = rustix::fs::statat(dir, name, flags | AtFlags::SYMLINK_NOFOLLOW)?;
         let mode = s.st_mode as u32;
         let rdev = s.st_rdev as u64;
@@ -117,7 +124,7 @@ impl Stats {
     }
 
     /// Attributes of `name` in `dir`, not following a final symlink.
-    pub fn at(&self, dir: BorrowedFd<'_>, name: &CStr) -> Result<Attr> {
+    pub fn at<P: rustix::path::Arg>(&self, dir: BorrowedFd<'_>, name: P) -> Result<Attr> {
         self.finish(imp::stat(dir, name, AtFlags::empty()))
     }
 

@@ -1,0 +1,119 @@
+//! Directory listings in cookie order, cached per directory.
+//!
+//! A cookie is a hash of the entry's name, so a listing resumes at the same
+//! place whatever was added or removed in between. Listing a directory means
+//! reading all of it and sorting it by cookie; the sorted listing is kept
+//! while the directory's mtime and ctime stay the same (every change to its
+//! entries moves them), so paging through a large directory reads it once.
+//!
+//! File times come from a coarse clock: two changes in one tick leave the
+//! same times. So a listing is only kept once its directory has not changed
+//! for [`SETTLED`]; any later change then carries a later time.
+
+use std::collections::HashMap;
+use std::os::fd::BorrowedFd;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rustix::fs::{Dir, FileType};
+
+use crate::attr::{Attr, Timestamp};
+use crate::error::Result;
+use crate::FileId;
+
+/// Directories whose listing is kept; past this the cache starts over.
+const CACHED_DIRS: usize = 256;
+/// How long a directory must be unchanged before its listing is kept: well
+/// past the coarsest clock tick (10 ms at HZ=100).
+const SETTLED: Duration = Duration::from_millis(50);
+
+/// One entry other than `.` and `..`.
+pub struct Listed {
+    pub cookie: u64,
+    pub fileid: FileId,
+    pub name: Box<[u8]>,
+}
+
+#[derive(Default)]
+pub struct Listings {
+    cache: Mutex<HashMap<FileId, (Timestamp, Timestamp, Arc<Vec<Listed>>)>>,
+}
+
+impl Listings {
+    /// The listing of `dir` (open as `fd`, with attributes `attr`), sorted by
+    /// cookie. `fresh` sees the entries whenever they were read anew.
+    pub fn get(
+        &self,
+        dir: FileId,
+        attr: &Attr,
+        fd: BorrowedFd<'_>,
+        fresh: impl FnOnce(&[Listed]),
+    ) -> Result<Arc<Vec<Listed>>> {
+        if let Some((mtime, ctime, listing)) =
+            self.cache.lock().expect("listings poisoned").get(&dir)
+        {
+            if (*mtime, *ctime) == (attr.mtime, attr.ctime) {
+                return Ok(listing.clone());
+            }
+        }
+        let mut entries: Vec<Listed> = list(fd)?
+            .into_iter()
+            .map(|(name, fileid, _)| Listed {
+                cookie: name_cookie(&name),
+                fileid,
+                name: name.into(),
+            })
+            .collect();
+        entries.sort_unstable_by_key(|e| e.cookie);
+        fresh(&entries);
+        let listing = Arc::new(entries);
+        if !settled(attr) {
+            return Ok(listing);
+        }
+        let mut cache = self.cache.lock().expect("listings poisoned");
+        if cache.len() >= CACHED_DIRS {
+            cache.clear();
+        }
+        cache.insert(dir, (attr.mtime, attr.ctime, listing.clone()));
+        Ok(listing)
+    }
+}
+
+fn settled(attr: &Attr) -> bool {
+    let changed = attr.mtime.max(attr.ctime);
+    let changed = Duration::new(changed.secs.max(0) as u64, changed.nanos);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    now.saturating_sub(changed) > SETTLED
+}
+
+/// Entries of a directory other than `.` and `..`: name, inode, is-directory.
+pub fn list(fd: BorrowedFd<'_>) -> Result<Vec<(Vec<u8>, u64, bool)>> {
+    let mut dir = Dir::read_from(fd)?;
+    let mut out = Vec::new();
+    while let Some(entry) = dir.read() {
+        let entry = entry?;
+        let name = entry.file_name().to_bytes();
+        if name == b"." || name == b".." {
+            continue;
+        }
+        out.push((
+            name.to_vec(),
+            entry.ino(),
+            entry.file_type() == FileType::Directory,
+        ));
+    }
+    Ok(out)
+}
+
+/// FNV-1a of the name, kept clear of the cookies of `.` and `..` (1, 2) and
+/// of the sign bit.
+pub fn name_cookie(name: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in name {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    3 + (h >> 2)
+}
