@@ -165,15 +165,10 @@ impl LocalFs {
         )
         .map_err(|e| match e {
             // The id names something that is not a directory, or is gone.
-            Errno::NOTDIR | Errno::LOOP => {
-                match self
-                    .stats
-                    .at(parent.as_fd(), &cstr(&node.name).unwrap_or_default())
-                {
-                    Ok(attr) if attr.fileid == id => Error::NotDir,
-                    _ => Error::Stale,
-                }
-            }
+            Errno::NOTDIR | Errno::LOOP => match self.stats.at(parent.as_fd(), &node.name[..]) {
+                Ok(attr) if attr.fileid == id => Error::NotDir,
+                _ => Error::Stale,
+            },
             Errno::NOENT => Error::Stale,
             e => e.into(),
         })?;

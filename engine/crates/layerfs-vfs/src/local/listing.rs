@@ -34,9 +34,16 @@ pub struct Listed {
     pub name: Box<[u8]>,
 }
 
+/// A directory's listing and the mtime and ctime it was read at.
+struct Kept {
+    mtime: Timestamp,
+    ctime: Timestamp,
+    listing: Arc<Vec<Listed>>,
+}
+
 #[derive(Default)]
 pub struct Listings {
-    cache: Mutex<HashMap<FileId, (Timestamp, Timestamp, Arc<Vec<Listed>>)>>,
+    cache: Mutex<HashMap<FileId, Kept>>,
 }
 
 impl Listings {
@@ -74,7 +81,12 @@ impl Listings {
         if cache.len() >= CACHED_DIRS {
             cache.clear();
         }
-        cache.insert(dir, (attr.mtime, attr.ctime, listing.clone()));
+        let kept = Kept {
+            mtime: attr.mtime,
+            ctime: attr.ctime,
+            listing: listing.clone(),
+        };
+        cache.insert(dir, kept);
         Ok(listing)
     }
 }
