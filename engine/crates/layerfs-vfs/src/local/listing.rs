@@ -56,11 +56,9 @@ impl Listings {
         fd: BorrowedFd<'_>,
         fresh: impl FnOnce(&[Listed]),
     ) -> Result<Arc<Vec<Listed>>> {
-        if let Some((mtime, ctime, listing)) =
-            self.cache.lock().expect("listings poisoned").get(&dir)
-        {
-            if (*mtime, *ctime) == (attr.mtime, attr.ctime) {
-                return Ok(listing.clone());
+        if let Some(kept) = self.cache.lock().expect("listings poisoned").get(&dir) {
+            if (kept.mtime, kept.ctime) == (attr.mtime, attr.ctime) {
+                return Ok(kept.listing.clone());
             }
         }
         let mut entries: Vec<Listed> = list(fd)?
