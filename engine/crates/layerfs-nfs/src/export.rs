@@ -34,14 +34,18 @@ impl Export {
     }
 
     pub fn handle(&self, attr: &Attr) -> nfs_fh3 {
-        let handle = FileHandle {
+        nfs_fh3 {
+            data: Opaque::owned(self.handle_bytes(attr).to_vec()),
+        }
+    }
+
+    pub fn handle_bytes(&self, attr: &Attr) -> [u8; crate::handle::LEN] {
+        FileHandle {
             export: self.id,
             fileid: attr.fileid,
             generation: attr.generation,
-        };
-        nfs_fh3 {
-            data: Opaque::owned(handle.encode()),
         }
+        .bytes()
     }
 
     pub fn root_handle(&self) -> Result<nfs_fh3, Error> {

@@ -9,7 +9,8 @@
 use layerfs_vfs::{Error, FileId};
 
 const VERSION: u8 = 1;
-const LEN: usize = 25;
+/// Bytes in a handle.
+pub const LEN: usize = 25;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FileHandle {
@@ -20,11 +21,15 @@ pub struct FileHandle {
 
 impl FileHandle {
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(LEN);
-        out.push(VERSION);
-        out.extend_from_slice(&self.export.to_be_bytes());
-        out.extend_from_slice(&self.fileid.to_be_bytes());
-        out.extend_from_slice(&self.generation.to_be_bytes());
+        self.bytes().to_vec()
+    }
+
+    pub fn bytes(&self) -> [u8; LEN] {
+        let mut out = [0; LEN];
+        out[0] = VERSION;
+        out[1..9].copy_from_slice(&self.export.to_be_bytes());
+        out[9..17].copy_from_slice(&self.fileid.to_be_bytes());
+        out[17..25].copy_from_slice(&self.generation.to_be_bytes());
         out
     }
 

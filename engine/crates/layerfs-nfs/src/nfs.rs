@@ -612,53 +612,56 @@ impl NfsProgram {
         let dir_budget = a.dircount as usize;
         let mut size = 4 + 88 + 8 + 4 + 4;
         let mut dir_size = 0;
-        let page = match self
-            .export
-            .fs
-            .readdir(who, dir, a.cookie, budget / 140 + 2, true)
-        {
+        // Entries are at least 140 bytes of the reply and 24 of the directory
+        // information: ask the filesystem (and its stat calls) for no more.
+        let most = (budget / 140).min(if dir_budget > 0 {
+            dir_budget / 24
+        } else {
+            usize::MAX
+        }) + 2;
+        let page = match self.export.fs.readdir(who, dir, a.cookie, most, true) {
             Ok(page) => page,
             Err(e) => return fail(e, Some(&attr), reply),
         };
-        let total = page.entries.len();
-        let mut entries = Vec::new();
+        // Count what fits, then encode it straight into the reply: no
+        // per-entry buffers for a listing of thousands.
+        let mut fit = 0;
         for e in &page.entries {
             let name_size = 8 + 4 + padded(e.name.len()) + 8;
-            let entry_size = 4 + name_size + 88 + 4 + 4 + 28;
+            let entry_size = 4 + name_size + 88 + 4 + 4 + padded(crate::handle::LEN);
             if size + entry_size > budget
-                || (dir_budget > 0 && dir_size + name_size > dir_budget && !entries.is_empty())
+                || (dir_budget > 0 && dir_size + name_size > dir_budget && fit > 0)
             {
                 break;
             }
             size += entry_size;
             dir_size += name_size;
-            entries.push(entryplus3 {
-                fileid: e.fileid,
-                name: filename3(Opaque::borrowed(&e.name)),
-                cookie: e.cookie,
-                name_attributes: post_op(e.attr.as_ref(), self.fsid()),
-                name_handle: match &e.attr {
-                    Some(attr) => post_op_fh3::Some(self.export.handle(attr)),
-                    None => post_op_fh3::None,
-                },
-            });
+            fit += 1;
         }
-        if entries.is_empty() && total > 0 {
+        if fit == 0 && !page.entries.is_empty() {
             return fail(Error::TooSmall, Some(&attr), reply);
         }
-        let eof = page.eof && entries.len() == total;
+        let eof = page.eof && fit == page.entries.len();
         reply.reserve(size);
-        put(
-            reply,
-            &READDIRPLUS3res::Ok(READDIRPLUS3resok {
-                dir_attributes: post_op(Some(&attr), self.fsid()),
-                cookieverf: verf,
-                reply: dirlistplus3 {
-                    entries: List(entries),
-                    eof,
-                },
-            }),
-        )
+        put(reply, &nfsstat3::NFS3_OK)?;
+        put(reply, &post_op(Some(&attr), self.fsid()))?;
+        put(reply, &verf)?;
+        for e in &page.entries[..fit] {
+            put(reply, &true)?;
+            put(reply, &e.fileid)?;
+            put(reply, &filename3(Opaque::borrowed(&e.name)))?;
+            put(reply, &e.cookie)?;
+            put(reply, &post_op(e.attr.as_ref(), self.fsid()))?;
+            match &e.attr {
+                Some(attr) => {
+                    put(reply, &true)?;
+                    put(reply, &Opaque::borrowed(&self.export.handle_bytes(attr)))?;
+                }
+                None => put(reply, &false)?,
+            }
+        }
+        put(reply, &false)?;
+        put(reply, &eof)
     }
 
     fn fsstat(&self, a: FSSTAT3args, reply: &mut ReplyBuf) -> Result<(), Refusal> {
