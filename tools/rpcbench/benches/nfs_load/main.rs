@@ -4,11 +4,13 @@
 //!
 //! Run: `cargo bench -p rpcbench --bench nfs_load -- [--seconds S] [--rounds N]
 //! [--only NAME] [--svg PATH] [--export-in DIR]` (layerfs' export goes in
-//! /dev/shm unless --export-in names another directory).
+//! /dev/shm unless --export-in names another directory). With `--soak S`,
+//! instead: a mixed load on layerfs alone for S seconds, sampling memory.
 
 mod memfs;
 mod peers;
 mod report;
+mod soak;
 mod workloads;
 
 use std::net::SocketAddr;
@@ -38,6 +40,7 @@ fn main() {
     let mut seconds = 2.0;
     let mut rounds = 3;
     let mut only: Option<String> = None;
+    let mut soak: Option<u64> = None;
     // The peers keep their data in memory; by default so does layerfs
     // (a tmpfs), so the comparison is of servers, not of disks.
     let mut export_in = std::path::PathBuf::from(if std::path::Path::new("/dev/shm").is_dir() {
@@ -62,6 +65,7 @@ fn main() {
                     .expect("--rounds N")
             }
             "--only" => only = args.next(),
+            "--soak" => soak = args.next().and_then(|s| s.parse().ok()),
             "--svg" => svg = args.next().expect("--svg PATH"),
             "--export-in" => export_in = args.next().expect("--export-in DIR").into(),
             _ => {}
@@ -73,6 +77,17 @@ fn main() {
     eprintln!("layerfs serves {}", export.path().display());
     peers::fill_dir(export.path());
     let layerfs = peers::spawn_layerfs(export.path());
+    if let Some(seconds) = soak {
+        let handles = Handles::of(layerfs.local_addr()).expect("layerfs handles");
+        println!("mixed load on layerfs for {seconds} s, resident memory of the process (server and client):\n");
+        soak::run(
+            layerfs.local_addr(),
+            std::sync::Arc::new(handles),
+            seconds,
+            8,
+        );
+        return;
+    }
     let mut targets: Vec<Target> = vec![
         Target {
             name: "layerfs",
