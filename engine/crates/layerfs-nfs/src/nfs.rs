@@ -7,12 +7,17 @@ use layerfs_rpc::{Call, Program, Refusal, ReplyBuf};
 use layerfs_vfs::access::granted;
 use layerfs_vfs::{Attr, Caller, Change, Create, Error, FileId, FileKind, Stability};
 use nfs3_types::nfs3::*;
-use nfs3_types::xdr_codec::{List, Opaque, Pack, Unpack};
+use nfs3_types::xdr_codec::{Opaque, Pack, Unpack};
 
 use crate::convert::{fattr, from_time, post_op, set_attr, status, wcc, wcc_after};
 use crate::drc::{Key, ReplyCache};
 use crate::export::{caller, Export};
 use crate::{NFS_PROGRAM, NFS_VERSION};
+
+mod listing;
+mod write_args;
+
+use write_args::WriteArgs;
 
 const PROCEDURES: [&str; 22] = [
     "NULL",
@@ -490,180 +495,6 @@ impl NfsProgram {
         }
     }
 
-    /// The start of a READDIR(PLUS) that passed its checks: the directory's
-    /// id, attributes and cookie verifier.
-    fn open_listing(
-        &self,
-        dir: &nfs_fh3,
-        cookie: u64,
-        verf: &cookieverf3,
-    ) -> Result<(FileId, Attr, cookieverf3), (Error, Option<Attr>)> {
-        let (id, attr) = self.export.resolve(dir).map_err(|e| (e, None))?;
-        if attr.kind != FileKind::Directory {
-            return Err((Error::NotDir, Some(attr)));
-        }
-        // Stable per directory and across restarts: cookies are name
-        // hashes, valid as long as the directory is the same one.
-        let ours = cookieverf3((attr.fileid ^ attr.generation).to_be_bytes());
-        if cookie != 0 && verf.0 != [0; 8] && *verf != ours {
-            return Err((Error::BadCookie, Some(attr)));
-        }
-        Ok((id, attr, ours))
-    }
-
-    fn readdir(&self, who: &Caller, a: READDIR3args, reply: &mut ReplyBuf) -> Result<(), Refusal> {
-        let (dir, attr, verf) = match self.open_listing(&a.dir, a.cookie, &a.cookieverf) {
-            Ok(found) => found,
-            Err((e, attr)) => {
-                return put(
-                    reply,
-                    &READDIR3res::Err((
-                        status(e),
-                        READDIR3resfail {
-                            dir_attributes: post_op(attr.as_ref(), self.fsid()),
-                        },
-                    )),
-                )
-            }
-        };
-        // status, dir attributes, verifier, end of list, eof.
-        let mut size = 4 + 88 + 8 + 4 + 4;
-        let budget = a.count as usize;
-        let page = match self
-            .export
-            .fs
-            .readdir(who, dir, a.cookie, budget / 20 + 2, false)
-        {
-            Ok(page) => page,
-            Err(e) => {
-                return put(
-                    reply,
-                    &READDIR3res::Err((
-                        status(e),
-                        READDIR3resfail {
-                            dir_attributes: post_op(Some(&attr), self.fsid()),
-                        },
-                    )),
-                )
-            }
-        };
-        let total = page.entries.len();
-        let mut entries = Vec::new();
-        for e in &page.entries {
-            let entry_size = 4 + 8 + 4 + padded(e.name.len()) + 8;
-            if size + entry_size > budget {
-                break;
-            }
-            size += entry_size;
-            entries.push(entry3 {
-                fileid: e.fileid,
-                name: filename3(Opaque::borrowed(&e.name)),
-                cookie: e.cookie,
-            });
-        }
-        if entries.is_empty() && total > 0 {
-            return put(
-                reply,
-                &READDIR3res::Err((
-                    nfsstat3::NFS3ERR_TOOSMALL,
-                    READDIR3resfail {
-                        dir_attributes: post_op(Some(&attr), self.fsid()),
-                    },
-                )),
-            );
-        }
-        let eof = page.eof && entries.len() == total;
-        reply.reserve(size);
-        put(
-            reply,
-            &READDIR3res::Ok(READDIR3resok {
-                dir_attributes: post_op(Some(&attr), self.fsid()),
-                cookieverf: verf,
-                reply: dirlist3 {
-                    entries: List(entries),
-                    eof,
-                },
-            }),
-        )
-    }
-
-    fn readdirplus(
-        &self,
-        who: &Caller,
-        a: READDIRPLUS3args,
-        reply: &mut ReplyBuf,
-    ) -> Result<(), Refusal> {
-        let fail = |e: Error, attr: Option<&Attr>, reply: &mut ReplyBuf| {
-            put(
-                reply,
-                &READDIRPLUS3res::Err((
-                    status(e),
-                    READDIRPLUS3resfail {
-                        dir_attributes: post_op(attr, self.fsid()),
-                    },
-                )),
-            )
-        };
-        let (dir, attr, verf) = match self.open_listing(&a.dir, a.cookie, &a.cookieverf) {
-            Ok(found) => found,
-            Err((e, attr)) => return fail(e, attr.as_ref(), reply),
-        };
-        let budget = a.maxcount as usize;
-        let dir_budget = a.dircount as usize;
-        let mut size = 4 + 88 + 8 + 4 + 4;
-        let mut dir_size = 0;
-        // Entries are at least 140 bytes of the reply and 24 of the directory
-        // information: ask the filesystem (and its stat calls) for no more.
-        let most = (budget / 140).min(if dir_budget > 0 {
-            dir_budget / 24
-        } else {
-            usize::MAX
-        }) + 2;
-        let page = match self.export.fs.readdir(who, dir, a.cookie, most, true) {
-            Ok(page) => page,
-            Err(e) => return fail(e, Some(&attr), reply),
-        };
-        // Count what fits, then encode it straight into the reply: no
-        // per-entry buffers for a listing of thousands.
-        let mut fit = 0;
-        for e in &page.entries {
-            let name_size = 8 + 4 + padded(e.name.len()) + 8;
-            let entry_size = 4 + name_size + 88 + 4 + 4 + padded(crate::handle::LEN);
-            if size + entry_size > budget
-                || (dir_budget > 0 && dir_size + name_size > dir_budget && fit > 0)
-            {
-                break;
-            }
-            size += entry_size;
-            dir_size += name_size;
-            fit += 1;
-        }
-        if fit == 0 && !page.entries.is_empty() {
-            return fail(Error::TooSmall, Some(&attr), reply);
-        }
-        let eof = page.eof && fit == page.entries.len();
-        reply.reserve(size);
-        put(reply, &nfsstat3::NFS3_OK)?;
-        put(reply, &post_op(Some(&attr), self.fsid()))?;
-        put(reply, &verf)?;
-        for e in &page.entries[..fit] {
-            put(reply, &true)?;
-            put(reply, &e.fileid)?;
-            put(reply, &filename3(Opaque::borrowed(&e.name)))?;
-            put(reply, &e.cookie)?;
-            put(reply, &post_op(e.attr.as_ref(), self.fsid()))?;
-            match &e.attr {
-                Some(attr) => {
-                    put(reply, &true)?;
-                    put(reply, &Opaque::borrowed(&self.export.handle_bytes(attr)))?;
-                }
-                None => put(reply, &false)?,
-            }
-        }
-        put(reply, &false)?;
-        put(reply, &eof)
-    }
-
     fn fsstat(&self, a: FSSTAT3args, reply: &mut ReplyBuf) -> Result<(), Refusal> {
         let result = self
             .export
@@ -767,52 +598,6 @@ impl NfsProgram {
     }
 }
 
-/// WRITE3args with the data borrowed from the record: `nfs3_types` would copy
-/// the payload (up to 1 MiB) into a buffer of its own first.
-struct WriteArgs<'a> {
-    file: nfs_fh3,
-    offset: u64,
-    stable: Stability,
-    data: &'a [u8],
-}
-
-impl<'a> WriteArgs<'a> {
-    fn decode(mut args: &'a [u8]) -> Result<WriteArgs<'a>, Refusal> {
-        fn take<'b>(r: &mut &'b [u8], n: usize) -> Result<&'b [u8], Refusal> {
-            let (head, rest) = r.split_at_checked(n).ok_or(Refusal::GarbageArgs)?;
-            *r = rest;
-            Ok(head)
-        }
-        fn word(r: &mut &[u8]) -> Result<u32, Refusal> {
-            Ok(u32::from_be_bytes(take(r, 4)?.try_into().expect("4 bytes")))
-        }
-        let r = &mut args;
-        let fh_len = word(r)? as usize;
-        if fh_len > NFS3_FHSIZE {
-            return Err(Refusal::GarbageArgs);
-        }
-        let fh = take(r, fh_len.div_ceil(4) * 4)?[..fh_len].to_vec();
-        let offset = (u64::from(word(r)?) << 32) | u64::from(word(r)?);
-        let count = word(r)? as usize;
-        let stable = match word(r)? {
-            0 => Stability::Unstable,
-            1 => Stability::DataSync,
-            2 => Stability::FileSync,
-            _ => return Err(Refusal::GarbageArgs),
-        };
-        let len = word(r)? as usize;
-        let data = take(r, len)?;
-        Ok(WriteArgs {
-            file: nfs_fh3 {
-                data: Opaque::owned(fh),
-            },
-            offset,
-            stable,
-            data: &data[..count.min(len)],
-        })
-    }
-}
-
 fn read_fail(e: Error, attr: Option<&Attr>, fsid: u64) -> READ3res<'static> {
     Nfs3Result::Err((
         status(e),
@@ -822,7 +607,7 @@ fn read_fail(e: Error, attr: Option<&Attr>, fsid: u64) -> READ3res<'static> {
     ))
 }
 
-fn padded(len: usize) -> usize {
+pub(crate) fn padded(len: usize) -> usize {
     len.div_ceil(4) * 4
 }
 
@@ -838,7 +623,7 @@ fn args<T: Unpack>(mut bytes: &[u8]) -> Result<T, Refusal> {
         .map_err(|_| Refusal::GarbageArgs)
 }
 
-fn put(reply: &mut ReplyBuf, value: &impl Pack) -> Result<(), Refusal> {
+pub(crate) fn put(reply: &mut ReplyBuf, value: &impl Pack) -> Result<(), Refusal> {
     value
         .pack(reply)
         .map(|_| ())
@@ -892,64 +677,5 @@ impl Program for NfsProgram {
                 Err(refusal)
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn packed(args: &WRITE3args<'_>) -> Vec<u8> {
-        let mut out = Vec::new();
-        args.pack(&mut out).unwrap();
-        out
-    }
-
-    fn sample(data: &[u8]) -> WRITE3args<'_> {
-        WRITE3args {
-            file: nfs_fh3 {
-                data: Opaque::owned(vec![7; 25]),
-            },
-            offset: 0x1_0000_0002,
-            count: data.len() as u32,
-            stable: stable_how::DATA_SYNC,
-            data: Opaque::borrowed(data),
-        }
-    }
-
-    #[test]
-    fn write_args_borrow_the_payload() {
-        let bytes = packed(&sample(b"payload!x"));
-        let a = WriteArgs::decode(&bytes).unwrap();
-        assert_eq!(a.file.data.as_ref(), &[7; 25]);
-        assert_eq!((a.offset, a.stable), (0x1_0000_0002, Stability::DataSync));
-        assert_eq!(a.data, b"payload!x");
-        let at = bytes.len() - 12;
-        assert!(
-            std::ptr::eq(a.data.as_ptr(), bytes[at..].as_ptr()),
-            "not copied"
-        );
-    }
-
-    #[test]
-    fn malformed_write_args_are_garbage() {
-        let good = packed(&sample(b"data"));
-        for cut in [0, 3, 20, good.len() - 5] {
-            assert!(WriteArgs::decode(&good[..cut]).is_err(), "cut at {cut}");
-        }
-        let mut long_fh = good.clone();
-        long_fh[..4].copy_from_slice(&65u32.to_be_bytes());
-        assert!(WriteArgs::decode(&long_fh).is_err());
-        let mut huge = good.clone();
-        let len_at = good.len() - 8;
-        huge[len_at..len_at + 4].copy_from_slice(&u32::MAX.to_be_bytes());
-        assert!(
-            WriteArgs::decode(&huge).is_err(),
-            "a length past the record"
-        );
-        let mut bad_stable = good;
-        let stable_at = len_at - 4;
-        bad_stable[stable_at..stable_at + 4].copy_from_slice(&3u32.to_be_bytes());
-        assert!(WriteArgs::decode(&bad_stable).is_err());
     }
 }

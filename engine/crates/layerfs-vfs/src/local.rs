@@ -9,23 +9,25 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::CString;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
-use rustix::fs::{AtFlags, FileType, Mode, OFlags, Timestamps};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
 use crate::access::{self, Caller};
 use crate::attr::{Attr, Change, FileKind, SetAttr, SetTime, Timestamp};
 use crate::error::{Error, Result};
 use crate::fs::{Create, DirEntry, DirPage, Filesystem, FsStat, Stability};
-use crate::{FileId, NAME_MAX};
+use crate::FileId;
 
 mod listing;
+mod rules;
 mod stat;
 
 use listing::{list, Listings};
+use rules::{apply, check_name, check_setattr, creatable, cstr, exclusive_times, removable};
 use stat::Stats;
 
 /// Open descriptors kept per kind; past this the cache starts over.
@@ -821,112 +823,4 @@ impl Filesystem for LocalFs {
             avail_files: s.f_favail,
         })
     }
-}
-
-/// The verifier of an exclusive create, kept in the new file's times as the
-/// Linux server does, so a retransmission is recognised even after a restart.
-fn exclusive_times(verf: [u8; 8]) -> (Timestamp, Timestamp) {
-    let word =
-        |b: &[u8]| i64::from(u32::from_be_bytes(b.try_into().expect("4 bytes")) & 0x7fff_ffff);
-    (
-        Timestamp {
-            secs: word(&verf[..4]),
-            nanos: 0,
-        },
-        Timestamp {
-            secs: word(&verf[4..]),
-            nanos: 0,
-        },
-    )
-}
-
-fn check_name(name: &[u8]) -> Result<()> {
-    if name.len() > NAME_MAX {
-        return Err(Error::NameTooLong);
-    }
-    if name.is_empty() || name.contains(&b'/') || name.contains(&0) {
-        return Err(Error::Inval);
-    }
-    Ok(())
-}
-
-fn cstr(name: &[u8]) -> Result<CString> {
-    CString::new(name).map_err(|_| Error::Inval)
-}
-
-/// A name a new entry may take.
-fn creatable(name: &[u8]) -> Result<CString> {
-    check_name(name)?;
-    if name == b"." || name == b".." {
-        return Err(Error::Exist);
-    }
-    cstr(name)
-}
-
-/// A name an existing entry may be removed or renamed by.
-fn removable(name: &[u8]) -> Result<CString> {
-    check_name(name)?;
-    if name == b"." || name == b".." {
-        return Err(Error::Inval);
-    }
-    cstr(name)
-}
-
-/// Who may change what (chmod, chown, utimes, truncate), as a local kernel decides.
-fn check_setattr(caller: &Caller, attr: &Attr, set: &SetAttr) -> Result<()> {
-    if caller.is_root() {
-        return Ok(());
-    }
-    let owner = caller.uid == attr.uid;
-    if set.mode.is_some() && !owner {
-        return Err(Error::Perm);
-    }
-    if set.uid.is_some_and(|uid| uid != attr.uid) {
-        return Err(Error::Perm);
-    }
-    if let Some(gid) = set.gid {
-        if gid != attr.gid && !(owner && caller.in_group(gid)) {
-            return Err(Error::Perm);
-        }
-    }
-    let explicit_time =
-        matches!(set.atime, SetTime::Client(_)) || matches!(set.mtime, SetTime::Client(_));
-    if explicit_time && !owner {
-        return Err(Error::Perm);
-    }
-    let now_time = set.atime == SetTime::ServerNow || set.mtime == SetTime::ServerNow;
-    if now_time && !owner && !access::permits(attr, caller, 2) {
-        return Err(Error::Access);
-    }
-    if set.size.is_some() && !owner && !access::permits(attr, caller, 2) {
-        return Err(Error::Access);
-    }
-    Ok(())
-}
-
-/// Applies the time part of `set` to `name` in `dir` without following a symlink.
-fn apply(dir: BorrowedFd<'_>, name: &CString, set: &SetAttr) -> Result<()> {
-    if set.atime == SetTime::Keep && set.mtime == SetTime::Keep {
-        return Ok(());
-    }
-    let spec = |t: SetTime| match t {
-        SetTime::Keep => rustix::fs::Timespec {
-            tv_sec: 0,
-            tv_nsec: rustix::fs::UTIME_OMIT,
-        },
-        SetTime::ServerNow => rustix::fs::Timespec {
-            tv_sec: 0,
-            tv_nsec: rustix::fs::UTIME_NOW,
-        },
-        SetTime::Client(t) => rustix::fs::Timespec {
-            tv_sec: t.secs,
-            tv_nsec: i64::from(t.nanos) as _,
-        },
-    };
-    let times = Timestamps {
-        last_access: spec(set.atime),
-        last_modification: spec(set.mtime),
-    };
-    rustix::fs::utimensat(dir, name.as_c_str(), &times, AtFlags::SYMLINK_NOFOLLOW)?;
-    Ok(())
 }

@@ -1,0 +1,113 @@
+//! WRITE's arguments, decoded without copying the payload.
+
+use layerfs_rpc::Refusal;
+use layerfs_vfs::Stability;
+use nfs3_types::nfs3::{nfs_fh3, NFS3_FHSIZE};
+use nfs3_types::xdr_codec::Opaque;
+
+/// WRITE3args with the data borrowed from the record: `nfs3_types` would copy
+/// the payload (up to 1 MiB) into a buffer of its own first.
+pub struct WriteArgs<'a> {
+    pub file: nfs_fh3,
+    pub offset: u64,
+    pub stable: Stability,
+    pub data: &'a [u8],
+}
+
+impl<'a> WriteArgs<'a> {
+    pub fn decode(mut args: &'a [u8]) -> Result<WriteArgs<'a>, Refusal> {
+        fn take<'b>(r: &mut &'b [u8], n: usize) -> Result<&'b [u8], Refusal> {
+            let (head, rest) = r.split_at_checked(n).ok_or(Refusal::GarbageArgs)?;
+            *r = rest;
+            Ok(head)
+        }
+        fn word(r: &mut &[u8]) -> Result<u32, Refusal> {
+            Ok(u32::from_be_bytes(take(r, 4)?.try_into().expect("4 bytes")))
+        }
+        let r = &mut args;
+        let fh_len = word(r)? as usize;
+        if fh_len > NFS3_FHSIZE {
+            return Err(Refusal::GarbageArgs);
+        }
+        let fh = take(r, fh_len.div_ceil(4) * 4)?[..fh_len].to_vec();
+        let offset = (u64::from(word(r)?) << 32) | u64::from(word(r)?);
+        let count = word(r)? as usize;
+        let stable = match word(r)? {
+            0 => Stability::Unstable,
+            1 => Stability::DataSync,
+            2 => Stability::FileSync,
+            _ => return Err(Refusal::GarbageArgs),
+        };
+        let len = word(r)? as usize;
+        let data = take(r, len)?;
+        Ok(WriteArgs {
+            file: nfs_fh3 {
+                data: Opaque::owned(fh),
+            },
+            offset,
+            stable,
+            data: &data[..count.min(len)],
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nfs3_types::nfs3::{stable_how, WRITE3args};
+    use nfs3_types::xdr_codec::Pack;
+
+    fn packed(args: &WRITE3args<'_>) -> Vec<u8> {
+        let mut out = Vec::new();
+        args.pack(&mut out).unwrap();
+        out
+    }
+
+    fn sample(data: &[u8]) -> WRITE3args<'_> {
+        WRITE3args {
+            file: nfs_fh3 {
+                data: Opaque::owned(vec![7; 25]),
+            },
+            offset: 0x1_0000_0002,
+            count: data.len() as u32,
+            stable: stable_how::DATA_SYNC,
+            data: Opaque::borrowed(data),
+        }
+    }
+
+    #[test]
+    fn write_args_borrow_the_payload() {
+        let bytes = packed(&sample(b"payload!x"));
+        let a = WriteArgs::decode(&bytes).unwrap();
+        assert_eq!(a.file.data.as_ref(), &[7; 25]);
+        assert_eq!((a.offset, a.stable), (0x1_0000_0002, Stability::DataSync));
+        assert_eq!(a.data, b"payload!x");
+        let at = bytes.len() - 12;
+        assert!(
+            std::ptr::eq(a.data.as_ptr(), bytes[at..].as_ptr()),
+            "not copied"
+        );
+    }
+
+    #[test]
+    fn malformed_write_args_are_garbage() {
+        let good = packed(&sample(b"data"));
+        for cut in [0, 3, 20, good.len() - 5] {
+            assert!(WriteArgs::decode(&good[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut long_fh = good.clone();
+        long_fh[..4].copy_from_slice(&65u32.to_be_bytes());
+        assert!(WriteArgs::decode(&long_fh).is_err());
+        let mut huge = good.clone();
+        let len_at = good.len() - 8;
+        huge[len_at..len_at + 4].copy_from_slice(&u32::MAX.to_be_bytes());
+        assert!(
+            WriteArgs::decode(&huge).is_err(),
+            "a length past the record"
+        );
+        let mut bad_stable = good;
+        let stable_at = len_at - 4;
+        bad_stable[stable_at..stable_at + 4].copy_from_slice(&3u32.to_be_bytes());
+        assert!(WriteArgs::decode(&bad_stable).is_err());
+    }
+}
