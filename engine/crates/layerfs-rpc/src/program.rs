@@ -4,6 +4,7 @@
 //! bytes of one record in, the framed reply (or nothing) out.
 
 use std::net::IpAddr;
+use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use crate::envelope::{self, Accepted, CallHeader, Credentials, Envelope};
@@ -151,7 +152,16 @@ impl Dispatcher {
             peer,
         };
         let mut reply = envelope::accepted_reply(xid, Accepted::Success);
-        match entry.program.call(&call, &mut reply) {
+        // A bug in a procedure must cost one call, not the worker thread and
+        // with it the connection's window slot: it is answered SYSTEM_ERR.
+        let outcome =
+            panic::catch_unwind(AssertUnwindSafe(|| entry.program.call(&call, &mut reply)))
+                .unwrap_or_else(|_| {
+                    let name = entry.program.procedure_name(header.proc).unwrap_or("?");
+                    tracing::error!(xid, proc = name, "procedure panicked; answered SYSTEM_ERR");
+                    Err(Refusal::SystemErr)
+                });
+        match outcome {
             Ok(()) => reply,
             Err(refusal) => {
                 self.rejected.fetch_add(1, Relaxed);

@@ -212,3 +212,9 @@ fn the_dispatcher_counts_calls_and_rejections() {
     assert_eq!(d.rejected(), 1);
     assert_eq!(d.dropped(), 1);
 }
+
+#[test]
+fn a_panicking_procedure_is_answered_system_err() {
+    let msg = call_msg(XID, 2, TEST_PROG, 2, 3, (0, &[]), &[]);
+    assert_eq!(reply_to(&msg), Some(words(&[&ACCEPTED[..], &[5]].concat())));
+}

@@ -214,3 +214,19 @@ fn a_full_window_stops_reading_until_a_call_finishes() {
     xids.sort_unstable();
     assert_eq!(xids, (0..20).collect::<Vec<_>>());
 }
+
+#[test]
+fn a_panicking_call_leaves_the_connection_and_its_window_working() {
+    let server = start(TestProgram::new(), 2);
+    let mut stream = connect(&server);
+    // More panics than the window holds: each must give its slot back.
+    for xid in 0..5 {
+        stream
+            .write_all(&framed(&call_msg(xid, 2, TEST_PROG, 2, 3, (0, &[]), &[])))
+            .unwrap();
+    }
+    stream.write_all(&null_call(99)).unwrap();
+    let mut xids = reply_xids(&stream, 6);
+    xids.sort_unstable();
+    assert_eq!(xids, vec![0, 1, 2, 3, 4, 99]);
+}

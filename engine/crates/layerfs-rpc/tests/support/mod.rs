@@ -164,7 +164,7 @@ pub fn words(ws: &[u32]) -> Vec<u8> {
 pub const TEST_PROG: u32 = 200_000;
 
 /// A program for transport tests: 0 NULL, 1 ECHO (one u32 argument, returned),
-/// 2 WAIT (blocks until `release` is sent a value).
+/// 2 WAIT (blocks until `release` is sent a value), 3 PANIC.
 pub struct TestProgram {
     pub release: std::sync::Mutex<Option<std::sync::mpsc::Receiver<()>>>,
 }
@@ -187,7 +187,9 @@ impl layerfs_rpc::Program for TestProgram {
     }
 
     fn procedure_name(&self, proc: u32) -> Option<&'static str> {
-        ["NULL", "ECHO", "WAIT"].get(proc as usize).copied()
+        ["NULL", "ECHO", "WAIT", "PANIC"]
+            .get(proc as usize)
+            .copied()
     }
 
     fn call(
@@ -208,6 +210,7 @@ impl layerfs_rpc::Program for TestProgram {
                 }
                 Ok(())
             }
+            3 => panic!("a bug in a procedure"),
             _ => Err(layerfs_rpc::Refusal::ProcUnavail),
         }
     }
