@@ -5,7 +5,7 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use layerfs_rpc::{Dispatcher, Outcome};
+use layerfs_rpc::{Dispatcher, Frame, Outcome};
 use layerfs_vfs::LocalFs;
 
 /// A small deterministic generator (xorshift64*), so a failure replays.
@@ -34,10 +34,11 @@ fn call(xid: u32, prog: u32, proc: u32, args: &[u8]) -> Vec<u8> {
 }
 
 /// The accept_stat of a reply, after checking its header.
-fn accept_stat(reply: &[u8], xid: u32) -> u32 {
+fn accept_stat(frame: &Frame, xid: u32) -> u32 {
+    let reply = frame.bytes();
     assert_eq!(
         u32::from_be_bytes(reply[..4].try_into().unwrap()) & 0x7FFF_FFFF,
-        reply.len() as u32 - 4
+        frame.len() as u32 - 4
     );
     let body = &reply[4..];
     let word_b = |i: usize| u32::from_be_bytes(body[i * 4..i * 4 + 4].try_into().unwrap());
@@ -67,7 +68,7 @@ fn random_arguments_never_break_the_server() {
     let Outcome::Reply(reply) = dispatcher.handle(&mnt, peer) else {
         panic!("MNT dropped")
     };
-    let root_fh = reply[4 + 28 + 4..4 + 28 + 4 + 25].to_vec();
+    let root_fh = reply.bytes()[4 + 28 + 4..4 + 28 + 4 + 25].to_vec();
 
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let mut xid = 10;
@@ -113,5 +114,5 @@ fn random_arguments_never_break_the_server() {
         panic!()
     };
     assert_eq!(accept_stat(&reply, 1), 0);
-    assert_eq!(&reply[28..32], &[0, 0, 0, 0], "GETATTR OK");
+    assert_eq!(&reply.bytes()[28..32], &[0, 0, 0, 0], "GETATTR OK");
 }

@@ -8,7 +8,7 @@ use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use crate::envelope::{self, Accepted, CallHeader, Credentials, Envelope};
-use crate::reply::ReplyBuf;
+use crate::reply::{Frame, ReplyBuf};
 
 /// One call as a program sees it.
 #[derive(Debug)]
@@ -54,7 +54,7 @@ pub trait Program: Send + Sync {
 #[derive(Debug)]
 pub enum Outcome {
     /// A framed reply to send.
-    Reply(Vec<u8>),
+    Reply(Frame),
     /// Nothing to send; the reason was logged.
     Dropped,
 }

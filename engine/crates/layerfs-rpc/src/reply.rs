@@ -4,26 +4,77 @@
 //! reply is one `write` and never meets Nagle's algorithm as a 4-byte segment.
 //! Replies finished while another is being written queue up and the writing
 //! thread sends them all in one vectored write before it lets go.
+//!
+//! The one exception is a reply whose body ends in file data (a READ): its
+//! in-memory part is written, then the kernel sends the file's pages straight
+//! to the socket ([`Transmit::send_file`]), so the data is never copied
+//! through user space. TCP_NODELAY is set, so the short first part does not
+//! wait for an acknowledgement.
 
 use std::io::{self, IoSlice, Write};
 use std::mem;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use crate::record::last_fragment_mark;
+
+/// Bytes of an open file that end a reply's body on the wire.
+#[derive(Clone, Debug)]
+pub struct FileTail {
+    pub file: Arc<OwnedFd>,
+    pub offset: u64,
+    pub len: usize,
+}
+
+/// A reply ready for the wire: `bytes` (mark first), then the file tail if
+/// any, then `pad` zero bytes to XDR's four-byte boundary.
+#[derive(Clone, Debug)]
+pub struct Frame {
+    bytes: Vec<u8>,
+    tail: Option<FileTail>,
+    pad: usize,
+}
+
+impl Frame {
+    /// The in-memory part: the whole frame unless it has a file tail.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    pub fn tail(&self) -> Option<&FileTail> {
+        self.tail.as_ref()
+    }
+
+    /// Bytes on the wire, mark included.
+    pub fn len(&self) -> usize {
+        self.bytes.len() + self.tail.as_ref().map_or(0, |t| t.len) + self.pad
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
 
 /// A reply under construction: four bytes reserved for the record mark, then
 /// the RPC reply body, so framing needs no second buffer or copy.
 #[derive(Debug)]
 pub struct ReplyBuf {
     bytes: Vec<u8>,
+    tail: Option<FileTail>,
 }
 
 impl ReplyBuf {
     pub fn with_capacity(body: usize) -> Self {
         let mut bytes = Vec::with_capacity(4 + body);
         bytes.extend_from_slice(&[0; 4]);
-        ReplyBuf { bytes }
+        ReplyBuf { bytes, tail: None }
+    }
+
+    /// Ends the body with `tail.len` bytes of a file (and XDR padding); nothing
+    /// may be appended after it.
+    pub fn set_file_tail(&mut self, tail: FileTail) {
+        self.tail = Some(tail);
     }
 
     /// The body written so far.
@@ -56,10 +107,70 @@ impl ReplyBuf {
     }
 
     /// Mark and body, ready for the wire: one last fragment.
-    pub fn into_frame(mut self) -> Vec<u8> {
-        let mark = last_fragment_mark(self.body_len());
+    pub fn into_frame(mut self) -> Frame {
+        let tail_len = self.tail.as_ref().map_or(0, |t| t.len);
+        let pad = (4 - tail_len % 4) % 4;
+        let mark = last_fragment_mark(self.body_len() + tail_len + pad);
         self.bytes[..4].copy_from_slice(&mark);
-        self.bytes
+        Frame {
+            bytes: self.bytes,
+            tail: self.tail,
+            pad,
+        }
+    }
+}
+
+/// A stream replies can be written to.
+pub trait Transmit: Write {
+    /// Sends all of `tail`'s bytes. This default reads them through a
+    /// buffer; a socket sends them from the page cache instead.
+    fn send_file(&mut self, tail: &FileTail) -> io::Result<u64> {
+        let mut buf = vec![0; tail.len.min(256 * 1024)];
+        let mut sent = 0;
+        while sent < tail.len {
+            let want = (tail.len - sent).min(buf.len());
+            let n =
+                match rustix::io::pread(&*tail.file, &mut buf[..want], tail.offset + sent as u64) {
+                    Ok(n) => n,
+                    Err(rustix::io::Errno::INTR) => continue,
+                    Err(e) => return Err(e.into()),
+                };
+            if n == 0 {
+                // The file shrank after the reply promised these bytes.
+                buf[..want].fill(0);
+                self.write_all(&buf[..want])?;
+                sent += want;
+                continue;
+            }
+            self.write_all(&buf[..n])?;
+            sent += n;
+        }
+        Ok(1)
+    }
+}
+
+impl Transmit for std::net::TcpStream {
+    #[cfg(target_os = "linux")]
+    fn send_file(&mut self, tail: &FileTail) -> io::Result<u64> {
+        let mut offset = tail.offset;
+        let end = tail.offset + tail.len as u64;
+        let mut calls = 0;
+        while offset < end {
+            calls += 1;
+            let want = (end - offset) as usize;
+            match rustix::fs::sendfile(self.as_fd(), &*tail.file, Some(&mut offset), want) {
+                Ok(0) => {
+                    // The file shrank after the reply promised these bytes:
+                    // keep the stream in step with zeros.
+                    self.write_all(&vec![0; (end - offset) as usize])?;
+                    break;
+                }
+                Ok(_) => {}
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(calls)
     }
 }
 
@@ -82,7 +193,7 @@ impl Write for ReplyBuf {
 
 #[derive(Default)]
 struct ReplyQueue {
-    frames: Vec<Vec<u8>>,
+    frames: Vec<Frame>,
     /// A thread is writing; it will also send what is queued.
     writing: bool,
     /// A write failed: the connection is going away, drop further replies.
@@ -98,7 +209,7 @@ pub struct ReplyWriter<W> {
     bytes_out: AtomicU64,
 }
 
-impl<W: Write> ReplyWriter<W> {
+impl<W: Transmit> ReplyWriter<W> {
     pub fn new(stream: W) -> Self {
         ReplyWriter {
             queue: Mutex::new(ReplyQueue::default()),
@@ -108,7 +219,11 @@ impl<W: Write> ReplyWriter<W> {
         }
     }
 
-    /// `write` calls made so far.
+    pub fn into_inner(self) -> W {
+        self.stream.into_inner().expect("reply stream poisoned")
+    }
+
+    /// `write` calls made so far (and `sendfile` calls, on Linux).
     pub fn writes(&self) -> u64 {
         self.writes.load(Relaxed)
     }
@@ -120,12 +235,12 @@ impl<W: Write> ReplyWriter<W> {
     /// Sends one framed reply (from [`ReplyBuf::into_frame`]), now or as part
     /// of the batch another thread is writing. An error means the connection
     /// can take no more replies.
-    pub fn send(&self, frame: Vec<u8>) -> io::Result<()> {
+    pub fn send(&self, frame: Frame) -> io::Result<()> {
         self.send_all(vec![frame])
     }
 
     /// Sends several framed replies, in one write when nothing else is queued.
-    pub fn send_all(&self, mut frames: Vec<Vec<u8>>) -> io::Result<()> {
+    pub fn send_all(&self, mut frames: Vec<Frame>) -> io::Result<()> {
         if frames.is_empty() {
             return Ok(());
         }
@@ -156,22 +271,41 @@ impl<W: Write> ReplyWriter<W> {
         }
     }
 
-    fn write_batch(&self, frames: &[Vec<u8>]) -> io::Result<()> {
+    /// Writes frames in order: in-memory parts gathered into vectored writes,
+    /// each file tail sent by the kernel where it falls.
+    fn write_batch(&self, frames: &[Frame]) -> io::Result<()> {
         let mut stream = self.stream.lock().expect("reply stream poisoned");
-        let mut slices: Vec<IoSlice<'_>> = frames.iter().map(|f| IoSlice::new(f)).collect();
-        let mut slices = &mut slices[..];
-        while !slices.is_empty() {
+        let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(frames.len());
+        for frame in frames {
+            slices.push(IoSlice::new(&frame.bytes));
+            if let Some(tail) = &frame.tail {
+                self.write_slices(&mut *stream, &mut slices)?;
+                let calls = stream.send_file(tail)?;
+                self.writes.fetch_add(calls, Relaxed);
+                self.bytes_out.fetch_add(tail.len as u64, Relaxed);
+                slices.push(IoSlice::new(&[0; 3][..frame.pad]));
+            }
+        }
+        self.write_slices(&mut *stream, &mut slices)
+    }
+
+    /// One vectored write of `slices`, continued after partial writes; empties them.
+    fn write_slices(&self, stream: &mut W, slices: &mut Vec<IoSlice<'_>>) -> io::Result<()> {
+        slices.retain(|s| !s.is_empty());
+        let mut rest = &mut slices[..];
+        while !rest.is_empty() {
             self.writes.fetch_add(1, Relaxed);
-            match stream.write_vectored(slices) {
+            match stream.write_vectored(rest) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(n) => {
                     self.bytes_out.fetch_add(n as u64, Relaxed);
-                    IoSlice::advance_slices(&mut slices, n);
+                    IoSlice::advance_slices(&mut rest, n);
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
         }
+        slices.clear();
         Ok(())
     }
 }

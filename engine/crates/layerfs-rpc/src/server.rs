@@ -21,7 +21,7 @@ use socket2::{Domain, SockRef, Socket, Type};
 
 use crate::program::{Dispatcher, Outcome};
 use crate::record::Records;
-use crate::reply::ReplyWriter;
+use crate::reply::{Frame, ReplyWriter};
 
 /// Tuning of the server; the defaults suit a loopback mount.
 #[derive(Clone, Debug)]
@@ -143,7 +143,7 @@ impl Connection {
         self.window.release();
     }
 
-    fn send_replies(&self, frames: Vec<Vec<u8>>) {
+    fn send_replies(&self, frames: Vec<Frame>) {
         let n = frames.len() as u64;
         match self.writer.send_all(frames) {
             Ok(()) => {

@@ -15,6 +15,7 @@ fn dispatcher() -> Dispatcher {
 fn reply_to(msg: &[u8]) -> Option<Vec<u8>> {
     match dispatcher().handle(msg, None) {
         Outcome::Reply(frame) => {
+            let frame = frame.bytes();
             let mark = u32::from_be_bytes(frame[..4].try_into().unwrap());
             assert_eq!(
                 mark,

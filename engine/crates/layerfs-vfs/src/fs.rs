@@ -1,7 +1,20 @@
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+
 use crate::access::Caller;
 use crate::attr::{Attr, Change, FileKind, SetAttr, Timestamp};
 use crate::error::Result;
 use crate::FileId;
+
+/// See [`Filesystem::read_source`].
+#[derive(Clone, Debug)]
+pub struct ReadSource {
+    pub file: Arc<OwnedFd>,
+    pub offset: u64,
+    pub len: usize,
+    pub eof: bool,
+    pub attr: Attr,
+}
 
 /// How a CREATE treats an existing name (RFC 1813 §3.3.8).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,6 +108,22 @@ pub trait Filesystem: Send + Sync {
         count: usize,
         dst: &mut Vec<u8>,
     ) -> Result<(bool, Attr)>;
+
+    /// Where the bytes a READ of `count` at `offset` would return live on the
+    /// host: an open file, the range to send from it, whether that reaches the
+    /// end of the file, and the file's attributes. A server sends such bytes
+    /// from the page cache without copying them. `None` where the data is not
+    /// one range of one host file; callers then use [`read`](Self::read).
+    fn read_source(
+        &self,
+        caller: &Caller,
+        id: FileId,
+        offset: u64,
+        count: usize,
+    ) -> Result<Option<ReadSource>> {
+        let _ = (caller, id, offset, count);
+        Ok(None)
+    }
 
     /// Writes all of `data` at `offset`; returns how durable it already is.
     fn write(

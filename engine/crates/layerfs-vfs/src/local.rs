@@ -19,7 +19,7 @@ use rustix::io::Errno;
 use crate::access::{self, Caller};
 use crate::attr::{Attr, Change, FileKind, SetAttr, SetTime, Timestamp};
 use crate::error::{Error, Result};
-use crate::fs::{Create, DirEntry, DirPage, Filesystem, FsStat, Stability};
+use crate::fs::{Create, DirEntry, DirPage, Filesystem, FsStat, ReadSource, Stability};
 use crate::FileId;
 
 mod listing;
@@ -240,6 +240,18 @@ impl LocalFs {
         Ok(fd)
     }
 
+    /// The open file `id` and its attributes, if `caller` may read it. The
+    /// owner may read its own file whatever the mode: NFS checks at open on
+    /// the client, and a file created read-only is still written.
+    fn readable(&self, caller: &Caller, id: FileId) -> Result<(Arc<OwnedFd>, Attr)> {
+        let fd = self.file_fd(id)?;
+        let attr = self.stats.fd(fd.as_fd())?;
+        if caller.uid != attr.uid && !access::permits(&attr, caller, 4) {
+            return Err(Error::Access);
+        }
+        Ok((fd, attr))
+    }
+
     fn dir_attr(&self, dir: &OwnedFd) -> Result<Attr> {
         let attr = self.stats.fd(dir.as_fd())?;
         if attr.kind != FileKind::Directory {
@@ -445,6 +457,25 @@ impl Filesystem for LocalFs {
         Ok(rustix::fs::readlinkat(&*parent, name.as_c_str(), Vec::new())?.into_bytes())
     }
 
+    fn read_source(
+        &self,
+        caller: &Caller,
+        id: FileId,
+        offset: u64,
+        count: usize,
+    ) -> Result<Option<ReadSource>> {
+        let (file, attr) = self.readable(caller, id)?;
+        let len = count.min(attr.size.saturating_sub(offset) as usize);
+        let eof = offset.saturating_add(len as u64) >= attr.size;
+        Ok(Some(ReadSource {
+            file,
+            offset,
+            len,
+            eof,
+            attr,
+        }))
+    }
+
     fn read(
         &self,
         caller: &Caller,
@@ -453,13 +484,7 @@ impl Filesystem for LocalFs {
         count: usize,
         dst: &mut Vec<u8>,
     ) -> Result<(bool, Attr)> {
-        let fd = self.file_fd(id)?;
-        let attr = self.stats.fd(fd.as_fd())?;
-        // The owner may read its own file whatever the mode: NFS checks at
-        // open on the client, and a file created read-only is still written.
-        if caller.uid != attr.uid && !access::permits(&attr, caller, 4) {
-            return Err(Error::Access);
-        }
+        let (fd, attr) = self.readable(caller, id)?;
         let start = dst.len();
         let want = count.min(attr.size.saturating_sub(offset) as usize);
         // Read into the buffer's spare capacity: no zeroing pass over it

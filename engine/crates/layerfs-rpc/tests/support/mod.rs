@@ -75,6 +75,8 @@ impl Sink {
     }
 }
 
+impl layerfs_rpc::Transmit for Sink {}
+
 impl Write for Sink {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         self.writes += 1;
