@@ -122,6 +122,13 @@ impl ReplyBuf {
 
 /// A stream replies can be written to.
 pub trait Transmit: Write {
+    /// A vectored write of bytes that more will follow at once (a reply's
+    /// head before its file tail): a socket holds them to leave with what
+    /// follows instead of as a small segment of their own.
+    fn write_vectored_more(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        self.write_vectored(bufs)
+    }
+
     /// Sends all of `tail`'s bytes. This default reads them through a
     /// buffer; a socket sends them from the page cache instead.
     fn send_file(&mut self, tail: &FileTail) -> io::Result<u64> {
@@ -150,6 +157,17 @@ pub trait Transmit: Write {
 }
 
 impl Transmit for std::net::TcpStream {
+    #[cfg(target_os = "linux")]
+    fn write_vectored_more(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        use rustix::net::{sendmsg, SendAncillaryBuffer, SendFlags};
+        Ok(sendmsg(
+            self.as_fd(),
+            bufs,
+            &mut SendAncillaryBuffer::default(),
+            SendFlags::MORE,
+        )?)
+    }
+
     #[cfg(target_os = "linux")]
     fn send_file(&mut self, tail: &FileTail) -> io::Result<u64> {
         let mut offset = tail.offset;
@@ -279,23 +297,34 @@ impl<W: Transmit> ReplyWriter<W> {
         for frame in frames {
             slices.push(IoSlice::new(&frame.bytes));
             if let Some(tail) = &frame.tail {
-                self.write_slices(&mut *stream, &mut slices)?;
+                self.write_slices(&mut *stream, &mut slices, true)?;
                 let calls = stream.send_file(tail)?;
                 self.writes.fetch_add(calls, Relaxed);
                 self.bytes_out.fetch_add(tail.len as u64, Relaxed);
                 slices.push(IoSlice::new(&[0; 3][..frame.pad]));
             }
         }
-        self.write_slices(&mut *stream, &mut slices)
+        self.write_slices(&mut *stream, &mut slices, false)
     }
 
-    /// One vectored write of `slices`, continued after partial writes; empties them.
-    fn write_slices(&self, stream: &mut W, slices: &mut Vec<IoSlice<'_>>) -> io::Result<()> {
+    /// One vectored write of `slices`, continued after partial writes; empties
+    /// them. `more`: the bytes that follow are sent at once, by other calls.
+    fn write_slices(
+        &self,
+        stream: &mut W,
+        slices: &mut Vec<IoSlice<'_>>,
+        more: bool,
+    ) -> io::Result<()> {
         slices.retain(|s| !s.is_empty());
         let mut rest = &mut slices[..];
         while !rest.is_empty() {
             self.writes.fetch_add(1, Relaxed);
-            match stream.write_vectored(rest) {
+            let written = if more {
+                stream.write_vectored_more(rest)
+            } else {
+                stream.write_vectored(rest)
+            };
+            match written {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(n) => {
                     self.bytes_out.fetch_add(n as u64, Relaxed);

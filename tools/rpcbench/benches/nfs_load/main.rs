@@ -180,6 +180,9 @@ fn main() {
     let rows = report::medians(&runs);
     println!("{rounds} round(s) of {seconds} s per workload, server and depth (CREATE and REMOVE: 2,000 calls); median round shown\n");
     report::print(&rows);
+    if only.is_some() {
+        return; // a partial run does not replace the chart
+    }
     if let Err(e) = std::fs::write(&svg, report::svg(&rows)) {
         eprintln!("cannot write {svg}: {e}");
     } else {
