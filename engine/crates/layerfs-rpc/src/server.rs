@@ -113,7 +113,9 @@ impl Window {
 }
 
 struct Connection {
+    /// The client's address without the port, as programs see it.
     peer: Option<IpAddr>,
+    addr: SocketAddr,
     writer: ReplyWriter<TcpStream>,
     window: Window,
     records: AtomicU64,
@@ -271,6 +273,15 @@ impl ServerHandle {
         self.shared.stats()
     }
 
+    /// Each open connection's client address and counters.
+    pub fn connections(&self) -> Vec<(SocketAddr, TransportStats)> {
+        let live = self.shared.live.lock().expect("connections poisoned");
+        live.iter()
+            .filter_map(Weak::upgrade)
+            .map(|c| (c.addr, c.stats()))
+            .collect()
+    }
+
     pub fn dispatcher(&self) -> &Dispatcher {
         &self.shared.dispatcher
     }
@@ -341,6 +352,7 @@ fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Shared) {
     };
     let conn = Arc::new(Connection {
         peer: Some(peer.ip()),
+        addr: peer,
         writer: ReplyWriter::new(write_half),
         window: Window::new(shared.config.window),
         records: AtomicU64::new(0),

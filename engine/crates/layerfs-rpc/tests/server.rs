@@ -92,6 +92,11 @@ fn at_depth_one_each_call_costs_one_read_and_each_reply_one_write() {
     let stats = wait_for_stats(&server, |s| s.replies == 100);
     assert_eq!(stats.replies, 100);
     assert_eq!(stats.socket_writes, 100);
+    // The same counters for this connection alone.
+    let conns = server.connections();
+    assert_eq!(conns.len(), 1);
+    assert_eq!(conns[0].0, stream.local_addr().unwrap());
+    assert_eq!((conns[0].1.records, conns[0].1.replies), (100, 100));
     // One read per call; the read that will see the end of the stream is not made yet.
     assert!(stats.socket_reads <= 101, "{stats:?}");
 }
