@@ -13,7 +13,9 @@
 
 use std::io::{self, IoSlice, Write};
 use std::mem;
-use std::os::fd::{AsFd, OwnedFd};
+#[cfg(target_os = "linux")]
+use std::os::fd::AsFd;
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 

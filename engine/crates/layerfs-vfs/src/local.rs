@@ -22,6 +22,7 @@ use crate::error::{Error, Result};
 use crate::fs::{Create, DirEntry, DirPage, Filesystem, FsStat, ReadSource, Stability};
 use crate::FileId;
 
+mod host;
 mod listing;
 mod rules;
 mod stat;
@@ -537,8 +538,8 @@ impl Filesystem for LocalFs {
         }
         match stable {
             Stability::Unstable => {}
-            Stability::DataSync => rustix::fs::fdatasync(&*fd)?,
-            Stability::FileSync => rustix::fs::fsync(&*fd)?,
+            Stability::DataSync => host::sync_data(fd.as_fd())?,
+            Stability::FileSync => host::sync_all(fd.as_fd())?,
         }
         Ok((self.change(&fd, &before), stable))
     }
@@ -546,7 +547,7 @@ impl Filesystem for LocalFs {
     fn commit(&self, id: FileId) -> Result<Change> {
         let fd = self.file_fd(id)?;
         let before = self.stats.fd(fd.as_fd())?;
-        rustix::fs::fsync(&*fd)?;
+        host::sync_all(fd.as_fd())?;
         Ok(self.change(&fd, &before))
     }
 
@@ -675,16 +676,9 @@ impl Filesystem for LocalFs {
             _ => return Err(Error::Inval),
         };
         let mode = Mode::from_raw_mode(set.mode.unwrap_or(0o644) & 0o7777);
-        let dev = rustix::fs::makedev(rdev.0, rdev.1);
         let set = SetAttr { mode: None, ..*set };
         self.new_entry(caller, dir, name, &set, |fd, name| {
-            Ok(rustix::fs::mknodat(
-                fd,
-                name.as_c_str(),
-                file_type,
-                mode,
-                dev,
-            )?)
+            host::mknod(fd.as_fd(), name, file_type, mode, rdev)
         })
     }
 

@@ -31,6 +31,10 @@ mod imp {
         }
     }
 
+    pub fn fd(fd: BorrowedFd<'_>) -> Result<Attr> {
+        stat(fd, c"", AtFlags::EMPTY_PATH)
+    }
+
     pub fn stat<P: rustix::path::Arg>(
         dir: BorrowedFd<'_>,
         name: P,
@@ -72,15 +76,28 @@ mod imp {
 mod imp {
     use super::*;
 
+    pub fn fd(fd: BorrowedFd<'_>) -> Result<Attr> {
+        Ok(from_stat(&rustix::fs::fstat(fd)?))
+    }
+
     pub fn stat<P: rustix::path::Arg>(
         dir: BorrowedFd<'_>,
         name: P,
         flags: AtFlags,
     ) -> Result<Attr> {
-        let s = rustix::fs::statat(dir, name, flags | AtFlags::SYMLINK_NOFOLLOW)?;
+        Ok(from_stat(&rustix::fs::statat(
+            dir,
+            name,
+            flags | AtFlags::SYMLINK_NOFOLLOW,
+        )?))
+    }
+
+    /// No birth time here: generations are 0 and a reused id is told apart
+    /// only while the server runs.
+    fn from_stat(s: &rustix::fs::Stat) -> Attr {
         let mode = s.st_mode as u32;
         let rdev = s.st_rdev as u64;
-        Ok(Attr {
+        Attr {
             kind: kind(mode),
             mode: mode & 0o7777,
             nlink: s.st_nlink as u32,
@@ -103,7 +120,7 @@ mod imp {
                 secs: s.st_ctime as i64,
                 nanos: s.st_ctime_nsec as u32,
             },
-        })
+        }
     }
 }
 
@@ -130,7 +147,7 @@ impl Stats {
 
     /// Attributes of an open file.
     pub fn fd(&self, fd: BorrowedFd<'_>) -> Result<Attr> {
-        self.finish(imp::stat(fd, c"", AtFlags::EMPTY_PATH))
+        self.finish(imp::fd(fd))
     }
 
     fn finish(&self, attr: Result<Attr>) -> Result<Attr> {
