@@ -1,0 +1,75 @@
+//! A full disk is NOSPC to the client, and the server keeps serving. Needs
+//! root to mount a small tmpfs; without it the test says so and checks nothing.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use nfs3_types::nfs3::*;
+use nfs3_types::xdr_codec::Opaque;
+use support::*;
+
+struct SmallTmpfs(PathBuf);
+
+impl SmallTmpfs {
+    fn mount(dir: &Path) -> Option<SmallTmpfs> {
+        let ok = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                "size=256k",
+                "layerfs-test",
+                dir.to_str()?,
+            ])
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| SmallTmpfs(dir.to_path_buf()))
+    }
+}
+
+impl Drop for SmallTmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[tokio::test]
+async fn a_full_disk_is_nospc_and_the_server_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(_fs) = SmallTmpfs::mount(dir.path()) else {
+        eprintln!("SKIPPED: mounting a 256 KiB tmpfs needs root");
+        return;
+    };
+    let handle = serve(dir.path());
+    let mut c = mount(handle.local_addr().port()).await;
+    let root = c.root_nfs_fh3();
+    let fh = create(&mut c, &root, "big").await;
+    let chunk = vec![7u8; 64 * 1024];
+    let mut status = nfsstat3::NFS3_OK;
+    for i in 0..8u64 {
+        let args = WRITE3args {
+            file: fh.clone(),
+            offset: i * chunk.len() as u64,
+            count: chunk.len() as u32,
+            stable: stable_how::FILE_SYNC,
+            data: Opaque::borrowed(&chunk),
+        };
+        status = status_of(&c.write(&args).await.unwrap());
+        if status != nfsstat3::NFS3_OK {
+            break;
+        }
+    }
+    assert_eq!(status, nfsstat3::NFS3ERR_NOSPC);
+    // Room again after a remove, and the same connection carries on.
+    c.remove(&REMOVE3args {
+        object: dirop(&root, "big"),
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let small = create(&mut c, &root, "small").await;
+    write(&mut c, &small, 0, b"fits", stable_how::FILE_SYNC).await;
+    assert_eq!(read(&mut c, &small, 0, 10).await.0, b"fits");
+}
