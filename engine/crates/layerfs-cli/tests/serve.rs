@@ -1,0 +1,77 @@
+//! The `layerfs serve` command as a user meets it.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_layerfs");
+
+#[test]
+fn serve_prints_its_address_first_and_stops_cleanly_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(BIN)
+        .args(["serve", dir.path().to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    let port: u16 = first
+        .strip_prefix("listening on 127.0.0.1:")
+        .and_then(|p| p.trim_end().parse().ok())
+        .unwrap_or_else(|| panic!("first line was {first:?}"));
+    let mut rest = String::new();
+    for _ in 0..4 {
+        out.read_line(&mut rest).unwrap();
+    }
+    assert!(
+        rest.contains(&format!("port={port},mountport={port}")),
+        "mount commands: {rest}"
+    );
+    // It accepts connections on that port.
+    let stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    drop(stream);
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&child),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    let status = wait(&mut child);
+    assert_eq!(status.code(), Some(0));
+}
+
+#[test]
+fn serve_of_a_missing_directory_fails_with_a_clear_error() {
+    let out = Command::new(BIN)
+        .args(["serve", "/no/such/dir"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot export /no/such/dir"), "stderr: {err}");
+}
+
+#[test]
+fn help_explains_every_flag() {
+    let out = Command::new(BIN)
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    for flag in ["--listen", "--window", "--workers", "<DIR>"] {
+        assert!(help.contains(flag), "--help lacks {flag}");
+    }
+}
+
+fn wait(child: &mut std::process::Child) -> std::process::ExitStatus {
+    for _ in 0..100 {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.kill().unwrap();
+    panic!("layerfs did not stop within 5 s of SIGTERM");
+}
