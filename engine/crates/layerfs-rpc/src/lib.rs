@@ -14,6 +14,6 @@ pub mod server;
 
 pub use envelope::{AuthSys, Credentials};
 pub use program::{Call, Dispatcher, Outcome, Program, Refusal};
-pub use record::{Record, Records, READ_AHEAD, RECORD_LIMIT};
+pub use record::{Receive, Record, Records, READ_AHEAD, RECORD_LIMIT};
 pub use reply::{FileTail, Frame, ReplyBuf, ReplyWriter, Transmit};
 pub use server::{Server, ServerConfig, ServerHandle, TransportStats};

@@ -62,7 +62,56 @@ pub struct Records<R> {
     bytes_in: u64,
 }
 
-impl<R: Read> Records<R> {
+/// A stream records are read from.
+pub trait Receive: Read {
+    /// One read of up to `want` bytes, appended to `buf`. This default
+    /// zeroes the space first, as `Read` requires; a socket reads into the
+    /// buffer's spare capacity instead when that is exactly `want` bytes.
+    fn receive(&mut self, buf: &mut Vec<u8>, want: usize) -> io::Result<usize> {
+        receive_zeroed(self, buf, want)
+    }
+}
+
+fn receive_zeroed<R: Read + ?Sized>(
+    stream: &mut R,
+    buf: &mut Vec<u8>,
+    want: usize,
+) -> io::Result<usize> {
+    let start = buf.len();
+    buf.resize(start + want, 0);
+    let result = stream.read(&mut buf[start..]);
+    buf.truncate(start + result.as_ref().map_or(0, |&n| n));
+    result
+}
+
+impl Receive for &std::net::TcpStream {
+    fn receive(&mut self, buf: &mut Vec<u8>, want: usize) -> io::Result<usize> {
+        // A record's buffer is allocated at its exact length, so its spare
+        // capacity is exactly what the record still lacks: a read into it
+        // cannot take bytes of the next record. Otherwise, zero and read.
+        if buf.capacity() - buf.len() != want {
+            return receive_zeroed(self, buf, want);
+        }
+        Ok(rustix::io::read(
+            *self,
+            rustix::buffer::spare_capacity(buf),
+        )?)
+    }
+}
+
+impl Receive for std::net::TcpStream {
+    fn receive(&mut self, buf: &mut Vec<u8>, want: usize) -> io::Result<usize> {
+        (&*self).receive(buf, want)
+    }
+}
+
+impl<R: Receive + ?Sized> Receive for &mut R {
+    fn receive(&mut self, buf: &mut Vec<u8>, want: usize) -> io::Result<usize> {
+        (**self).receive(buf, want)
+    }
+}
+
+impl<R: Receive> Records<R> {
     pub fn new(stream: R) -> Self {
         Records {
             stream,
@@ -121,6 +170,7 @@ impl<R: Read> Records<R> {
             self.consume(len);
             return Ok(Some(Record::Buffered(&self.buf[body])));
         }
+        // Exactly `len`: see `Receive for &TcpStream`.
         let mut record = Vec::with_capacity(len);
         self.append_fragment(&mut record, len)?;
         let mut last = last;
@@ -155,14 +205,20 @@ impl<R: Read> Records<R> {
         let from_buf = len.min(self.buffered());
         record.extend_from_slice(&self.buf[self.start..self.start + from_buf]);
         self.consume(from_buf);
-        let filled = record.len();
-        record.resize(filled + (len - from_buf), 0);
-        let mut at = filled;
-        while at < record.len() {
-            match self.read_into_record(&mut record[at..])? {
-                0 => return Err(ErrorKind::UnexpectedEof.into()),
-                n => at += n,
+        let end = record.len() + (len - from_buf);
+        while record.len() < end {
+            let want = end - record.len();
+            let n = loop {
+                self.reads += 1;
+                match self.stream.receive(record, want) {
+                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                    result => break result?,
+                }
+            };
+            if n == 0 {
+                return Err(ErrorKind::UnexpectedEof.into());
             }
+            self.bytes_in += n as u64;
         }
         Ok(())
     }
@@ -190,12 +246,6 @@ impl<R: Read> Records<R> {
         } = self;
         let n = read_restarting(stream, &mut buf[*end..], &mut self.reads)?;
         self.end += n;
-        self.bytes_in += n as u64;
-        Ok(n)
-    }
-
-    fn read_into_record(&mut self, dst: &mut [u8]) -> io::Result<usize> {
-        let n = read_restarting(&mut self.stream, dst, &mut self.reads)?;
         self.bytes_in += n as u64;
         Ok(n)
     }

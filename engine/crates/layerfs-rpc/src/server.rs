@@ -155,7 +155,7 @@ impl Connection {
         }
     }
 
-    fn note_reads<R: std::io::Read>(&self, records: &Records<R>) {
+    fn note_reads<R: crate::record::Receive>(&self, records: &Records<R>) {
         self.socket_reads.store(records.reads(), Relaxed);
         self.bytes_in.store(records.bytes_in(), Relaxed);
     }

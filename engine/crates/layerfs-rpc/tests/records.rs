@@ -272,6 +272,7 @@ fn only_interruption_is_restarted() {
             Err(ErrorKind::ConnectionReset.into())
         }
     }
+    impl layerfs_rpc::Receive for Failing {}
     let mut records = Records::new(Failing);
     assert_eq!(
         records.next_record().unwrap_err().kind(),

@@ -39,6 +39,8 @@ impl Script {
     }
 }
 
+impl layerfs_rpc::Receive for Script {}
+
 impl Read for Script {
     fn read(&mut self, dst: &mut [u8]) -> io::Result<usize> {
         self.reads += 1;
