@@ -280,3 +280,36 @@ fn only_interruption_is_restarted() {
     );
     assert_eq!(records.reads(), 1);
 }
+
+#[test]
+fn a_socket_reads_large_records_into_their_own_buffers_without_taking_the_next() {
+    use std::io::Write;
+    use std::net::{TcpListener, TcpStream};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut sender = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (receiver, _) = listener.accept().unwrap();
+    let want = vec![
+        body(100_000, 1),
+        body(10, 2),
+        body(9000, 3),
+        body(1_500_000, 4),
+        body(3, 5),
+    ];
+    let mut stream = Vec::new();
+    for r in &want {
+        stream.extend(framed(r));
+    }
+    let writer = std::thread::spawn(move || {
+        // In uneven pieces, so reads end anywhere.
+        for piece in stream.chunks(77_777) {
+            sender.write_all(piece).unwrap();
+        }
+    });
+    let mut records = Records::new(&receiver);
+    for (i, w) in want.iter().enumerate() {
+        let got = records.next_record().unwrap().unwrap();
+        assert!(got.as_bytes() == w.as_slice(), "record {i} differs");
+    }
+    writer.join().unwrap();
+    assert!(records.next_record().unwrap().is_none());
+}
