@@ -7,7 +7,8 @@
 //! one piece costs one `read`, and records that arrived together cost one `read`
 //! between them. Any other record (a large WRITE, a fragment chain) is assembled
 //! in a buffer of its own: the bytes already buffered are its prefix and the rest
-//! is read straight into it, so its payload is copied once. Bytes past the end of
+//! is read straight into it, so its payload is copied once (from a socket,
+//! into the buffer's uninitialised capacity: no zeroing pass first). Bytes past the end of
 //! a record always stay buffered for the next one.
 //!
 //! Limits are checked before allocating: a fragment, and the running sum of a
@@ -64,50 +65,26 @@ pub struct Records<R> {
 
 /// A stream records are read from.
 pub trait Receive: Read {
-    /// One read of up to `want` bytes, appended to `buf`. This default
-    /// zeroes the space first, as `Read` requires; a socket reads into the
-    /// buffer's spare capacity instead when that is exactly `want` bytes.
-    fn receive(&mut self, buf: &mut Vec<u8>, want: usize) -> io::Result<usize> {
-        receive_zeroed(self, buf, want)
+    /// One read of up to `want` bytes into `buf`'s spare capacity, without
+    /// zeroing it first, appended to `buf`; `None` where this stream cannot
+    /// (`Read` needs initialised memory). Called only when the spare capacity
+    /// is exactly `want` bytes, so a read cannot take more than asked.
+    fn receive_uninit(&mut self, buf: &mut Vec<u8>, want: usize) -> Option<io::Result<usize>> {
+        let _ = (buf, want);
+        None
     }
 }
 
-fn receive_zeroed<R: Read + ?Sized>(
-    stream: &mut R,
-    buf: &mut Vec<u8>,
-    want: usize,
-) -> io::Result<usize> {
-    let start = buf.len();
-    buf.resize(start + want, 0);
-    let result = stream.read(&mut buf[start..]);
-    buf.truncate(start + result.as_ref().map_or(0, |&n| n));
-    result
-}
-
 impl Receive for &std::net::TcpStream {
-    fn receive(&mut self, buf: &mut Vec<u8>, want: usize) -> io::Result<usize> {
-        // A record's buffer is allocated at its exact length, so its spare
-        // capacity is exactly what the record still lacks: a read into it
-        // cannot take bytes of the next record. Otherwise, zero and read.
-        if buf.capacity() - buf.len() != want {
-            return receive_zeroed(self, buf, want);
-        }
-        Ok(rustix::io::read(
-            *self,
-            rustix::buffer::spare_capacity(buf),
-        )?)
+    fn receive_uninit(&mut self, buf: &mut Vec<u8>, want: usize) -> Option<io::Result<usize>> {
+        debug_assert_eq!(buf.capacity() - buf.len(), want);
+        Some(rustix::io::read(*self, rustix::buffer::spare_capacity(buf)).map_err(Into::into))
     }
 }
 
 impl Receive for std::net::TcpStream {
-    fn receive(&mut self, buf: &mut Vec<u8>, want: usize) -> io::Result<usize> {
-        (&*self).receive(buf, want)
-    }
-}
-
-impl<R: Receive + ?Sized> Receive for &mut R {
-    fn receive(&mut self, buf: &mut Vec<u8>, want: usize) -> io::Result<usize> {
-        (**self).receive(buf, want)
+    fn receive_uninit(&mut self, buf: &mut Vec<u8>, want: usize) -> Option<io::Result<usize>> {
+        (&*self).receive_uninit(buf, want)
     }
 }
 
@@ -170,7 +147,6 @@ impl<R: Receive> Records<R> {
             self.consume(len);
             return Ok(Some(Record::Buffered(&self.buf[body])));
         }
-        // Exactly `len`: see `Receive for &TcpStream`.
         let mut record = Vec::with_capacity(len);
         self.append_fragment(&mut record, len)?;
         let mut last = last;
@@ -206,19 +182,35 @@ impl<R: Receive> Records<R> {
         record.extend_from_slice(&self.buf[self.start..self.start + from_buf]);
         self.consume(from_buf);
         let end = record.len() + (len - from_buf);
-        while record.len() < end {
-            let want = end - record.len();
+        // A record's buffer is allocated at its exact length (`with_capacity`
+        // is exact), so its spare capacity is what the record still lacks.
+        while record.len() < end && record.capacity() == end {
             let n = loop {
+                let Some(result) = self.stream.receive_uninit(record, end - record.len()) else {
+                    break None;
+                };
                 self.reads += 1;
-                match self.stream.receive(record, want) {
+                match result {
                     Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                    result => break result?,
+                    result => break Some(result?),
                 }
             };
-            if n == 0 {
-                return Err(ErrorKind::UnexpectedEof.into());
+            match n {
+                None => break,
+                Some(0) => return Err(ErrorKind::UnexpectedEof.into()),
+                Some(n) => self.bytes_in += n as u64,
             }
-            self.bytes_in += n as u64;
+        }
+        let mut at = record.len();
+        record.resize(end, 0);
+        while at < end {
+            match read_restarting(&mut self.stream, &mut record[at..], &mut self.reads)? {
+                0 => return Err(ErrorKind::UnexpectedEof.into()),
+                n => {
+                    at += n;
+                    self.bytes_in += n as u64;
+                }
+            }
         }
         Ok(())
     }
