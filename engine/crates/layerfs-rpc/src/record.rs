@@ -8,8 +8,8 @@
 //! between them. Any other record (a large WRITE, a fragment chain) is assembled
 //! in a buffer of its own: the bytes already buffered are its prefix and the rest
 //! is read straight into it, so its payload is copied once (from a socket,
-//! into the buffer's uninitialised capacity: no zeroing pass first). Bytes past the end of
-//! a record always stay buffered for the next one.
+//! into the buffer's uninitialised capacity: no zeroing pass first). Bytes
+//! past the end of a record always stay buffered for the next one.
 //!
 //! Limits are checked before allocating: a fragment, and the running sum of a
 //! chain, may not exceed [`RECORD_LIMIT`].
