@@ -28,9 +28,12 @@ fi
 
 step "end to end: the Linux kernel NFSv3 client (QEMU)"
 if command -v qemu-system-x86_64 >/dev/null && command -v busybox >/dev/null; then
-	tools/kernel-client/run \
-		--server "mkdir -p /run/export && exec $PWD/target/release/layerfs serve --listen 127.0.0.1:20490 /run/export" \
-		--port 20490 --workload tests/kernel/workload.sh --timeout 900
+	serve="mkdir -p /run/export && exec $PWD/target/release/layerfs serve --listen 127.0.0.1:20490 /run/export"
+	# As Linux mounts by default: 1 MiB transfers, READDIRPLUS.
+	tools/kernel-client/run --server "$serve" --port 20490 --workload tests/kernel/workload.sh --timeout 900
+	# As macOS mounts: 32 KiB transfers and plain READDIR.
+	tools/kernel-client/run --server "$serve" --port 20490 --workload tests/kernel/workload.sh --timeout 900 \
+		--opts rsize=32768,wsize=32768,nordirplus
 else
 	echo "SKIPPED: QEMU is not installed (apt-get install qemu-system-x86 busybox-static xz-utils)"
 fi
