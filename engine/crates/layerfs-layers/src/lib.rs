@@ -1,0 +1,17 @@
+//! Immutable layers, the read-only part of a layerfs workspace.
+//!
+//! A layer is a plain directory tree under `<store>/layers/<id>/`, whiteouts
+//! in the OCI convention included (`.wh.NAME` hides NAME below, `.wh..wh..opq`
+//! makes a directory opaque), so an image's layer imports unchanged and a
+//! workspace's upper directory can become a layer as it is.
+
+mod digest;
+mod store;
+
+pub use digest::tree_digest;
+pub use store::{LayerId, Store};
+
+/// The prefix of a whiteout file's name.
+pub const WHITEOUT_PREFIX: &str = ".wh.";
+/// The name of the marker that makes its directory opaque.
+pub const OPAQUE_MARKER: &str = ".wh..wh..opq";

@@ -1,0 +1,199 @@
+//! The store: `<root>/layers/<id>/` for each layer, `<root>/staging/` for
+//! imports under way.
+//!
+//! An import is built in a staging directory, named by its digest, and moved
+//! into `layers/` with one rename, after its contents and then the rename are
+//! made durable. A crash leaves either no layer or a whole one; whatever is
+//! left in staging is removed the next time the store opens.
+
+use std::fs::{self, File};
+use std::io::{self, BufReader, Read};
+use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use crate::digest::tree_digest;
+
+/// A layer's name: the hex digest of its contents.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LayerId(String);
+
+impl LayerId {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for LayerId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+pub struct Store {
+    root: PathBuf,
+}
+
+static STAGING_SEQ: AtomicU64 = AtomicU64::new(0);
+
+impl Store {
+    /// Opens (creating if needed) the store at `root`, clearing imports a
+    /// crash left unfinished.
+    pub fn open(root: &Path) -> io::Result<Store> {
+        fs::create_dir_all(root.join("layers"))?;
+        let staging = root.join("staging");
+        if staging.exists() {
+            fs::remove_dir_all(&staging)?;
+        }
+        fs::create_dir_all(&staging)?;
+        Ok(Store {
+            root: root.to_path_buf(),
+        })
+    }
+
+    /// The directory holding layer `id`.
+    pub fn layer_dir(&self, id: &LayerId) -> PathBuf {
+        self.root.join("layers").join(&id.0)
+    }
+
+    /// Every layer in the store.
+    pub fn layers(&self) -> io::Result<Vec<LayerId>> {
+        let mut ids: Vec<LayerId> = fs::read_dir(self.root.join("layers"))?
+            .map(|e| e.map(|e| LayerId(e.file_name().to_string_lossy().into_owned())))
+            .collect::<io::Result<_>>()?;
+        ids.sort();
+        Ok(ids)
+    }
+
+    /// Imports a copy of the tree at `src` (symlinks copied, not followed).
+    pub fn import_dir(&self, src: &Path) -> io::Result<LayerId> {
+        self.stage(|staged| copy_tree(src, staged))
+    }
+
+    /// Imports an OCI/Docker layer tarball, plain or gzip-compressed. Its
+    /// whiteout files stay as they are. An entry that would land outside the
+    /// layer (`../`, an absolute path, a path through a symlink) fails the
+    /// import and nothing of it is kept.
+    pub fn import_tar(&self, tarball: &Path) -> io::Result<LayerId> {
+        let mut file = BufReader::new(File::open(tarball)?);
+        let mut magic = [0u8; 2];
+        let gzip = file.read_exact(&mut magic).is_ok() && magic == [0x1f, 0x8b];
+        let file = BufReader::new(File::open(tarball)?);
+        let reader: Box<dyn Read> = if gzip {
+            Box::new(flate2::read::GzDecoder::new(file))
+        } else {
+            Box::new(file)
+        };
+        self.stage(|staged| {
+            let mut archive = tar::Archive::new(reader);
+            archive.set_preserve_permissions(true);
+            archive.set_preserve_mtime(true);
+            archive.set_overwrite(true);
+            // Owners are part of a layer; only root can set them.
+            archive.set_preserve_ownerships(rustix::process::geteuid().is_root());
+            for entry in archive.entries()? {
+                let mut entry = entry?;
+                if !entry.unpack_in(staged)? {
+                    let path = entry
+                        .path()
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_default();
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!(
+                            "{}: entry {path:?} would land outside the layer",
+                            tarball.display()
+                        ),
+                    ));
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Builds a layer in a fresh staging directory with `build`, then
+    /// commits it; on failure nothing of it is left.
+    fn stage(&self, build: impl FnOnce(&Path) -> io::Result<()>) -> io::Result<LayerId> {
+        let staged = self.staging_dir()?;
+        match build(&staged) {
+            Ok(()) => self.commit(staged),
+            Err(e) => {
+                let _ = fs::remove_dir_all(&staged);
+                Err(e)
+            }
+        }
+    }
+
+    fn staging_dir(&self) -> io::Result<PathBuf> {
+        let n = STAGING_SEQ.fetch_add(1, Relaxed);
+        let dir = self
+            .root
+            .join("staging")
+            .join(format!("{}-{n}", std::process::id()));
+        fs::create_dir(&dir)?;
+        Ok(dir)
+    }
+
+    /// Names the staged tree by its digest and moves it into place, durably.
+    fn commit(&self, staged: PathBuf) -> io::Result<LayerId> {
+        let id = LayerId(tree_digest(&staged)?);
+        let target = self.layer_dir(&id);
+        if target.exists() {
+            // The same content is already a layer: imports are idempotent.
+            fs::remove_dir_all(&staged)?;
+            return Ok(id);
+        }
+        sync_tree(&staged)?;
+        fs::rename(&staged, &target)?;
+        File::open(self.root.join("layers"))?.sync_all()?;
+        tracing::info!(layer = %id, "imported");
+        Ok(id)
+    }
+}
+
+/// Copies `src` into the existing directory `dst`: directories, files and
+/// symlinks with their permission bits, owners where allowed, and mtimes.
+fn copy_tree(src: &Path, dst: &Path) -> io::Result<()> {
+    for entry in fs::read_dir(src)? {
+        let entry = entry?;
+        let from = entry.path();
+        let to = dst.join(entry.file_name());
+        let meta = fs::symlink_metadata(&from)?;
+        let kind = meta.file_type();
+        if kind.is_dir() {
+            fs::create_dir(&to)?;
+            copy_tree(&from, &to)?;
+        } else if kind.is_symlink() {
+            symlink(fs::read_link(&from)?, &to)?;
+        } else if kind.is_file() {
+            fs::copy(&from, &to)?;
+        } else {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "{}: only directories, files and symlinks can be imported",
+                    from.display()
+                ),
+            ));
+        }
+        if !kind.is_symlink() {
+            fs::set_permissions(&to, fs::Permissions::from_mode(meta.mode() & 0o7777))?;
+        }
+        let _ = std::os::unix::fs::lchown(&to, Some(meta.uid()), Some(meta.gid()));
+    }
+    Ok(())
+}
+
+/// Makes every file and directory under `dir` durable.
+fn sync_tree(dir: &Path) -> io::Result<()> {
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        if kind.is_dir() {
+            sync_tree(&entry.path())?;
+        } else if kind.is_file() {
+            File::open(entry.path())?.sync_all()?;
+        }
+    }
+    File::open(dir)?.sync_all()
+}
