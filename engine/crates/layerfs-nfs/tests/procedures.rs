@@ -262,24 +262,28 @@ async fn mkdir_symlink_readlink_mknod_link() {
     assert_eq!(target.data.as_ref(), b"../outside/target");
     assert_eq!(getattr(&mut c, &link).await.unwrap().type_, ftype3::NF3LNK);
 
-    let fifo = c
-        .mknod(&MKNOD3args {
-            where_: dirop(&root, "fifo"),
-            what: mknoddata3::NF3FIFO(sattr3::default()),
-        })
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(fifo.obj_attributes.unwrap().type_, ftype3::NF3FIFO);
-    let sock = c
-        .mknod(&MKNOD3args {
-            where_: dirop(&root, "sock"),
-            what: mknoddata3::NF3SOCK(sattr3::default()),
-        })
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(sock.obj_attributes.unwrap().type_, ftype3::NF3SOCK);
+    for (name, what, kind) in [
+        (
+            "fifo",
+            mknoddata3::NF3FIFO(sattr3::default()),
+            ftype3::NF3FIFO,
+        ),
+        (
+            "sock",
+            mknoddata3::NF3SOCK(sattr3::default()),
+            ftype3::NF3SOCK,
+        ),
+    ] {
+        let made = c
+            .mknod(&MKNOD3args {
+                where_: dirop(&root, name),
+                what,
+            })
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(made.obj_attributes.unwrap().type_, kind, "{name}");
+    }
 
     let file = create(&mut c, &root, "f").await;
     let linked = c

@@ -7,10 +7,11 @@
 //! Every operation is an `*at` call on a parent descriptor. An id the table
 //! does not know (after a restart) is found again by walking the export once.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::CString;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
@@ -35,6 +36,8 @@ use stat::Stats;
 const FD_CACHE: usize = 512;
 /// Locks that serialise changes (and their before/after attributes) per id.
 const STRIPES: usize = 64;
+/// Ids known to be gone that are kept; past this the set starts over.
+const GONE_KEPT: usize = 65_536;
 
 #[derive(Clone)]
 struct Node {
@@ -48,6 +51,10 @@ pub struct LocalFs {
     root_id: FileId,
     nodes: RwLock<HashMap<FileId, Node>>,
     listings: Listings,
+    /// Ids removed here or not found by a walk, answered STALE at once.
+    gone: Mutex<HashSet<FileId>>,
+    /// Walks of the export made to find an id (for tests).
+    walks: AtomicU64,
     dirs: Mutex<HashMap<FileId, Arc<OwnedFd>>>,
     files: Mutex<HashMap<FileId, Arc<OwnedFd>>>,
     stripes: Vec<Mutex<()>>,
@@ -70,6 +77,8 @@ impl LocalFs {
             root_id: attr.fileid,
             nodes: RwLock::new(HashMap::new()),
             listings: Listings::default(),
+            gone: Mutex::new(HashSet::new()),
+            walks: AtomicU64::new(0),
             dirs: Mutex::new(HashMap::new()),
             files: Mutex::new(HashMap::new()),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
@@ -98,13 +107,31 @@ impl LocalFs {
         if let Some(node) = self.nodes.read().expect("nodes poisoned").get(&id) {
             return Ok(node.clone());
         }
+        // A client keeps asking about files it removed (stale handles): answer
+        // those without walking the whole export each time.
+        if self.gone.lock().expect("gone poisoned").contains(&id) {
+            return Err(Error::Stale);
+        }
         self.find(id)
+    }
+
+    /// Records that `id` no longer names a file here.
+    fn mark_gone(&self, id: FileId) {
+        let mut gone = self.gone.lock().expect("gone poisoned");
+        if gone.len() >= GONE_KEPT {
+            gone.clear();
+        }
+        gone.insert(id);
     }
 
     fn remember(&self, parent: FileId, name: &[u8], attr: &Attr) {
         if attr.fileid == self.root_id {
             return;
         }
+        self.gone
+            .lock()
+            .expect("gone poisoned")
+            .remove(&attr.fileid);
         let mut nodes = self.nodes.write().expect("nodes poisoned");
         nodes.insert(
             attr.fileid,
@@ -116,6 +143,7 @@ impl LocalFs {
     }
 
     fn forget(&self, id: FileId) {
+        self.mark_gone(id);
         self.nodes.write().expect("nodes poisoned").remove(&id);
         self.dirs.lock().expect("dirs poisoned").remove(&id);
         self.files.lock().expect("files poisoned").remove(&id);
@@ -124,6 +152,7 @@ impl LocalFs {
     /// Walks the export breadth first, remembering what it passes, until it
     /// meets `id`. Used for ids handed out before a restart.
     fn find(&self, id: FileId) -> Result<Node> {
+        self.walks.fetch_add(1, Relaxed);
         let mut queue = VecDeque::from([self.root_id]);
         while let Some(dir) = queue.pop_front() {
             let Ok(fd) = self.dir_fd(dir) else { continue };
@@ -147,6 +176,7 @@ impl LocalFs {
                 }
             }
         }
+        self.mark_gone(id);
         Err(Error::Stale)
     }
 
@@ -841,5 +871,42 @@ impl Filesystem for LocalFs {
             free_files: s.f_ffree,
             avail_files: s.f_favail,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_removed_files_id_is_stale_without_walking_the_export() {
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..50 {
+            std::fs::write(dir.path().join(format!("f{i}")), b"").unwrap();
+        }
+        let fs = LocalFs::open(dir.path()).unwrap();
+        let root = fs.root();
+        let id = fs.lookup(&Caller::root(), root, b"f7").unwrap().fileid;
+        fs.remove(&Caller::root(), root, b"f7").unwrap();
+        for _ in 0..100 {
+            assert_eq!(fs.getattr(id), Err(Error::Stale));
+        }
+        assert_eq!(fs.walks.load(Relaxed), 0);
+        // An id never seen is looked for once, then known to be gone.
+        for _ in 0..100 {
+            assert_eq!(fs.getattr(u64::MAX - 1), Err(Error::Stale));
+        }
+        assert_eq!(fs.walks.load(Relaxed), 1);
+        // A new file that reuses an id is found again.
+        let again = fs
+            .create(
+                &Caller::root(),
+                root,
+                b"new",
+                Create::Unchecked(SetAttr::default()),
+            )
+            .unwrap()
+            .0;
+        assert_eq!(fs.getattr(again.fileid).unwrap().fileid, again.fileid);
     }
 }
