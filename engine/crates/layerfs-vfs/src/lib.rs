@@ -9,6 +9,7 @@ pub mod access;
 mod attr;
 mod error;
 mod fs;
+pub mod hostdir;
 mod local;
 
 pub use access::{Access, Caller};

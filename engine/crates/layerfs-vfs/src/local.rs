@@ -14,23 +14,22 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
-use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 
 use crate::access::{self, Caller};
-use crate::attr::{Attr, Change, FileKind, SetAttr, SetTime, Timestamp};
+use crate::attr::{Attr, Change, FileKind, SetAttr, Timestamp};
 use crate::error::{Error, Result};
 use crate::fs::{Create, DirEntry, DirPage, Filesystem, FsStat, ReadSource, Stability};
 use crate::FileId;
 
-mod host;
 mod listing;
-mod rules;
-mod stat;
 
-use listing::{list, Listings};
-use rules::{apply, check_name, check_setattr, creatable, cstr, exclusive_times, removable};
-use stat::Stats;
+use crate::hostdir::{
+    self, check_name, check_setattr, creatable, cstr, list, removable, sticky_allows, Host,
+    NewEntry,
+};
+use listing::Listings;
 
 /// Open descriptors kept per kind; past this the cache starts over.
 const FD_CACHE: usize = 512;
@@ -46,7 +45,7 @@ struct Node {
 }
 
 pub struct LocalFs {
-    stats: Stats,
+    host: Host,
     root: Arc<OwnedFd>,
     root_id: FileId,
     nodes: RwLock<HashMap<FileId, Node>>,
@@ -58,8 +57,6 @@ pub struct LocalFs {
     dirs: Mutex<HashMap<FileId, Arc<OwnedFd>>>,
     files: Mutex<HashMap<FileId, Arc<OwnedFd>>>,
     stripes: Vec<Mutex<()>>,
-    /// The server may give files to their creators and make device files.
-    as_root: bool,
 }
 
 impl LocalFs {
@@ -69,10 +66,10 @@ impl LocalFs {
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
             Mode::empty(),
         )?;
-        let stats = Stats::for_export(root.as_fd());
-        let attr = stats.fd(root.as_fd())?;
+        let host = Host::for_dir(root.as_fd());
+        let attr = host.stats.fd(root.as_fd())?;
         Ok(LocalFs {
-            stats,
+            host,
             root: Arc::new(root),
             root_id: attr.fileid,
             nodes: RwLock::new(HashMap::new()),
@@ -82,7 +79,6 @@ impl LocalFs {
             dirs: Mutex::new(HashMap::new()),
             files: Mutex::new(HashMap::new()),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
-            as_root: rustix::process::geteuid().is_root(),
         })
     }
 
@@ -190,22 +186,17 @@ impl LocalFs {
         }
         let node = self.node(id)?;
         let parent = self.dir_fd(node.parent)?;
-        let fd = rustix::fs::openat(
-            &*parent,
-            cstr(&node.name)?.as_c_str(),
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| match e {
+        let fd = hostdir::open_dir(parent.as_fd(), &cstr(&node.name)?).map_err(|e| match e {
             // The id names something that is not a directory, or is gone.
-            Errno::NOTDIR | Errno::LOOP => match self.stats.at(parent.as_fd(), &node.name[..]) {
+            Errno::NOTDIR | Errno::LOOP => match self.host.stats.at(parent.as_fd(), &node.name[..])
+            {
                 Ok(attr) if attr.fileid == id => Error::NotDir,
                 _ => Error::Stale,
             },
             Errno::NOENT => Error::Stale,
             e => e.into(),
         })?;
-        if self.stats.fd(fd.as_fd())?.fileid != id {
+        if self.host.stats.fd(fd.as_fd())?.fileid != id {
             return Err(Error::Stale);
         }
         let fd = Arc::new(fd);
@@ -222,7 +213,7 @@ impl LocalFs {
         let node = self.node(id)?;
         let parent = self.dir_fd(node.parent)?;
         let name = cstr(&node.name)?;
-        match self.stats.at(parent.as_fd(), &name) {
+        match self.host.stats.at(parent.as_fd(), &name) {
             Ok(attr) if attr.fileid == id => Ok((parent, name, attr)),
             _ => {
                 // Renamed or removed behind our back: look for it once more.
@@ -230,7 +221,7 @@ impl LocalFs {
                 let node = self.find(id)?;
                 let parent = self.dir_fd(node.parent)?;
                 let name = cstr(&node.name)?;
-                let attr = self.stats.at(parent.as_fd(), &name)?;
+                let attr = self.host.stats.at(parent.as_fd(), &name)?;
                 Ok((parent, name, attr))
             }
         }
@@ -247,22 +238,7 @@ impl LocalFs {
             FileKind::Directory => return Err(Error::IsDir),
             _ => return Err(Error::Inval),
         }
-        let flags = OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY;
-        let fd = match rustix::fs::openat(
-            &*parent,
-            name.as_c_str(),
-            flags | OFlags::RDWR,
-            Mode::empty(),
-        ) {
-            Err(Errno::ACCESS | Errno::ROFS | Errno::PERM) => rustix::fs::openat(
-                &*parent,
-                name.as_c_str(),
-                flags | OFlags::RDONLY,
-                Mode::empty(),
-            )?,
-            other => other?,
-        };
-        let fd = Arc::new(fd);
+        let fd = Arc::new(hostdir::open_file(parent.as_fd(), &name)?);
         let mut files = self.files.lock().expect("files poisoned");
         if files.len() >= FD_CACHE {
             files.clear();
@@ -276,7 +252,7 @@ impl LocalFs {
     /// the client, and a file created read-only is still written.
     fn readable(&self, caller: &Caller, id: FileId) -> Result<(Arc<OwnedFd>, Attr)> {
         let fd = self.file_fd(id)?;
-        let attr = self.stats.fd(fd.as_fd())?;
+        let attr = self.host.stats.fd(fd.as_fd())?;
         if caller.uid != attr.uid && !access::permits(&attr, caller, 4) {
             return Err(Error::Access);
         }
@@ -284,7 +260,7 @@ impl LocalFs {
     }
 
     fn dir_attr(&self, dir: &OwnedFd) -> Result<Attr> {
-        let attr = self.stats.fd(dir.as_fd())?;
+        let attr = self.host.stats.fd(dir.as_fd())?;
         if attr.kind != FileKind::Directory {
             return Err(Error::NotDir);
         }
@@ -302,73 +278,11 @@ impl LocalFs {
         Ok((fd, attr))
     }
 
-    /// The sticky-bit rule: in a sticky directory only the owner of the entry
-    /// or of the directory (or root) may remove or rename the entry.
-    fn check_sticky(caller: &Caller, dir: &Attr, entry: &Attr) -> Result<()> {
-        if dir.mode & 0o1000 != 0
-            && !caller.is_root()
-            && caller.uid != dir.uid
-            && caller.uid != entry.uid
-        {
-            return Err(Error::Perm);
-        }
-        Ok(())
-    }
-
     fn change(&self, fd: &OwnedFd, before: &Attr) -> Change {
         Change {
             before: Some(before.wcc()),
-            after: self.stats.fd(fd.as_fd()).ok(),
+            after: self.host.stats.fd(fd.as_fd()).ok(),
         }
-    }
-
-    /// Gives a new entry to its creator and applies the rest of `set`.
-    fn finish_new(
-        &self,
-        caller: &Caller,
-        dir: &OwnedFd,
-        dir_attr: &Attr,
-        name: &CString,
-        set: &SetAttr,
-    ) -> Result<Attr> {
-        if self.as_root {
-            let gid = if dir_attr.mode & 0o2000 != 0 {
-                dir_attr.gid
-            } else {
-                caller.gid
-            };
-            let uid = set.uid.unwrap_or(caller.uid);
-            let gid = set.gid.unwrap_or(gid);
-            rustix::fs::chownat(
-                dir,
-                name.as_c_str(),
-                Some(rustix::fs::Uid::from_raw(uid)),
-                Some(rustix::fs::Gid::from_raw(gid)),
-                AtFlags::SYMLINK_NOFOLLOW,
-            )?;
-        }
-        if let Some(size) = set.size.filter(|&s| s > 0) {
-            let file = rustix::fs::openat(
-                dir,
-                name.as_c_str(),
-                OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-            )?;
-            rustix::fs::ftruncate(&file, size)?;
-        }
-        apply(dir.as_fd(), name, set)?;
-        if let Some(mode) = set.mode {
-            let attr = self.stats.at(dir.as_fd(), name)?;
-            if attr.kind != FileKind::Symlink {
-                rustix::fs::chmodat(
-                    dir,
-                    name.as_c_str(),
-                    Mode::from_raw_mode(mode & 0o7777),
-                    AtFlags::empty(),
-                )?;
-            }
-        }
-        self.stats.at(dir.as_fd(), name)
     }
 
     fn new_entry(
@@ -376,14 +290,15 @@ impl LocalFs {
         caller: &Caller,
         dir: FileId,
         name: &[u8],
+        what: NewEntry<'_>,
         set: &SetAttr,
-        make: impl FnOnce(&OwnedFd, &CString) -> Result<()>,
     ) -> Result<(Attr, Change)> {
         let cname = creatable(name)?;
         let (fd, before) = self.dir_for_change(caller, dir)?;
         let _guard = self.lock(dir);
-        make(&fd, &cname)?;
-        let attr = self.finish_new(caller, &fd, &before, &cname, set)?;
+        let attr = self
+            .host
+            .make(caller, fd.as_fd(), &before, &cname, what, set)?;
         self.remember(dir, name, &attr);
         Ok((attr, self.change(&fd, &before)))
     }
@@ -396,10 +311,10 @@ impl Filesystem for LocalFs {
 
     fn getattr(&self, id: FileId) -> Result<Attr> {
         if id == self.root_id {
-            return self.stats.fd(self.root.as_fd());
+            return self.host.stats.fd(self.root.as_fd());
         }
         if let Some(fd) = self.dirs.lock().expect("dirs poisoned").get(&id).cloned() {
-            return self.stats.fd(fd.as_fd());
+            return self.host.stats.fd(fd.as_fd());
         }
         Ok(self.entry(id)?.2)
     }
@@ -416,7 +331,7 @@ impl Filesystem for LocalFs {
             (
                 self.root.clone(),
                 CString::new(".").expect("no NUL"),
-                self.stats.fd(self.root.as_fd())?,
+                self.host.stats.fd(self.root.as_fd())?,
             )
         } else {
             self.entry(id)?
@@ -425,36 +340,7 @@ impl Filesystem for LocalFs {
             return Err(Error::NotSync);
         }
         check_setattr(caller, &before, set)?;
-        if set.size.is_some() && before.kind == FileKind::Directory {
-            return Err(Error::IsDir);
-        }
-        if let Some(size) = set.size {
-            if before.kind != FileKind::Regular {
-                return Err(Error::Inval);
-            }
-            rustix::fs::ftruncate(&*self.file_fd(id)?, size)?;
-        }
-        if let Some(mode) = set.mode {
-            if before.kind != FileKind::Symlink {
-                rustix::fs::chmodat(
-                    &*parent,
-                    name.as_c_str(),
-                    Mode::from_raw_mode(mode & 0o7777),
-                    AtFlags::empty(),
-                )?;
-            }
-        }
-        if set.uid.is_some() || set.gid.is_some() {
-            rustix::fs::chownat(
-                &*parent,
-                name.as_c_str(),
-                set.uid.map(rustix::fs::Uid::from_raw),
-                set.gid.map(rustix::fs::Gid::from_raw),
-                AtFlags::SYMLINK_NOFOLLOW,
-            )?;
-        }
-        apply(parent.as_fd(), &name, set)?;
-        let after = self.stats.at(parent.as_fd(), &name)?;
+        let after = self.host.change(parent.as_fd(), &name, &before, set)?;
         Ok(Change {
             before: Some(before.wcc()),
             after: Some(after),
@@ -474,7 +360,7 @@ impl Filesystem for LocalFs {
             b".." => return self.getattr(self.node(dir)?.parent),
             _ => {}
         }
-        let attr = self.stats.at(fd.as_fd(), &cstr(name)?)?;
+        let attr = self.host.stats.at(fd.as_fd(), &cstr(name)?)?;
         self.remember(dir, name, &attr);
         Ok(attr)
     }
@@ -516,25 +402,8 @@ impl Filesystem for LocalFs {
         dst: &mut Vec<u8>,
     ) -> Result<(bool, Attr)> {
         let (fd, attr) = self.readable(caller, id)?;
-        let start = dst.len();
         let want = count.min(attr.size.saturating_sub(offset) as usize);
-        // Read into the buffer's spare capacity: no zeroing pass over it
-        // first. A read may fill more than `want`; the excess is cut below.
-        let mut n = 0;
-        while n < want {
-            dst.reserve(want - n);
-            match rustix::io::pread(&*fd, rustix::buffer::spare_capacity(dst), offset + n as u64) {
-                Ok(0) => break,
-                Ok(got) => n += got,
-                Err(Errno::INTR) => continue,
-                Err(e) => {
-                    dst.truncate(start);
-                    return Err(e.into());
-                }
-            }
-        }
-        let n = n.min(want);
-        dst.truncate(start + n);
+        let n = hostdir::read_at(fd.as_fd(), offset, want, dst)?;
         let eof = offset.saturating_add(n as u64) >= attr.size;
         Ok((eof, attr))
     }
@@ -549,35 +418,18 @@ impl Filesystem for LocalFs {
     ) -> Result<(Change, Stability)> {
         let fd = self.file_fd(id)?;
         let _guard = self.lock(id);
-        let before = self.stats.fd(fd.as_fd())?;
+        let before = self.host.stats.fd(fd.as_fd())?;
         if caller.uid != before.uid && !access::permits(&before, caller, 2) {
             return Err(Error::Access);
         }
-        offset
-            .checked_add(data.len() as u64)
-            .filter(|&end| end <= i64::MAX as u64)
-            .ok_or(Error::FBig)?;
-        let mut n = 0;
-        while n < data.len() {
-            match rustix::io::pwrite(&*fd, &data[n..], offset + n as u64) {
-                Ok(0) => return Err(Error::NoSpc),
-                Ok(put) => n += put,
-                Err(Errno::INTR) => continue,
-                Err(e) => return Err(e.into()),
-            }
-        }
-        match stable {
-            Stability::Unstable => {}
-            Stability::DataSync => host::sync_data(fd.as_fd())?,
-            Stability::FileSync => host::sync_all(fd.as_fd())?,
-        }
+        hostdir::write_at(fd.as_fd(), offset, data, stable)?;
         Ok((self.change(&fd, &before), stable))
     }
 
     fn commit(&self, id: FileId) -> Result<Change> {
         let fd = self.file_fd(id)?;
-        let before = self.stats.fd(fd.as_fd())?;
-        host::sync_all(fd.as_fd())?;
+        let before = self.host.stats.fd(fd.as_fd())?;
+        hostdir::sync_all(fd.as_fd())?;
         Ok(self.change(&fd, &before))
     }
 
@@ -591,63 +443,7 @@ impl Filesystem for LocalFs {
         let cname = creatable(name)?;
         let (fd, before) = self.dir_for_change(caller, dir)?;
         let _guard = self.lock(dir);
-        let base =
-            OFlags::CREATE | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY;
-        let set = match how {
-            Create::Unchecked(set) | Create::Guarded(set) => set,
-            Create::Exclusive(_) => SetAttr::default(),
-        };
-        let mode = Mode::from_raw_mode(set.mode.unwrap_or(0o644) & 0o7777);
-        let created = match rustix::fs::openat(&*fd, cname.as_c_str(), base | OFlags::EXCL, mode) {
-            Ok(_) => true,
-            Err(Errno::EXIST) if matches!(how, Create::Guarded(_)) => return Err(Error::Exist),
-            Err(Errno::EXIST) => false,
-            Err(Errno::ISDIR) => return Err(Error::Exist),
-            Err(e) => return Err(e.into()),
-        };
-        let attr = match how {
-            Create::Exclusive(verf) if !created => {
-                let existing = self.stats.at(fd.as_fd(), &cname)?;
-                if existing.kind != FileKind::Regular
-                    || exclusive_times(verf) != (existing.atime, existing.mtime)
-                {
-                    return Err(Error::Exist);
-                }
-                existing
-            }
-            Create::Exclusive(verf) => {
-                let (atime, mtime) = exclusive_times(verf);
-                let stamp = SetAttr {
-                    atime: SetTime::Client(atime),
-                    mtime: SetTime::Client(mtime),
-                    ..SetAttr::default()
-                };
-                self.finish_new(caller, &fd, &before, &cname, &stamp)?
-            }
-            _ if created => {
-                self.finish_new(caller, &fd, &before, &cname, &SetAttr { mode: None, ..set })?
-            }
-            _ => {
-                // UNCHECKED on an existing file: only the size applies.
-                let existing = self.stats.at(fd.as_fd(), &cname)?;
-                if existing.kind == FileKind::Directory {
-                    return Err(Error::IsDir);
-                }
-                if let Some(size) = set.size {
-                    if caller.uid != existing.uid && !access::permits(&existing, caller, 2) {
-                        return Err(Error::Access);
-                    }
-                    let file = rustix::fs::openat(
-                        &*fd,
-                        cname.as_c_str(),
-                        OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                        Mode::empty(),
-                    )?;
-                    rustix::fs::ftruncate(&file, size)?;
-                }
-                self.stats.at(fd.as_fd(), &cname)?
-            }
-        };
+        let attr = self.host.create(caller, fd.as_fd(), &before, &cname, how)?;
         self.remember(dir, name, &attr);
         Ok((attr, self.change(&fd, &before)))
     }
@@ -659,11 +455,7 @@ impl Filesystem for LocalFs {
         name: &[u8],
         set: &SetAttr,
     ) -> Result<(Attr, Change)> {
-        let mode = Mode::from_raw_mode(set.mode.unwrap_or(0o755) & 0o7777);
-        let set = SetAttr { mode: None, ..*set };
-        self.new_entry(caller, dir, name, &set, |fd, name| {
-            Ok(rustix::fs::mkdirat(fd, name.as_c_str(), mode)?)
-        })
+        self.new_entry(caller, dir, name, NewEntry::Dir, set)
     }
 
     fn symlink(
@@ -674,18 +466,8 @@ impl Filesystem for LocalFs {
         target: &[u8],
         set: &SetAttr,
     ) -> Result<(Attr, Change)> {
-        if target.is_empty() || target.contains(&0) {
-            return Err(Error::Inval);
-        }
-        let target = CString::new(target).map_err(|_| Error::Inval)?;
-        let set = SetAttr { mode: None, ..*set };
-        self.new_entry(caller, dir, name, &set, |fd, name| {
-            Ok(rustix::fs::symlinkat(
-                target.as_c_str(),
-                fd,
-                name.as_c_str(),
-            )?)
-        })
+        let target = cstr(target)?;
+        self.new_entry(caller, dir, name, NewEntry::Symlink(&target), set)
     }
 
     fn mknod(
@@ -697,27 +479,15 @@ impl Filesystem for LocalFs {
         rdev: (u32, u32),
         set: &SetAttr,
     ) -> Result<(Attr, Change)> {
-        let file_type = match kind {
-            FileKind::Fifo => FileType::Fifo,
-            FileKind::Socket => FileType::Socket,
-            FileKind::CharDevice if self.as_root => FileType::CharacterDevice,
-            FileKind::BlockDevice if self.as_root => FileType::BlockDevice,
-            FileKind::CharDevice | FileKind::BlockDevice => return Err(Error::NotSupp),
-            _ => return Err(Error::Inval),
-        };
-        let mode = Mode::from_raw_mode(set.mode.unwrap_or(0o644) & 0o7777);
-        let set = SetAttr { mode: None, ..*set };
-        self.new_entry(caller, dir, name, &set, |fd, name| {
-            host::mknod(fd.as_fd(), name, file_type, mode, rdev)
-        })
+        self.new_entry(caller, dir, name, NewEntry::Node(kind, rdev), set)
     }
 
     fn remove(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<Change> {
         let cname = removable(name)?;
         let (fd, before) = self.dir_for_change(caller, dir)?;
         let _guard = self.lock(dir);
-        let victim = self.stats.at(fd.as_fd(), &cname)?;
-        Self::check_sticky(caller, &before, &victim)?;
+        let victim = self.host.stats.at(fd.as_fd(), &cname)?;
+        sticky_allows(caller, &before, &victim)?;
         if victim.kind == FileKind::Directory {
             return Err(Error::IsDir);
         }
@@ -733,8 +503,8 @@ impl Filesystem for LocalFs {
         let cname = removable(name)?;
         let (fd, before) = self.dir_for_change(caller, dir)?;
         let _guard = self.lock(dir);
-        let victim = self.stats.at(fd.as_fd(), &cname)?;
-        Self::check_sticky(caller, &before, &victim)?;
+        let victim = self.host.stats.at(fd.as_fd(), &cname)?;
+        sticky_allows(caller, &before, &victim)?;
         if victim.kind != FileKind::Directory {
             return Err(Error::NotDir);
         }
@@ -756,11 +526,11 @@ impl Filesystem for LocalFs {
         let (from_fd, from_before) = self.dir_for_change(caller, from)?;
         let (to_fd, to_before) = self.dir_for_change(caller, to)?;
         let _guards = self.lock_two(from, to);
-        let moving = self.stats.at(from_fd.as_fd(), &from_c)?;
-        Self::check_sticky(caller, &from_before, &moving)?;
-        let replaced = self.stats.at(to_fd.as_fd(), &to_c).ok();
+        let moving = self.host.stats.at(from_fd.as_fd(), &from_c)?;
+        sticky_allows(caller, &from_before, &moving)?;
+        let replaced = self.host.stats.at(to_fd.as_fd(), &to_c).ok();
         if let Some(target) = &replaced {
-            Self::check_sticky(caller, &to_before, target)?;
+            sticky_allows(caller, &to_before, target)?;
         }
         rustix::fs::renameat(&*from_fd, from_c.as_c_str(), &*to_fd, to_c.as_c_str())?;
         if let Some(target) = replaced.filter(|t| t.fileid != moving.fileid) {
@@ -794,7 +564,7 @@ impl Filesystem for LocalFs {
             cname.as_c_str(),
             AtFlags::empty(),
         )?;
-        let attr = self.stats.at(fd.as_fd(), &cname)?;
+        let attr = self.host.stats.at(fd.as_fd(), &cname)?;
         Ok((attr, self.change(&fd, &before)))
     }
 
@@ -853,7 +623,7 @@ impl Filesystem for LocalFs {
                 e.attr = match e.cookie {
                     1 => Some(attr),
                     2 => self.getattr(parent).ok(),
-                    _ => self.stats.at(fd.as_fd(), &e.name[..]).ok(),
+                    _ => self.host.stats.at(fd.as_fd(), &e.name[..]).ok(),
                 };
             }
         }
@@ -861,16 +631,7 @@ impl Filesystem for LocalFs {
     }
 
     fn fsstat(&self, _id: FileId) -> Result<FsStat> {
-        let s = rustix::fs::fstatvfs(&*self.root)?;
-        let unit = s.f_frsize.max(1);
-        Ok(FsStat {
-            total_bytes: s.f_blocks * unit,
-            free_bytes: s.f_bfree * unit,
-            avail_bytes: s.f_bavail * unit,
-            total_files: s.f_files,
-            free_files: s.f_ffree,
-            avail_files: s.f_favail,
-        })
+        hostdir::fsstat(self.root.as_fd())
     }
 }
 

@@ -1,7 +1,7 @@
 //! The rules a local kernel would apply: valid names, who may change which
 //! attributes, and how times are set.
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::os::fd::BorrowedFd;
 
 use rustix::fs::{AtFlags, Timestamps};
@@ -93,7 +93,7 @@ pub fn check_setattr(caller: &Caller, attr: &Attr, set: &SetAttr) -> Result<()> 
 }
 
 /// Applies the time part of `set` to `name` in `dir` without following a symlink.
-pub fn apply(dir: BorrowedFd<'_>, name: &CString, set: &SetAttr) -> Result<()> {
+pub fn apply(dir: BorrowedFd<'_>, name: &CStr, set: &SetAttr) -> Result<()> {
     if set.atime == SetTime::Keep && set.mtime == SetTime::Keep {
         return Ok(());
     }
@@ -115,6 +115,19 @@ pub fn apply(dir: BorrowedFd<'_>, name: &CString, set: &SetAttr) -> Result<()> {
         last_access: spec(set.atime),
         last_modification: spec(set.mtime),
     };
-    rustix::fs::utimensat(dir, name.as_c_str(), &times, AtFlags::SYMLINK_NOFOLLOW)?;
+    rustix::fs::utimensat(dir, name, &times, AtFlags::SYMLINK_NOFOLLOW)?;
+    Ok(())
+}
+
+/// The sticky-bit rule: in a sticky directory only the owner of the entry or
+/// of the directory (or root) may remove or rename the entry.
+pub fn sticky_allows(caller: &Caller, dir: &Attr, entry: &Attr) -> Result<()> {
+    if dir.mode & 0o1000 != 0
+        && !caller.is_root()
+        && caller.uid != dir.uid
+        && caller.uid != entry.uid
+    {
+        return Err(Error::Perm);
+    }
     Ok(())
 }

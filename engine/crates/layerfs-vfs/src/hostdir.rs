@@ -1,0 +1,319 @@
+//! Building blocks for filesystems kept in host directories: how to read
+//! attributes, which names and changes are allowed, and the operations on one
+//! directory entry as a local kernel would do them. [`crate::LocalFs`] and the
+//! layered workspace share them.
+
+use std::ffi::CStr;
+use std::os::fd::BorrowedFd;
+
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use rustix::io::Errno;
+
+use crate::access::{self, Caller};
+use crate::attr::{Attr, FileKind, SetAttr, SetTime};
+use crate::error::{Error, Result};
+use crate::fs::{Create, FsStat, Stability};
+
+mod listing;
+mod rules;
+mod stat;
+mod sys;
+
+pub use listing::{list, name_cookie};
+pub use rules::{
+    apply, check_name, check_setattr, creatable, cstr, exclusive_times, removable, sticky_allows,
+};
+pub use stat::Stats;
+pub use sys::{sync_all, sync_data};
+
+/// A new entry other than a regular file.
+pub enum NewEntry<'a> {
+    Dir,
+    Symlink(&'a CStr),
+    /// A FIFO, socket or device file, with its device numbers.
+    Node(FileKind, (u32, u32)),
+}
+
+/// How entries are made and changed in one host filesystem.
+#[derive(Clone, Copy, Debug)]
+pub struct Host {
+    pub stats: Stats,
+    /// The server may give files to their creators and make device files.
+    pub as_root: bool,
+}
+
+impl Host {
+    pub fn for_dir(root: BorrowedFd<'_>) -> Host {
+        Host {
+            stats: Stats::for_export(root),
+            as_root: rustix::process::geteuid().is_root(),
+        }
+    }
+
+    /// Makes `name` in `dir` (whose attributes are `dir_attr`) and applies `set`.
+    pub fn make(
+        &self,
+        caller: &Caller,
+        dir: BorrowedFd<'_>,
+        dir_attr: &Attr,
+        name: &CStr,
+        what: NewEntry<'_>,
+        set: &SetAttr,
+    ) -> Result<Attr> {
+        let mode = |default| Mode::from_raw_mode(set.mode.unwrap_or(default) & 0o7777);
+        match what {
+            NewEntry::Dir => rustix::fs::mkdirat(dir, name, mode(0o755))?,
+            NewEntry::Symlink(target) => {
+                if target.is_empty() {
+                    return Err(Error::Inval);
+                }
+                rustix::fs::symlinkat(target, dir, name)?
+            }
+            NewEntry::Node(kind, rdev) => {
+                let file_type = match kind {
+                    FileKind::Fifo => FileType::Fifo,
+                    FileKind::Socket => FileType::Socket,
+                    FileKind::CharDevice if self.as_root => FileType::CharacterDevice,
+                    FileKind::BlockDevice if self.as_root => FileType::BlockDevice,
+                    FileKind::CharDevice | FileKind::BlockDevice => return Err(Error::NotSupp),
+                    _ => return Err(Error::Inval),
+                };
+                sys::mknod(dir, name, file_type, mode(0o644), rdev)?
+            }
+        }
+        self.finish_new(caller, dir, dir_attr, name, &SetAttr { mode: None, ..*set })
+    }
+
+    /// Creates the regular file `name` in `dir` as CREATE does (RFC 1813
+    /// §3.3.8) and returns its attributes.
+    pub fn create(
+        &self,
+        caller: &Caller,
+        dir: BorrowedFd<'_>,
+        dir_attr: &Attr,
+        name: &CStr,
+        how: Create,
+    ) -> Result<Attr> {
+        let base =
+            OFlags::CREATE | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY;
+        let set = match how {
+            Create::Unchecked(set) | Create::Guarded(set) => set,
+            Create::Exclusive(_) => SetAttr::default(),
+        };
+        let mode = Mode::from_raw_mode(set.mode.unwrap_or(0o644) & 0o7777);
+        let created = match rustix::fs::openat(dir, name, base | OFlags::EXCL, mode) {
+            Ok(_) => true,
+            Err(Errno::EXIST) if matches!(how, Create::Guarded(_)) => return Err(Error::Exist),
+            Err(Errno::EXIST) => false,
+            Err(Errno::ISDIR) => return Err(Error::Exist),
+            Err(e) => return Err(e.into()),
+        };
+        match how {
+            Create::Exclusive(verf) if !created => {
+                let existing = self.stats.at(dir, name)?;
+                if existing.kind != FileKind::Regular
+                    || exclusive_times(verf) != (existing.atime, existing.mtime)
+                {
+                    return Err(Error::Exist);
+                }
+                Ok(existing)
+            }
+            Create::Exclusive(verf) => {
+                let (atime, mtime) = exclusive_times(verf);
+                let stamp = SetAttr {
+                    atime: SetTime::Client(atime),
+                    mtime: SetTime::Client(mtime),
+                    ..SetAttr::default()
+                };
+                self.finish_new(caller, dir, dir_attr, name, &stamp)
+            }
+            _ if created => {
+                self.finish_new(caller, dir, dir_attr, name, &SetAttr { mode: None, ..set })
+            }
+            _ => {
+                // UNCHECKED on an existing file: only the size applies.
+                let existing = self.stats.at(dir, name)?;
+                if existing.kind == FileKind::Directory {
+                    return Err(Error::IsDir);
+                }
+                if let Some(size) = set.size {
+                    if caller.uid != existing.uid && !access::permits(&existing, caller, 2) {
+                        return Err(Error::Access);
+                    }
+                    truncate_at(dir, name, size)?;
+                }
+                self.stats.at(dir, name)
+            }
+        }
+    }
+
+    /// Gives a new entry to its creator (the directory's group if it is
+    /// setgid) and applies the rest of `set`.
+    fn finish_new(
+        &self,
+        caller: &Caller,
+        dir: BorrowedFd<'_>,
+        dir_attr: &Attr,
+        name: &CStr,
+        set: &SetAttr,
+    ) -> Result<Attr> {
+        if self.as_root {
+            let gid = if dir_attr.mode & 0o2000 != 0 {
+                dir_attr.gid
+            } else {
+                caller.gid
+            };
+            rustix::fs::chownat(
+                dir,
+                name,
+                Some(rustix::fs::Uid::from_raw(set.uid.unwrap_or(caller.uid))),
+                Some(rustix::fs::Gid::from_raw(set.gid.unwrap_or(gid))),
+                AtFlags::SYMLINK_NOFOLLOW,
+            )?;
+        }
+        let attr = self.stats.at(dir, name)?;
+        self.change(
+            dir,
+            name,
+            &attr,
+            &SetAttr {
+                uid: None,
+                gid: None,
+                ..*set
+            },
+        )
+    }
+
+    /// Applies `set` to `name` in `dir`, whose attributes are `before`, once
+    /// `check_setattr` allowed it.
+    pub fn change(
+        &self,
+        dir: BorrowedFd<'_>,
+        name: &CStr,
+        before: &Attr,
+        set: &SetAttr,
+    ) -> Result<Attr> {
+        if let Some(size) = set.size {
+            match before.kind {
+                FileKind::Regular => truncate_at(dir, name, size)?,
+                FileKind::Directory => return Err(Error::IsDir),
+                _ => return Err(Error::Inval),
+            }
+        }
+        if let Some(mode) = set.mode {
+            if before.kind != FileKind::Symlink {
+                rustix::fs::chmodat(
+                    dir,
+                    name,
+                    Mode::from_raw_mode(mode & 0o7777),
+                    AtFlags::empty(),
+                )?;
+            }
+        }
+        if set.uid.is_some() || set.gid.is_some() {
+            rustix::fs::chownat(
+                dir,
+                name,
+                set.uid.map(rustix::fs::Uid::from_raw),
+                set.gid.map(rustix::fs::Gid::from_raw),
+                AtFlags::SYMLINK_NOFOLLOW,
+            )?;
+        }
+        apply(dir, name, set)?;
+        self.stats.at(dir, name)
+    }
+}
+
+fn truncate_at(dir: BorrowedFd<'_>, name: &CStr, size: u64) -> Result<()> {
+    let file = rustix::fs::openat(
+        dir,
+        name,
+        OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY,
+        Mode::empty(),
+    )?;
+    Ok(rustix::fs::ftruncate(&file, size)?)
+}
+
+/// Appends up to `want` bytes of `fd` at `offset` to `dst`, reading into its
+/// spare capacity (no zeroing pass first); returns how many.
+pub fn read_at(fd: BorrowedFd<'_>, offset: u64, want: usize, dst: &mut Vec<u8>) -> Result<usize> {
+    let start = dst.len();
+    let mut n = 0;
+    while n < want {
+        dst.reserve(want - n);
+        match rustix::io::pread(fd, rustix::buffer::spare_capacity(dst), offset + n as u64) {
+            Ok(0) => break,
+            Ok(got) => n += got,
+            Err(Errno::INTR) => continue,
+            Err(e) => {
+                dst.truncate(start);
+                return Err(e.into());
+            }
+        }
+    }
+    // A read may fill more than `want`; the excess is cut.
+    let n = n.min(want);
+    dst.truncate(start + n);
+    Ok(n)
+}
+
+/// Writes all of `data` at `offset`, then makes it as durable as `stable` asks.
+pub fn write_at(fd: BorrowedFd<'_>, offset: u64, data: &[u8], stable: Stability) -> Result<()> {
+    offset
+        .checked_add(data.len() as u64)
+        .filter(|&end| end <= i64::MAX as u64)
+        .ok_or(Error::FBig)?;
+    let mut n = 0;
+    while n < data.len() {
+        match rustix::io::pwrite(fd, &data[n..], offset + n as u64) {
+            Ok(0) => return Err(Error::NoSpc),
+            Ok(put) => n += put,
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    match stable {
+        Stability::Unstable => Ok(()),
+        Stability::DataSync => sync_data(fd),
+        Stability::FileSync => sync_all(fd),
+    }
+}
+
+/// Space and file counts of the filesystem holding `fd`.
+pub fn fsstat(fd: BorrowedFd<'_>) -> Result<FsStat> {
+    let s = rustix::fs::fstatvfs(fd)?;
+    let unit = s.f_frsize.max(1);
+    Ok(FsStat {
+        total_bytes: s.f_blocks * unit,
+        free_bytes: s.f_bfree * unit,
+        avail_bytes: s.f_bavail * unit,
+        total_files: s.f_files,
+        free_files: s.f_ffree,
+        avail_files: s.f_favail,
+    })
+}
+
+/// Opens the regular file `name` in `dir` for reading and writing, or for
+/// reading only where writing is refused.
+pub fn open_file(dir: BorrowedFd<'_>, name: &CStr) -> Result<rustix::fd::OwnedFd> {
+    let flags = OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY;
+    match rustix::fs::openat(dir, name, flags | OFlags::RDWR, Mode::empty()) {
+        Err(Errno::ACCESS | Errno::ROFS | Errno::PERM) => Ok(rustix::fs::openat(
+            dir,
+            name,
+            flags | OFlags::RDONLY,
+            Mode::empty(),
+        )?),
+        other => Ok(other?),
+    }
+}
+
+/// Opens the directory `name` in `dir` without following a symlink.
+pub fn open_dir(dir: BorrowedFd<'_>, name: &CStr) -> rustix::io::Result<rustix::fd::OwnedFd> {
+    rustix::fs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+}
