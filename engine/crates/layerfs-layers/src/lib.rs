@@ -6,9 +6,11 @@
 //! workspace's upper directory can become a layer as it is.
 
 mod digest;
+mod stack;
 mod store;
 
 pub use digest::tree_digest;
+pub use stack::{StackFs, STATE_IN_UPPER};
 pub use store::{LayerId, Store};
 
 /// The prefix of a whiteout file's name.

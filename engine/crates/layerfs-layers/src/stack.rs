@@ -1,0 +1,401 @@
+//! [`StackFs`]: the [`Filesystem`](layerfs_vfs::Filesystem) over a stack of
+//! read-only layers under one private writable upper.
+//!
+//! Files are found as in [`layerfs_vfs::LocalFs`]: a table maps each id handed
+//! out to its parent and name, and an id it does not know (after a restart)
+//! is found again by walking the merged tree. What a name shows is decided by
+//! [`merge`]; ids come from [`inodes`]; changes to lower files go through
+//! [`copy_up`] first. The upper is private: nothing but this changes it, so
+//! caches are dropped exactly when this changes what they hold.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+use layerfs_vfs::hostdir::{self, Host};
+use layerfs_vfs::{Error, FileId, FileKind, Result};
+use rustix::fs::{Mode, OFlags};
+
+mod copy_up;
+mod inodes;
+mod merge;
+mod ops;
+
+use inodes::{Inodes, ROOT};
+use merge::{Found, Layer, Layers, Part, UPPER};
+
+/// Ids known to be gone that are kept; past this the set starts over.
+const GONE_KEPT: usize = 65_536;
+/// Directories whose parts or listings are kept; past this a cache starts over.
+const CACHED_DIRS: usize = 4096;
+/// Open files kept; past this the cache starts over.
+const CACHED_FILES: usize = 512;
+/// Where a served upper keeps its state (inode map, copy-up staging): a
+/// whiteout-style name, so never shown.
+pub const STATE_IN_UPPER: &str = ".wh..wh..layerfs";
+
+#[derive(Clone)]
+struct Node {
+    parent: FileId,
+    name: Box<[u8]>,
+}
+
+/// Paths (components from a layer's root) of each host inode with several names.
+type LinkIndex = HashMap<u64, Vec<Vec<Vec<u8>>>>;
+/// An open file: layers' generation, layer, descriptor.
+type OpenFile = (u64, usize, Arc<OwnedFd>);
+
+/// A directory's listing: (cookie, name, id), sorted by cookie.
+type Listing = Arc<Vec<(u64, Box<[u8]>, FileId)>>;
+
+pub struct StackFs {
+    layers: RwLock<Arc<Layers>>,
+    inodes: Inodes,
+    /// Serialises changes to the namespace, and copy-ups.
+    ns: Mutex<()>,
+    nodes: RwLock<HashMap<FileId, Node>>,
+    gone: Mutex<HashSet<FileId>>,
+    /// Parts of directories, by layers' generation.
+    dirs: Mutex<HashMap<FileId, (u64, Vec<Part>)>>,
+    /// Open files: layers' generation, layer, descriptor.
+    files: Mutex<HashMap<FileId, OpenFile>>,
+    /// Listings, by the namespace epoch they were read at.
+    listings: Mutex<HashMap<FileId, (u64, Listing)>>,
+    /// Moves whenever any directory's entries change.
+    epoch: AtomicU64,
+    /// Where copies are staged, on the upper's filesystem.
+    work: OwnedFd,
+    staged: AtomicU64,
+    /// Per layer tag: host inode → paths, for files with several names.
+    links: Mutex<HashMap<u16, Arc<LinkIndex>>>,
+    /// Walks of the merged tree made to find an id (for tests).
+    walks: AtomicU64,
+    /// The upper's path and each layer's, top first, as opened.
+    paths: Mutex<Vec<PathBuf>>,
+}
+
+fn open_root(path: &Path) -> Result<OwnedFd> {
+    Ok(rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
+}
+
+fn tag_key(path: &Path) -> Vec<u8> {
+    path.as_os_str().as_encoded_bytes().to_vec()
+}
+
+impl StackFs {
+    /// Serves `lowers` (bottom first) under the writable `upper`, keeping
+    /// the inode map and staging copies in `state`, which must be on the
+    /// upper's filesystem. The upper and state directories are made if missing.
+    pub fn open(lowers: &[PathBuf], upper: &Path, state: &Path) -> Result<StackFs> {
+        std::fs::create_dir_all(upper)?;
+        std::fs::create_dir_all(state)?;
+        let work_path = state.join("work");
+        // Copies a crash left half made: never renamed into place, so unseen.
+        if work_path.exists() {
+            std::fs::remove_dir_all(&work_path)?;
+        }
+        std::fs::create_dir(&work_path)?;
+        let work = open_root(&work_path)?;
+        let inodes = Inodes::open(&state.join("inodes.redb"))?;
+        let mut paths = vec![upper.canonicalize()?];
+        for lower in lowers.iter().rev() {
+            paths.push(lower.canonicalize()?);
+        }
+        let layers = Self::layers_at(&inodes, &paths, 0)?;
+        let upper_dev = rustix::fs::fstat(&*layers.all[UPPER].root)?.st_dev;
+        if rustix::fs::fstat(&work)?.st_dev != upper_dev {
+            tracing::error!("{} is not on the upper's filesystem", state.display());
+            return Err(Error::XDev);
+        }
+        Ok(StackFs {
+            layers: RwLock::new(Arc::new(layers)),
+            inodes,
+            ns: Mutex::new(()),
+            nodes: RwLock::new(HashMap::new()),
+            gone: Mutex::new(HashSet::new()),
+            dirs: Mutex::new(HashMap::new()),
+            files: Mutex::new(HashMap::new()),
+            listings: Mutex::new(HashMap::new()),
+            epoch: AtomicU64::new(0),
+            work,
+            staged: AtomicU64::new(0),
+            links: Mutex::new(HashMap::new()),
+            walks: AtomicU64::new(0),
+            paths: Mutex::new(paths),
+        })
+    }
+
+    /// Serves `lowers` under `upper` with the state kept inside the upper,
+    /// in a directory clients never see.
+    pub fn open_in_upper(lowers: &[PathBuf], upper: &Path) -> Result<StackFs> {
+        std::fs::create_dir_all(upper)?;
+        Self::open(lowers, upper, &upper.join(STATE_IN_UPPER))
+    }
+
+    fn layers_at(inodes: &Inodes, paths: &[PathBuf], generation: u64) -> Result<Layers> {
+        let mut all = Vec::with_capacity(paths.len());
+        for path in paths {
+            let root = open_root(path)?;
+            all.push(Layer {
+                tag: inodes.tag(&tag_key(path))?,
+                host: Host::for_dir(root.as_fd()),
+                root: Arc::new(root),
+            });
+        }
+        Ok(Layers { all, generation })
+    }
+
+    /// The stack's directories, bottom first, the upper last.
+    pub fn stack(&self) -> Vec<PathBuf> {
+        let mut paths = self.paths.lock().expect("paths").clone();
+        paths.reverse();
+        paths
+    }
+
+    /// Turns the upper into the top read-only layer and continues on the
+    /// empty directory `new_upper` (on the same filesystem), keeping every
+    /// id and handle. Changes wait meanwhile. The upper is made durable, then
+    /// `persist` is called with the new stack (bottom first) to record it;
+    /// only once that succeeds does the stack change, so a crash or an error
+    /// leaves the old stack whole.
+    pub fn commit(
+        &self,
+        new_upper: &Path,
+        persist: impl FnOnce(&[PathBuf]) -> Result<()>,
+    ) -> Result<()> {
+        let mut current = self.layers.write().expect("layers poisoned");
+        let _ns = self.ns.lock().expect("ns poisoned");
+        std::fs::create_dir_all(new_upper)?;
+        let new_path = new_upper.canonicalize()?;
+        if std::fs::read_dir(&new_path)?.next().is_some() {
+            return Err(Error::NotEmpty);
+        }
+        rustix::fs::syncfs(&*current.all[UPPER].root)?;
+        let mut paths = self.paths.lock().expect("paths").clone();
+        paths.insert(0, new_path);
+        let next = Self::layers_at(&self.inodes, &paths, current.generation + 1)?;
+        if rustix::fs::fstat(&*next.all[UPPER].root)?.st_dev
+            != rustix::fs::fstat(&self.work)?.st_dev
+        {
+            return Err(Error::XDev);
+        }
+        let mut bottom_first = paths.clone();
+        bottom_first.reverse();
+        persist(&bottom_first)?;
+        *current = Arc::new(next);
+        *self.paths.lock().expect("paths") = paths;
+        self.dirs.lock().expect("dirs").clear();
+        self.files.lock().expect("files").clear();
+        self.changed_entries();
+        Ok(())
+    }
+
+    fn current(&self) -> Arc<Layers> {
+        self.layers.read().expect("layers poisoned").clone()
+    }
+
+    fn node(&self, _layers: &Layers, id: FileId) -> Result<Node> {
+        if let Some(node) = self.nodes.read().expect("nodes").get(&id) {
+            return Ok(node.clone());
+        }
+        if self.gone.lock().expect("gone").contains(&id) {
+            return Err(Error::Stale);
+        }
+        self.find(_layers, id)
+    }
+
+    fn remember(&self, parent: FileId, name: &[u8], id: FileId) {
+        if id == ROOT {
+            return;
+        }
+        self.gone.lock().expect("gone").remove(&id);
+        let node = Node {
+            parent,
+            name: name.into(),
+        };
+        self.nodes.write().expect("nodes").insert(id, node);
+    }
+
+    /// Records that `id` no longer names a file.
+    fn forget(&self, id: FileId) {
+        let mut gone = self.gone.lock().expect("gone");
+        if gone.len() >= GONE_KEPT {
+            gone.clear();
+        }
+        gone.insert(id);
+        drop(gone);
+        self.nodes.write().expect("nodes").remove(&id);
+        self.dropped_file(id);
+    }
+
+    /// Some directory's entries changed: listings are read again.
+    fn changed_entries(&self) {
+        self.epoch.fetch_add(1, Relaxed);
+    }
+
+    /// Directories gained or lost parts, or moved: their parts are found again.
+    fn changed_dirs(&self) {
+        self.dirs.lock().expect("dirs").clear();
+        self.changed_entries();
+    }
+
+    fn dropped_file(&self, id: FileId) {
+        self.files.lock().expect("files").remove(&id);
+    }
+
+    /// Walks the merged tree breadth first, remembering what it passes,
+    /// until it meets `id`. Used for ids handed out before a restart.
+    fn find(&self, layers: &Layers, id: FileId) -> Result<Node> {
+        self.walks.fetch_add(1, Relaxed);
+        let mut queue = VecDeque::from([ROOT]);
+        while let Some(dir) = queue.pop_front() {
+            let Ok(parts) = self.dir_parts(layers, dir) else {
+                continue;
+            };
+            let Ok(entries) = layers.list(&self.inodes, &parts) else {
+                continue;
+            };
+            for (name, child, is_dir) in entries {
+                self.remember(dir, &name, child);
+                if child == id {
+                    return Ok(Node {
+                        parent: dir,
+                        name: name.into(),
+                    });
+                }
+                if is_dir {
+                    queue.push_back(child);
+                }
+            }
+        }
+        let mut gone = self.gone.lock().expect("gone");
+        gone.insert(id);
+        Err(Error::Stale)
+    }
+
+    /// The entry `id` names now.
+    fn found(&self, layers: &Layers, id: FileId) -> Result<Found> {
+        if id == ROOT {
+            return layers.dir_found(&self.inodes, ROOT, layers.root_parts()?);
+        }
+        for attempt in 0..2 {
+            let node = self.node(layers, id)?;
+            let parts = match self.dir_parts(layers, node.parent) {
+                Ok(parts) => parts,
+                Err(_) if attempt == 0 => {
+                    self.nodes.write().expect("nodes").remove(&id);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let name = hostdir::cstr(&node.name)?;
+            match layers.lookup(&self.inodes, &parts, &name)? {
+                Some(f) if f.attr.fileid == id => {
+                    if f.kind() == FileKind::Directory {
+                        let mut dirs = self.dirs.lock().expect("dirs");
+                        if dirs.len() >= CACHED_DIRS {
+                            dirs.clear();
+                        }
+                        dirs.insert(id, (layers.generation, f.parts.clone()));
+                    }
+                    return Ok(f);
+                }
+                // Renamed or removed: look for it once more.
+                _ => {
+                    self.nodes.write().expect("nodes").remove(&id);
+                }
+            }
+        }
+        Err(Error::Stale)
+    }
+
+    /// The parts of directory `id`.
+    fn dir_parts(&self, layers: &Layers, id: FileId) -> Result<Vec<Part>> {
+        if id == ROOT {
+            return layers.root_parts();
+        }
+        if let Some((generation, parts)) = self.dirs.lock().expect("dirs").get(&id) {
+            if *generation == layers.generation {
+                return Ok(parts.clone());
+            }
+        }
+        let f = self.found(layers, id)?;
+        if f.kind() != FileKind::Directory {
+            return Err(Error::NotDir);
+        }
+        Ok(f.parts)
+    }
+
+    /// The directory at `path` (components from the root) and the entry
+    /// that path names.
+    fn resolve_path(&self, layers: &Layers, path: &[Vec<u8>]) -> Result<(FileId, Found)> {
+        let (last, dirs) = path.split_last().ok_or(Error::Inval)?;
+        let mut dir = ROOT;
+        for name in dirs {
+            let parts = self.dir_parts(layers, dir)?;
+            let f = layers
+                .lookup(&self.inodes, &parts, &hostdir::cstr(name)?)?
+                .ok_or(Error::NoEnt)?;
+            self.remember(dir, name, f.attr.fileid);
+            dir = f.attr.fileid;
+        }
+        let parts = self.dir_parts(layers, dir)?;
+        let f = layers
+            .lookup(&self.inodes, &parts, &hostdir::cstr(last)?)?
+            .ok_or(Error::NoEnt)?;
+        self.remember(dir, last, f.attr.fileid);
+        Ok((dir, f))
+    }
+
+    /// The paths, within layer `layer`, of the host file `ino`, when it has
+    /// several names. Each layer is walked once, the first time it is asked.
+    fn links_of(&self, layers: &Layers, layer: usize, ino: u64) -> Result<Vec<Vec<Vec<u8>>>> {
+        let tag = layers.tag(layer);
+        let index = self.links.lock().expect("links").get(&tag).cloned();
+        let index = match index {
+            Some(index) => index,
+            None => {
+                let index = Arc::new(link_index(&layers.all[layer])?);
+                self.links.lock().expect("links").insert(tag, index.clone());
+                index
+            }
+        };
+        Ok(index.get(&ino).cloned().unwrap_or_default())
+    }
+
+    fn lock_ns(&self) -> MutexGuard<'_, ()> {
+        self.ns.lock().expect("ns poisoned")
+    }
+}
+
+/// Host inode → paths of the regular files with several names in `layer`.
+fn link_index(layer: &Layer) -> Result<LinkIndex> {
+    let mut index = LinkIndex::new();
+    let mut queue = VecDeque::from([(layer.root.clone(), Vec::<Vec<u8>>::new())]);
+    while let Some((fd, path)) = queue.pop_front() {
+        for (name, ino, is_dir) in hostdir::list(fd.as_fd())? {
+            if merge::is_hidden(&name) {
+                continue;
+            }
+            let cname = hostdir::cstr(&name)?;
+            let mut child = path.clone();
+            child.push(name);
+            if is_dir {
+                let sub = hostdir::open_dir(fd.as_fd(), &cname)?;
+                queue.push_back((Arc::new(sub), child));
+                continue;
+            }
+            let attr = layer.host.stats.at(fd.as_fd(), &cname)?;
+            if attr.kind == FileKind::Regular && attr.nlink > 1 {
+                index.entry(ino).or_default().push(child);
+            }
+        }
+    }
+    Ok(index)
+}

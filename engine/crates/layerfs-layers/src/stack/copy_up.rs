@@ -1,0 +1,237 @@
+//! Copy-up: bringing a lower file or directory into the upper before its
+//! first change, keeping its identity.
+//!
+//! A copy is made in the work directory (on the upper's filesystem), given
+//! the original's mode, owner (where the server may), times and data, made
+//! durable, recorded in the inode map under the original's identity, and
+//! only then renamed into place: a crash leaves either the lower file
+//! showing or the whole copy, never a part of one.
+
+use std::ffi::CStr;
+use std::fs::File;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use layerfs_vfs::hostdir::{self, Host};
+use layerfs_vfs::{Attr, Error, FileId, FileKind, Result, SetAttr, SetTime};
+use rustix::fs::{AtFlags, Mode, OFlags};
+
+use super::inodes::Origin;
+use super::merge::{Found, Layers, UPPER};
+use super::StackFs;
+use crate::OPAQUE_MARKER;
+
+impl StackFs {
+    /// A fresh name in the work directory.
+    pub(super) fn work_name(&self) -> std::ffi::CString {
+        let n = self.staged.fetch_add(1, Relaxed);
+        std::ffi::CString::new(format!("t{n}")).expect("no NUL")
+    }
+
+    /// The upper's part of directory `dir`, made (with the lower one's mode,
+    /// owner and times) if it has none yet.
+    pub(super) fn upper_dir(&self, layers: &Layers, dir: FileId) -> Result<Arc<OwnedFd>> {
+        let found = self.found(layers, dir)?;
+        if found.kind() != FileKind::Directory {
+            return Err(Error::NotDir);
+        }
+        if found.parts[0].layer == UPPER {
+            return Ok(found.parts[0].fd.clone());
+        }
+        let node = self.node(layers, dir)?;
+        let parent = self.upper_dir(layers, node.parent)?;
+        let tmp = self.work_name();
+        let work = self.work.as_fd();
+        rustix::fs::mkdirat(work, &tmp, Mode::from_raw_mode(0o700))?;
+        copy_owner_mode_times(&layers.all[UPPER].host, work, &tmp, &found.host)?;
+        let name = hostdir::cstr(&node.name)?;
+        rustix::fs::renameat(work, &tmp, &*parent, &name)?;
+        self.changed_dirs();
+        Ok(Arc::new(hostdir::open_dir(parent.as_fd(), &name)?))
+    }
+
+    /// Brings the non-directory `id` into the upper. A regular file with
+    /// other names in its lower layer brings them all, so they stay one file.
+    pub(super) fn copy_up(&self, layers: &Layers, id: FileId) -> Result<()> {
+        let found = self.found(layers, id)?;
+        if found.layer == UPPER {
+            return Ok(());
+        }
+        if found.kind() == FileKind::Directory {
+            self.upper_dir(layers, id)?;
+            return Ok(());
+        }
+        let node = self.node(layers, id)?;
+        let parent = self.upper_dir(layers, node.parent)?;
+        let name = hostdir::cstr(&node.name)?;
+        self.place_copy(layers, &found, parent.as_fd(), &name)?;
+        if found.kind() == FileKind::Regular && found.host.nlink > 1 {
+            self.copy_up_links(layers, &found, parent.as_fd(), &name)?;
+        }
+        self.dropped_file(id);
+        Ok(())
+    }
+
+    /// Copies `found` into the work directory and renames the copy to `name`
+    /// in the upper directory `parent`.
+    fn place_copy(
+        &self,
+        layers: &Layers,
+        found: &Found,
+        parent: BorrowedFd<'_>,
+        name: &CStr,
+    ) -> Result<()> {
+        let host = &layers.all[UPPER].host;
+        let work = self.work.as_fd();
+        let tmp = self.work_name();
+        let src_name = &found.name;
+        match found.kind() {
+            FileKind::Regular => {
+                let src = rustix::fs::openat(
+                    &*found.parent,
+                    src_name,
+                    OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY,
+                    Mode::empty(),
+                )?;
+                let dst = rustix::fs::openat(
+                    work,
+                    &tmp,
+                    OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::CLOEXEC,
+                    Mode::from_raw_mode(0o600),
+                )?;
+                copy_data(src, &dst)?;
+                copy_owner_mode_times(host, work, &tmp, &found.host)?;
+                hostdir::sync_all(dst.as_fd())?;
+            }
+            FileKind::Symlink => {
+                let target = rustix::fs::readlinkat(&*found.parent, src_name, Vec::new())?;
+                rustix::fs::symlinkat(&target, work, &tmp)?;
+                copy_owner_mode_times(host, work, &tmp, &found.host)?;
+            }
+            FileKind::Directory => return Err(Error::IsDir),
+            kind => {
+                let caller = layerfs_vfs::Caller::root();
+                let set = SetAttr {
+                    mode: Some(found.host.mode),
+                    ..SetAttr::default()
+                };
+                let new = hostdir::NewEntry::Node(kind, found.host.rdev);
+                host.make(&caller, work, &found.host, &tmp, new, &set)?;
+                copy_owner_mode_times(host, work, &tmp, &found.host)?;
+            }
+        }
+        let copy = host.stats.at(work, &tmp)?;
+        let origin = Origin {
+            id: found.attr.fileid,
+            generation: found.attr.generation,
+        };
+        self.inodes
+            .record(&[(layers.tag(UPPER), copy.fileid, copy.generation, origin)])?;
+        rustix::fs::renameat(work, &tmp, parent, name)?;
+        hostdir::sync_all(parent)?;
+        self.changed_entries();
+        Ok(())
+    }
+
+    /// Links the other lower names of `found`'s file to its upper copy.
+    fn copy_up_links(
+        &self,
+        layers: &Layers,
+        found: &Found,
+        parent: BorrowedFd<'_>,
+        name: &CStr,
+    ) -> Result<()> {
+        for path in self.links_of(layers, found.layer, found.host.fileid)? {
+            let Ok((dir, other)) = self.resolve_path(layers, &path) else {
+                continue;
+            };
+            // Only names that still show this very lower file.
+            if other.layer != found.layer || other.host.fileid != found.host.fileid {
+                continue;
+            }
+            let up = self.upper_dir(layers, dir)?;
+            let last = hostdir::cstr(path.last().expect("a path has a name"))?;
+            rustix::fs::linkat(parent, name, &*up, &last, AtFlags::empty())?;
+        }
+        self.changed_entries();
+        Ok(())
+    }
+
+    /// Makes the whole merged tree under directory `id` part of the upper,
+    /// opaque, keeping every identity: what a rename of a directory with
+    /// lower parts needs, since a lower directory cannot move.
+    pub(super) fn copy_up_tree(&self, layers: &Layers, id: FileId) -> Result<()> {
+        let up = self.upper_dir(layers, id)?;
+        let found = self.found(layers, id)?;
+        for (name, child, _) in layers.list(&self.inodes, &found.parts)? {
+            self.remember(id, &name, child);
+            let f = self.found(layers, child)?;
+            if f.kind() == FileKind::Directory {
+                self.copy_up_tree(layers, child)?;
+            } else {
+                self.copy_up(layers, child)?;
+            }
+        }
+        let host = layers.all[UPPER].host.stats.fd(up.as_fd())?;
+        let origin = Origin {
+            id: found.attr.fileid,
+            generation: found.attr.generation,
+        };
+        self.inodes
+            .record(&[(layers.tag(UPPER), host.fileid, host.generation, origin)])?;
+        mark_opaque(up.as_fd())?;
+        self.changed_dirs();
+        Ok(())
+    }
+}
+
+/// Makes directory `dir` opaque.
+pub(super) fn mark_opaque(dir: BorrowedFd<'_>) -> Result<()> {
+    let marker = std::ffi::CString::new(OPAQUE_MARKER).expect("no NUL");
+    match rustix::fs::openat(
+        dir,
+        &marker,
+        OFlags::CREATE | OFlags::WRONLY | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o600),
+    ) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Copies a file's data: a clone where the filesystem shares blocks
+/// (reflink), else a copy the kernel makes (`copy_file_range`), else one
+/// buffer at a time: never the whole file in memory.
+fn copy_data(src: OwnedFd, dst: &OwnedFd) -> Result<()> {
+    #[cfg(target_os = "linux")]
+    if rustix::fs::ioctl_ficlone(dst, &src).is_ok() {
+        return Ok(());
+    }
+    let mut src = File::from(src);
+    let mut dst = File::from(dst.try_clone()?);
+    std::io::copy(&mut src, &mut dst)?;
+    Ok(())
+}
+
+/// Gives `name` in `dir` the owner (as root), mode and times of `like`.
+fn copy_owner_mode_times(host: &Host, dir: BorrowedFd<'_>, name: &CStr, like: &Attr) -> Result<()> {
+    if host.as_root {
+        rustix::fs::chownat(
+            dir,
+            name,
+            Some(rustix::fs::Uid::from_raw(like.uid)),
+            Some(rustix::fs::Gid::from_raw(like.gid)),
+            AtFlags::SYMLINK_NOFOLLOW,
+        )?;
+    }
+    if like.kind != FileKind::Symlink {
+        rustix::fs::chmodat(dir, name, Mode::from_raw_mode(like.mode), AtFlags::empty())?;
+    }
+    let times = SetAttr {
+        atime: SetTime::Client(like.atime),
+        mtime: SetTime::Client(like.mtime),
+        ..SetAttr::default()
+    };
+    hostdir::apply(dir, name, &times)
+}

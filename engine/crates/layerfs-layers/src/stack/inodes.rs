@@ -1,0 +1,238 @@
+//! Workspace inode numbers, stable across copy-up, commit and restarts.
+//!
+//! Most ids are derived, not stored: a file's id is its layer's tag (16 bits)
+//! above its host inode number (48 bits). Layers never change, and a layer
+//! keeps its tag when an upper is committed, so these ids need no record.
+//! What is stored, in one redb database, is what derivation cannot give:
+//!
+//! - *origins*: a copied-up file's upper inode → the id (and generation) it
+//!   had below, so its handle and inode number survive the copy-up;
+//! - *tags*: which tag each layer directory has;
+//! - *aliases*: ids handed out for host inode numbers that do not fit 48 bits;
+//! - the workspace's own random number, the root's generation.
+//!
+//! Each change is one redb transaction, durable before the operation that
+//! depends on it is made visible, so a crash at any point leaves either the
+//! old or the new record.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::RwLock;
+
+use layerfs_vfs::{Error, FileId, Result};
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+
+/// The workspace root's id.
+pub const ROOT: FileId = 1;
+/// Bits of a derived id that hold the host inode number.
+const HOST_BITS: u32 = 48;
+const HOST_MASK: u64 = (1 << HOST_BITS) - 1;
+
+/// (layer tag, upper host inode) → (id, generation, upper host generation).
+const ORIGINS: TableDefinition<(u64, u64), (u64, u64, u64)> = TableDefinition::new("origins");
+/// Layer directory (its path) → tag.
+const TAGS: TableDefinition<&[u8], u64> = TableDefinition::new("tags");
+/// (layer tag, host inode) → id, for host inodes past 48 bits.
+const ALIASES: TableDefinition<(u64, u64), u64> = TableDefinition::new("aliases");
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+
+/// Where a file's identity came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Origin {
+    pub id: FileId,
+    pub generation: u64,
+}
+
+pub struct Inodes {
+    db: Database,
+    /// All origins, kept in memory: one per copied-up file.
+    origins: RwLock<HashMap<(u16, u64), (Origin, u64)>>,
+    aliases: RwLock<HashMap<(u16, u64), FileId>>,
+    /// A random number naming this workspace: the root's generation.
+    pub workspace: u64,
+}
+
+fn db_error(e: impl std::fmt::Display) -> Error {
+    tracing::error!("inode map: {e}");
+    Error::Io
+}
+
+impl Inodes {
+    pub fn open(path: &Path) -> Result<Inodes> {
+        let db = Database::create(path).map_err(db_error)?;
+        let txn = db.begin_write().map_err(db_error)?;
+        let workspace;
+        {
+            let mut meta = txn.open_table(META).map_err(db_error)?;
+            let existing = meta.get("workspace").map_err(db_error)?.map(|v| v.value());
+            workspace = match existing {
+                Some(w) => w,
+                None => {
+                    let w = random_nonzero();
+                    meta.insert("workspace", w).map_err(db_error)?;
+                    w
+                }
+            };
+            txn.open_table(ORIGINS).map_err(db_error)?;
+            txn.open_table(TAGS).map_err(db_error)?;
+            txn.open_table(ALIASES).map_err(db_error)?;
+        }
+        txn.commit().map_err(db_error)?;
+        let read = db.begin_read().map_err(db_error)?;
+        let mut origins = HashMap::new();
+        for row in read
+            .open_table(ORIGINS)
+            .map_err(db_error)?
+            .iter()
+            .map_err(db_error)?
+        {
+            let (k, v) = row.map_err(db_error)?;
+            let ((tag, ino), (id, generation, host_gen)) = (k.value(), v.value());
+            origins.insert((tag as u16, ino), (Origin { id, generation }, host_gen));
+        }
+        let mut aliases = HashMap::new();
+        for row in read
+            .open_table(ALIASES)
+            .map_err(db_error)?
+            .iter()
+            .map_err(db_error)?
+        {
+            let (k, v) = row.map_err(db_error)?;
+            let (tag, ino) = k.value();
+            aliases.insert((tag as u16, ino), v.value());
+        }
+        Ok(Inodes {
+            db,
+            origins: RwLock::new(origins),
+            aliases: RwLock::new(aliases),
+            workspace,
+        })
+    }
+
+    /// The tag of the layer directory `key`, given a new one the first time.
+    pub fn tag(&self, key: &[u8]) -> Result<u16> {
+        let txn = self.db.begin_write().map_err(db_error)?;
+        let tag;
+        {
+            let mut tags = txn.open_table(TAGS).map_err(db_error)?;
+            if let Some(t) = tags.get(key).map_err(db_error)? {
+                return Ok(t.value() as u16);
+            }
+            let next = tags
+                .iter()
+                .map_err(db_error)?
+                .filter_map(|r| r.ok().map(|(_, v)| v.value()))
+                .max()
+                .unwrap_or(0)
+                + 1;
+            if next > u64::from(u16::MAX) {
+                return Err(Error::NoSpc);
+            }
+            tags.insert(key, next).map_err(db_error)?;
+            tag = next as u16;
+        }
+        txn.commit().map_err(db_error)?;
+        Ok(tag)
+    }
+
+    /// The identity of the file with host inode `ino` and generation
+    /// `host_gen` in the layer tagged `tag`.
+    pub fn identity(&self, tag: u16, ino: u64, host_gen: Option<u64>) -> Result<Origin> {
+        if let Some((origin, recorded)) = self.origins.read().expect("origins").get(&(tag, ino)) {
+            // A record for an inode number the host has since given to
+            // another file (possible only after a crash) does not apply.
+            if host_gen.is_none_or(|g| g == *recorded) {
+                return Ok(*origin);
+            }
+        }
+        let id = if ino <= HOST_MASK {
+            u64::from(tag) << HOST_BITS | ino
+        } else {
+            self.alias(tag, ino)?
+        };
+        Ok(Origin {
+            id,
+            generation: host_gen.unwrap_or(0),
+        })
+    }
+
+    fn alias(&self, tag: u16, ino: u64) -> Result<FileId> {
+        if let Some(id) = self.aliases.read().expect("aliases").get(&(tag, ino)) {
+            return Ok(*id);
+        }
+        let mut aliases = self.aliases.write().expect("aliases");
+        if let Some(id) = aliases.get(&(tag, ino)) {
+            return Ok(*id);
+        }
+        // Tag 0 holds the root (1) and these.
+        let id = aliases.values().max().map_or(ROOT + 1, |m| m + 1);
+        let txn = self.db.begin_write().map_err(db_error)?;
+        txn.open_table(ALIASES)
+            .map_err(db_error)?
+            .insert((u64::from(tag), ino), id)
+            .map_err(db_error)?;
+        txn.commit().map_err(db_error)?;
+        aliases.insert((tag, ino), id);
+        Ok(id)
+    }
+
+    /// Records, durably, that the files `(tag, host inode, host generation)`
+    /// carry the identities given.
+    pub fn record(&self, entries: &[(u16, u64, u64, Origin)]) -> Result<()> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let txn = self.db.begin_write().map_err(db_error)?;
+        {
+            let mut table = txn.open_table(ORIGINS).map_err(db_error)?;
+            for &(tag, ino, host_gen, o) in entries {
+                table
+                    .insert((u64::from(tag), ino), (o.id, o.generation, host_gen))
+                    .map_err(db_error)?;
+            }
+        }
+        txn.commit().map_err(db_error)?;
+        let mut origins = self.origins.write().expect("origins");
+        for &(tag, ino, host_gen, o) in entries {
+            origins.insert((tag, ino), (o, host_gen));
+        }
+        Ok(())
+    }
+
+    /// Drops the record of an upper file that is gone. Best effort: a record
+    /// left behind is ignored once the host reuses the inode for a file of
+    /// another generation.
+    pub fn forget(&self, tag: u16, ino: u64) {
+        if self
+            .origins
+            .write()
+            .expect("origins")
+            .remove(&(tag, ino))
+            .is_none()
+        {
+            return;
+        }
+        let result = self.db.begin_write().map_err(db_error).and_then(|txn| {
+            txn.open_table(ORIGINS)
+                .map_err(db_error)?
+                .remove((u64::from(tag), ino))
+                .map_err(db_error)?;
+            txn.commit().map_err(db_error)
+        });
+        if result.is_err() {
+            tracing::warn!("could not drop the origin of inode {ino} in layer {tag}");
+        }
+    }
+}
+
+fn random_nonzero() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    h.finish() | 1
+}

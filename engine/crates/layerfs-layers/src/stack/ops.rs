@@ -1,0 +1,729 @@
+//! The [`Filesystem`] operations of [`StackFs`].
+
+use std::ffi::CStr;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+
+use layerfs_vfs::access::{self, Caller};
+use layerfs_vfs::hostdir::{
+    self, check_name, check_setattr, creatable, cstr, exclusive_times, name_cookie, removable,
+    sticky_allows, NewEntry,
+};
+use layerfs_vfs::{
+    Attr, Change, Create, DirEntry, DirPage, Error, FileId, FileKind, Filesystem, FsStat,
+    ReadSource, Result, SetAttr, Stability, Timestamp,
+};
+use rustix::fs::AtFlags;
+
+use super::copy_up::mark_opaque;
+use super::inodes::ROOT;
+use super::merge::{has_whiteout, is_hidden, whiteout_name, Found, Layers, UPPER};
+use super::{Listing, StackFs, CACHED_DIRS, CACHED_FILES};
+
+/// A name clients may give a new entry: whiteout names would hide files.
+fn new_name(name: &[u8]) -> Result<std::ffi::CString> {
+    let cname = creatable(name)?;
+    if is_hidden(name) {
+        return Err(Error::Inval);
+    }
+    Ok(cname)
+}
+
+fn change(before: &Attr, after: Option<Attr>) -> Change {
+    Change {
+        before: Some(before.wcc()),
+        after,
+    }
+}
+
+/// Makes a whiteout for `name` in the upper directory `dir`.
+fn whiteout(dir: BorrowedFd<'_>, name: &[u8]) -> Result<()> {
+    let w = whiteout_name(name)?;
+    rustix::fs::openat(
+        dir,
+        &w,
+        rustix::fs::OFlags::CREATE | rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::from_raw_mode(0o600),
+    )?;
+    Ok(())
+}
+
+/// Removes the whiteout for `name` in `dir`, if any.
+fn clear_whiteout(dir: BorrowedFd<'_>, name: &[u8]) -> Result<()> {
+    let Ok(w) = whiteout_name(name) else {
+        return Ok(());
+    };
+    match rustix::fs::unlinkat(dir, &w, AtFlags::empty()) {
+        Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Empties an upper directory that shows nothing: it holds only whiteouts
+/// and markers.
+fn clear_markers(dir: BorrowedFd<'_>) -> Result<()> {
+    for (name, _, _) in hostdir::list(dir)? {
+        if is_hidden(&name) {
+            rustix::fs::unlinkat(dir, &cstr(&name)?, AtFlags::empty())?;
+        } else {
+            return Err(Error::NotEmpty);
+        }
+    }
+    Ok(())
+}
+
+impl StackFs {
+    /// A directory, checked to be one and that `caller` may add and remove
+    /// entries in it.
+    fn dir_for_change(&self, layers: &Layers, caller: &Caller, dir: FileId) -> Result<Found> {
+        let d = self.found(layers, dir)?;
+        if d.kind() != FileKind::Directory {
+            return Err(Error::NotDir);
+        }
+        if !access::permits(&d.attr, caller, 2 | 1) {
+            return Err(Error::Access);
+        }
+        Ok(d)
+    }
+
+    fn dir_after(&self, layers: &Layers, dir: FileId) -> Option<Attr> {
+        self.found(layers, dir).ok().map(|f| f.attr)
+    }
+
+    /// An open file for `id`, and what clients see as its attributes. With
+    /// `write`, the file is brought into the upper first.
+    fn open_file(&self, layers: &Layers, id: FileId, write: bool) -> Result<(Arc<OwnedFd>, Attr)> {
+        let cached = self.files.lock().expect("files").get(&id).cloned();
+        if let Some((generation, layer, fd)) = cached {
+            if generation == layers.generation && (layer == UPPER || !write) {
+                let host = layers.all[layer].host.stats.fd(fd.as_fd())?;
+                let o = self.inodes.identity(layers.tag(layer), host.fileid, None)?;
+                return Ok((
+                    fd,
+                    Attr {
+                        fileid: o.id,
+                        generation: o.generation,
+                        ..host
+                    },
+                ));
+            }
+        }
+        let mut f = self.found(layers, id)?;
+        match f.kind() {
+            FileKind::Regular => {}
+            FileKind::Directory => return Err(Error::IsDir),
+            _ => return Err(Error::Inval),
+        }
+        if write && f.layer != UPPER {
+            let _ns = self.lock_ns();
+            self.copy_up(layers, id)?;
+            f = self.found(layers, id)?;
+        }
+        let fd = Arc::new(hostdir::open_file(f.parent.as_fd(), &f.name)?);
+        let mut files = self.files.lock().expect("files");
+        if files.len() >= CACHED_FILES {
+            files.clear();
+        }
+        files.insert(id, (layers.generation, f.layer, fd.clone()));
+        Ok((fd, f.attr))
+    }
+
+    fn readable(
+        &self,
+        layers: &Layers,
+        caller: &Caller,
+        id: FileId,
+    ) -> Result<(Arc<OwnedFd>, Attr)> {
+        let (fd, attr) = self.open_file(layers, id, false)?;
+        if caller.uid != attr.uid && !access::permits(&attr, caller, 4) {
+            return Err(Error::Access);
+        }
+        Ok((fd, attr))
+    }
+
+    /// Makes a new entry other than a regular file.
+    fn new_entry(
+        &self,
+        caller: &Caller,
+        dir: FileId,
+        name: &[u8],
+        what: NewEntry<'_>,
+        set: &SetAttr,
+    ) -> Result<(Attr, Change)> {
+        let cname = new_name(name)?;
+        let layers = self.layers.read().expect("layers");
+        let _ns = self.lock_ns();
+        let d = self.dir_for_change(&layers, caller, dir)?;
+        if layers.lookup(&self.inodes, &d.parts, &cname)?.is_some() {
+            return Err(Error::Exist);
+        }
+        let up = self.upper_dir(&layers, dir)?;
+        let host = &layers.all[UPPER].host;
+        let hidden_below = has_whiteout(up.as_fd(), name)?;
+        if hidden_below && matches!(what, NewEntry::Dir) {
+            // Made whole elsewhere, so the directories of this name below
+            // never show through it, not even for a moment.
+            let tmp = self.work_name();
+            host.make(caller, self.work.as_fd(), &d.attr, &tmp, what, set)?;
+            mark_opaque(hostdir::open_dir(self.work.as_fd(), &tmp)?.as_fd())?;
+            rustix::fs::renameat(&self.work, &tmp, &*up, &cname)?;
+        } else {
+            host.make(caller, up.as_fd(), &d.attr, &cname, what, set)?;
+        }
+        if hidden_below {
+            clear_whiteout(up.as_fd(), name)?;
+        }
+        self.changed_entries();
+        let f = layers
+            .lookup(&self.inodes, &self.dir_parts(&layers, dir)?, &cname)?
+            .ok_or(Error::Io)?;
+        self.remember(dir, name, f.attr.fileid);
+        Ok((f.attr, change(&d.attr, self.dir_after(&layers, dir))))
+    }
+
+    /// Removes `name` (found as `f`) from directory `d`, leaving a whiteout
+    /// where a lower layer would show through.
+    fn unlink_entry(
+        &self,
+        layers: &Layers,
+        dir: FileId,
+        d: &Found,
+        f: &Found,
+        name: &[u8],
+    ) -> Result<()> {
+        if f.layer != UPPER && f.kind() == FileKind::Regular && f.host.nlink > 1 {
+            // Its other names lose a link: they become one upper file first.
+            self.remember(dir, name, f.attr.fileid);
+            self.copy_up(layers, f.attr.fileid)?;
+            let d = self.found(layers, dir)?;
+            let f = layers
+                .lookup(&self.inodes, &d.parts, &f.name)?
+                .ok_or(Error::Io)?;
+            return self.unlink_entry(layers, dir, &d, &f, name);
+        }
+        let below = f.layer != UPPER || layers.shows_below(&d.parts, UPPER, &f.name)?;
+        let up = self.upper_dir(layers, dir)?;
+        if f.layer == UPPER && f.kind() == FileKind::Directory {
+            let child = f.parts[0].fd.as_fd();
+            if below {
+                // Empty and opaque first: it shows nothing from then on.
+                mark_opaque(child)?;
+                whiteout(up.as_fd(), name)?;
+            }
+            clear_markers(child)?;
+            rustix::fs::unlinkat(&*up, &f.name, AtFlags::REMOVEDIR)?;
+            self.inodes.forget(layers.tag(UPPER), f.host.fileid);
+        } else if f.layer == UPPER {
+            if below {
+                whiteout(up.as_fd(), name)?;
+            }
+            rustix::fs::unlinkat(&*up, &f.name, AtFlags::empty())?;
+            if f.host.nlink <= 1 {
+                self.inodes.forget(layers.tag(UPPER), f.host.fileid);
+            }
+        } else {
+            whiteout(up.as_fd(), name)?;
+        }
+        if f.kind() == FileKind::Directory {
+            self.changed_dirs();
+        }
+        self.changed_entries();
+        if f.host.nlink <= 1 || f.kind() == FileKind::Directory {
+            self.forget(f.attr.fileid);
+        } else {
+            self.dropped_file(f.attr.fileid);
+        }
+        Ok(())
+    }
+
+    fn listing(&self, layers: &Layers, dir: FileId, d: &Found) -> Result<Listing> {
+        let epoch = self.epoch.load(std::sync::atomic::Ordering::Relaxed);
+        if let Some((at, listing)) = self.listings.lock().expect("listings").get(&dir) {
+            if *at == epoch {
+                return Ok(listing.clone());
+            }
+        }
+        let mut entries: Vec<(u64, Box<[u8]>, FileId)> = layers
+            .list(&self.inodes, &d.parts)?
+            .into_iter()
+            .map(|(name, id, _)| {
+                self.remember(dir, &name, id);
+                (name_cookie(&name), name.into(), id)
+            })
+            .collect();
+        entries.sort_unstable_by_key(|e| e.0);
+        let listing = Arc::new(entries);
+        let mut listings = self.listings.lock().expect("listings");
+        if listings.len() >= CACHED_DIRS {
+            listings.clear();
+        }
+        listings.insert(dir, (epoch, listing.clone()));
+        Ok(listing)
+    }
+}
+
+impl Filesystem for StackFs {
+    fn root(&self) -> FileId {
+        ROOT
+    }
+
+    fn getattr(&self, id: FileId) -> Result<Attr> {
+        Ok(self.found(&self.current(), id)?.attr)
+    }
+
+    fn setattr(
+        &self,
+        caller: &Caller,
+        id: FileId,
+        set: &SetAttr,
+        guard: Option<Timestamp>,
+    ) -> Result<Change> {
+        let layers = self.layers.read().expect("layers");
+        let _ns = self.lock_ns();
+        let before = self.found(&layers, id)?;
+        if guard.is_some_and(|ctime| ctime != before.attr.ctime) {
+            return Err(Error::NotSync);
+        }
+        check_setattr(caller, &before.attr, set)?;
+        if set.is_empty() {
+            return Ok(change(&before.attr, Some(before.attr)));
+        }
+        if before.layer != UPPER {
+            self.copy_up(&layers, id)?;
+        }
+        let f = self.found(&layers, id)?;
+        let host = layers.all[UPPER]
+            .host
+            .change(f.parent.as_fd(), &f.name, &f.host, set)?;
+        Ok(change(&before.attr, Some(f.shown(host))))
+    }
+
+    fn lookup(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<Attr> {
+        check_name(name)?;
+        let layers = self.current();
+        let d = self.found(&layers, dir)?;
+        if d.kind() != FileKind::Directory {
+            return Err(Error::NotDir);
+        }
+        if !access::permits(&d.attr, caller, 1) {
+            return Err(Error::Access);
+        }
+        match name {
+            b"." => return Ok(d.attr),
+            b".." if dir == ROOT => return Ok(d.attr),
+            b".." => return Ok(self.found(&layers, self.node(&layers, dir)?.parent)?.attr),
+            _ if is_hidden(name) => return Err(Error::NoEnt),
+            _ => {}
+        }
+        let f = layers
+            .lookup(&self.inodes, &d.parts, &cstr(name)?)?
+            .ok_or(Error::NoEnt)?;
+        self.remember(dir, name, f.attr.fileid);
+        Ok(f.attr)
+    }
+
+    fn readlink(&self, _caller: &Caller, id: FileId) -> Result<Vec<u8>> {
+        let f = self.found(&self.current(), id)?;
+        if f.kind() != FileKind::Symlink {
+            return Err(Error::Inval);
+        }
+        Ok(rustix::fs::readlinkat(&*f.parent, &f.name, Vec::new())?.into_bytes())
+    }
+
+    fn read_source(
+        &self,
+        caller: &Caller,
+        id: FileId,
+        offset: u64,
+        count: usize,
+    ) -> Result<Option<ReadSource>> {
+        let (file, attr) = self.readable(&self.current(), caller, id)?;
+        let len = count.min(attr.size.saturating_sub(offset) as usize);
+        let eof = offset.saturating_add(len as u64) >= attr.size;
+        Ok(Some(ReadSource {
+            file,
+            offset,
+            len,
+            eof,
+            attr,
+        }))
+    }
+
+    fn read(
+        &self,
+        caller: &Caller,
+        id: FileId,
+        offset: u64,
+        count: usize,
+        dst: &mut Vec<u8>,
+    ) -> Result<(bool, Attr)> {
+        let (fd, attr) = self.readable(&self.current(), caller, id)?;
+        let want = count.min(attr.size.saturating_sub(offset) as usize);
+        let n = hostdir::read_at(fd.as_fd(), offset, want, dst)?;
+        Ok((offset.saturating_add(n as u64) >= attr.size, attr))
+    }
+
+    fn write(
+        &self,
+        caller: &Caller,
+        id: FileId,
+        offset: u64,
+        data: &[u8],
+        stable: Stability,
+    ) -> Result<(Change, Stability)> {
+        let layers = self.layers.read().expect("layers");
+        let (_, seen) = self.open_file(&layers, id, false)?;
+        if caller.uid != seen.uid && !access::permits(&seen, caller, 2) {
+            return Err(Error::Access);
+        }
+        let (fd, before) = self.open_file(&layers, id, true)?;
+        hostdir::write_at(fd.as_fd(), offset, data, stable)?;
+        let after = layers.all[UPPER].host.stats.fd(fd.as_fd())?;
+        let after = Attr {
+            fileid: before.fileid,
+            generation: before.generation,
+            ..after
+        };
+        Ok((change(&before, Some(after)), stable))
+    }
+
+    fn commit(&self, id: FileId) -> Result<Change> {
+        let layers = self.current();
+        let (fd, before) = self.open_file(&layers, id, false)?;
+        hostdir::sync_all(fd.as_fd())?;
+        Ok(change(&before, Some(before)))
+    }
+
+    fn create(
+        &self,
+        caller: &Caller,
+        dir: FileId,
+        name: &[u8],
+        how: Create,
+    ) -> Result<(Attr, Change)> {
+        let cname = new_name(name)?;
+        let layers = self.layers.read().expect("layers");
+        let _ns = self.lock_ns();
+        let d = self.dir_for_change(&layers, caller, dir)?;
+        if let Some(f) = layers.lookup(&self.inodes, &d.parts, &cname)? {
+            self.remember(dir, name, f.attr.fileid);
+            match how {
+                Create::Guarded(_) => return Err(Error::Exist),
+                Create::Exclusive(verf) if f.layer != UPPER => {
+                    if f.kind() == FileKind::Regular
+                        && exclusive_times(verf) == (f.host.atime, f.host.mtime)
+                    {
+                        return Ok((f.attr, change(&d.attr, Some(d.attr))));
+                    }
+                    return Err(Error::Exist);
+                }
+                Create::Unchecked(set) if f.kind() == FileKind::Directory => {
+                    let _ = set;
+                    return Err(Error::IsDir);
+                }
+                Create::Unchecked(set) if f.layer != UPPER && set.size.is_some() => {
+                    if caller.uid != f.attr.uid && !access::permits(&f.attr, caller, 2) {
+                        return Err(Error::Access);
+                    }
+                    self.copy_up(&layers, f.attr.fileid)?;
+                }
+                Create::Unchecked(_) if f.layer != UPPER => {
+                    return Ok((f.attr, change(&d.attr, Some(d.attr))));
+                }
+                _ => {}
+            }
+        }
+        let up = self.upper_dir(&layers, dir)?;
+        layers.all[UPPER]
+            .host
+            .create(caller, up.as_fd(), &d.attr, &cname, how)?;
+        clear_whiteout(up.as_fd(), name)?;
+        self.changed_entries();
+        let f = layers
+            .lookup(&self.inodes, &self.dir_parts(&layers, dir)?, &cname)?
+            .ok_or(Error::Io)?;
+        self.remember(dir, name, f.attr.fileid);
+        self.dropped_file(f.attr.fileid);
+        Ok((f.attr, change(&d.attr, self.dir_after(&layers, dir))))
+    }
+
+    fn mkdir(
+        &self,
+        caller: &Caller,
+        dir: FileId,
+        name: &[u8],
+        set: &SetAttr,
+    ) -> Result<(Attr, Change)> {
+        self.new_entry(caller, dir, name, NewEntry::Dir, set)
+    }
+
+    fn symlink(
+        &self,
+        caller: &Caller,
+        dir: FileId,
+        name: &[u8],
+        target: &[u8],
+        set: &SetAttr,
+    ) -> Result<(Attr, Change)> {
+        let target = cstr(target)?;
+        self.new_entry(caller, dir, name, NewEntry::Symlink(&target), set)
+    }
+
+    fn mknod(
+        &self,
+        caller: &Caller,
+        dir: FileId,
+        name: &[u8],
+        kind: FileKind,
+        rdev: (u32, u32),
+        set: &SetAttr,
+    ) -> Result<(Attr, Change)> {
+        self.new_entry(caller, dir, name, NewEntry::Node(kind, rdev), set)
+    }
+
+    fn remove(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<Change> {
+        let cname = removable(name)?;
+        let layers = self.layers.read().expect("layers");
+        let _ns = self.lock_ns();
+        let d = self.dir_for_change(&layers, caller, dir)?;
+        let f = match is_hidden(name) {
+            true => None,
+            false => layers.lookup(&self.inodes, &d.parts, &cname)?,
+        }
+        .ok_or(Error::NoEnt)?;
+        sticky_allows(caller, &d.attr, &f.attr)?;
+        if f.kind() == FileKind::Directory {
+            return Err(Error::IsDir);
+        }
+        self.unlink_entry(&layers, dir, &d, &f, name)?;
+        Ok(change(&d.attr, self.dir_after(&layers, dir)))
+    }
+
+    fn rmdir(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<Change> {
+        if name == b".." {
+            return Err(Error::NotEmpty);
+        }
+        let cname = removable(name)?;
+        let layers = self.layers.read().expect("layers");
+        let _ns = self.lock_ns();
+        let d = self.dir_for_change(&layers, caller, dir)?;
+        let f = match is_hidden(name) {
+            true => None,
+            false => layers.lookup(&self.inodes, &d.parts, &cname)?,
+        }
+        .ok_or(Error::NoEnt)?;
+        sticky_allows(caller, &d.attr, &f.attr)?;
+        if f.kind() != FileKind::Directory {
+            return Err(Error::NotDir);
+        }
+        if !layers.list(&self.inodes, &f.parts)?.is_empty() {
+            return Err(Error::NotEmpty);
+        }
+        self.unlink_entry(&layers, dir, &d, &f, name)?;
+        Ok(change(&d.attr, self.dir_after(&layers, dir)))
+    }
+
+    fn rename(
+        &self,
+        caller: &Caller,
+        from: FileId,
+        from_name: &[u8],
+        to: FileId,
+        to_name: &[u8],
+    ) -> Result<(Change, Change)> {
+        let from_c = removable(from_name)?;
+        let to_c = new_name(to_name).map_err(|e| match e {
+            Error::Exist => Error::Inval,
+            e => e,
+        })?;
+        let layers = self.layers.read().expect("layers");
+        let _ns = self.lock_ns();
+        let fd_ = self.dir_for_change(&layers, caller, from)?;
+        let td = self.dir_for_change(&layers, caller, to)?;
+        let src = match is_hidden(from_name) {
+            true => None,
+            false => layers.lookup(&self.inodes, &fd_.parts, &from_c)?,
+        }
+        .ok_or(Error::NoEnt)?;
+        sticky_allows(caller, &fd_.attr, &src.attr)?;
+        let dst = layers.lookup(&self.inodes, &td.parts, &to_c)?;
+        let unchanged = || {
+            Ok((
+                change(&fd_.attr, Some(fd_.attr)),
+                change(&td.attr, Some(td.attr)),
+            ))
+        };
+        if let Some(dst) = &dst {
+            sticky_allows(caller, &td.attr, &dst.attr)?;
+            if dst.attr.fileid == src.attr.fileid {
+                return unchanged();
+            }
+            let src_dir = src.kind() == FileKind::Directory;
+            match (src_dir, dst.kind() == FileKind::Directory) {
+                (true, false) => return Err(Error::NotDir),
+                (false, true) => return Err(Error::IsDir),
+                (true, true) if !layers.list(&self.inodes, &dst.parts)?.is_empty() => {
+                    return Err(Error::NotEmpty)
+                }
+                _ => {}
+            }
+        }
+        let moving_dir = src.kind() == FileKind::Directory;
+        if moving_dir {
+            // Not into itself or below itself.
+            let mut at = to;
+            while at != ROOT {
+                if at == src.attr.fileid {
+                    return Err(Error::Inval);
+                }
+                at = self.node(&layers, at)?.parent;
+            }
+        }
+        let id = src.attr.fileid;
+        self.remember(from, from_name, id);
+        // The source, whole in the upper: a lower directory cannot move.
+        if moving_dir && (src.layer != UPPER || src.parts.len() > 1) {
+            self.copy_up_tree(&layers, id)?;
+        } else {
+            self.copy_up(&layers, id)?;
+        }
+        let up_from = self.upper_dir(&layers, from)?;
+        let up_to = self.upper_dir(&layers, to)?;
+        let from_parts = self.dir_parts(&layers, from)?;
+        let src_below = layers.shows_below(&from_parts, UPPER, &from_c)?;
+        let to_parts = self.dir_parts(&layers, to)?;
+        let dst_below =
+            has_whiteout(up_to.as_fd(), to_name)? || layers.shows_below(&to_parts, UPPER, &to_c)?;
+        if moving_dir && dst_below {
+            let moved = hostdir::open_dir(up_from.as_fd(), &from_c)?;
+            mark_opaque(moved.as_fd())?;
+        }
+        if let Some(dst) = &dst {
+            if dst.layer == UPPER && dst.kind() == FileKind::Directory {
+                clear_markers(dst.parts[0].fd.as_fd())?;
+            }
+        }
+        if src_below {
+            whiteout(up_from.as_fd(), from_name)?;
+        }
+        rustix::fs::renameat(&*up_from, &from_c, &*up_to, &to_c)?;
+        clear_whiteout(up_to.as_fd(), to_name)?;
+        if let Some(dst) = dst {
+            if dst.layer == UPPER && (dst.host.nlink <= 1 || dst.kind() == FileKind::Directory) {
+                self.inodes.forget(layers.tag(UPPER), dst.host.fileid);
+            }
+            if dst.host.nlink <= 1 || dst.kind() == FileKind::Directory {
+                self.forget(dst.attr.fileid);
+            }
+        }
+        self.remember(to, to_name, id);
+        if moving_dir {
+            self.changed_dirs();
+        }
+        self.changed_entries();
+        Ok((
+            change(&fd_.attr, self.dir_after(&layers, from)),
+            change(&td.attr, self.dir_after(&layers, to)),
+        ))
+    }
+
+    fn link(
+        &self,
+        caller: &Caller,
+        id: FileId,
+        dir: FileId,
+        name: &[u8],
+    ) -> Result<(Attr, Change)> {
+        let cname = new_name(name)?;
+        let layers = self.layers.read().expect("layers");
+        let _ns = self.lock_ns();
+        let src = self.found(&layers, id)?;
+        if src.kind() == FileKind::Directory {
+            return Err(Error::IsDir);
+        }
+        let d = self.dir_for_change(&layers, caller, dir)?;
+        if layers.lookup(&self.inodes, &d.parts, &cname)?.is_some() {
+            return Err(Error::Exist);
+        }
+        self.copy_up(&layers, id)?;
+        let src = self.found(&layers, id)?;
+        let up = self.upper_dir(&layers, dir)?;
+        link_at(src.parent.as_fd(), &src.name, up.as_fd(), &cname)?;
+        clear_whiteout(up.as_fd(), name)?;
+        self.changed_entries();
+        self.remember(dir, name, id);
+        let attr = self.found(&layers, id)?.attr;
+        Ok((attr, change(&d.attr, self.dir_after(&layers, dir))))
+    }
+
+    fn readdir(
+        &self,
+        caller: &Caller,
+        dir: FileId,
+        cookie: u64,
+        max: usize,
+        with_attrs: bool,
+    ) -> Result<DirPage> {
+        let layers = self.current();
+        let d = self.found(&layers, dir)?;
+        if d.kind() != FileKind::Directory {
+            return Err(Error::NotDir);
+        }
+        if !access::permits(&d.attr, caller, 4) {
+            return Err(Error::Access);
+        }
+        let parent = if dir == ROOT {
+            dir
+        } else {
+            self.node(&layers, dir)?.parent
+        };
+        let listing = self.listing(&layers, dir, &d)?;
+        let dots = [(dir, &b"."[..], 1), (parent, &b".."[..], 2)];
+        let named = listing[listing.partition_point(|e| e.0 <= cookie)..]
+            .iter()
+            .map(|e| (e.2, &e.1[..], e.0));
+        let mut rest = dots
+            .into_iter()
+            .filter(|d| d.2 > cookie)
+            .chain(named)
+            .peekable();
+        let mut entries: Vec<DirEntry> = rest
+            .by_ref()
+            .take(max)
+            .map(|(fileid, name, cookie)| DirEntry {
+                fileid,
+                name: name.to_vec(),
+                cookie,
+                attr: None,
+            })
+            .collect();
+        let eof = rest.peek().is_none();
+        if with_attrs {
+            for e in &mut entries {
+                e.attr = match e.cookie {
+                    1 => Some(d.attr),
+                    2 => self.found(&layers, parent).ok().map(|f| f.attr),
+                    _ => cstr(&e.name)
+                        .ok()
+                        .and_then(|n| layers.lookup(&self.inodes, &d.parts, &n).ok().flatten())
+                        .map(|f| f.attr),
+                };
+            }
+        }
+        Ok(DirPage { entries, eof })
+    }
+
+    fn fsstat(&self, _id: FileId) -> Result<FsStat> {
+        hostdir::fsstat(self.current().all[UPPER].root.as_fd())
+    }
+}
+
+fn link_at(src_dir: BorrowedFd<'_>, src: &CStr, dir: BorrowedFd<'_>, name: &CStr) -> Result<()> {
+    Ok(rustix::fs::linkat(
+        src_dir,
+        src,
+        dir,
+        name,
+        AtFlags::empty(),
+    )?)
+}

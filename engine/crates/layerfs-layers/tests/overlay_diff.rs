@@ -1,0 +1,627 @@
+//! The layered filesystem against the kernel's overlayfs: random layers and
+//! random operations applied to both, then the visible trees compared.
+//!
+//! Needs root and overlayfs. Without them it says so and passes, unless
+//! LAYERFS_REQUIRE_OVERLAY=1 (verify.sh sets it), where it fails.
+//! LAYERFS_DIFF_CASES sets the number of sequences (default 200).
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use layerfs_layers::StackFs;
+use layerfs_vfs::{
+    Caller, Create, Error, FileId, FileKind, Filesystem, SetAttr, SetTime, Stability, Timestamp,
+};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+
+const NAMES: [&str; 3] = ["a", "b", "c"];
+/// How many paths `universe` gives.
+const PATHS: usize = 12;
+
+#[derive(Clone, Debug)]
+enum Entry {
+    File(u8),
+    Dir,
+    OpaqueDir,
+    Symlink(u8),
+    Whiteout,
+    /// A second name for the file at the given path index, if it is one.
+    HardLink(usize),
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Create(usize, u8),
+    Write(usize, u16, u8),
+    Truncate(usize, u16),
+    Mkdir(usize),
+    Rename(usize, usize),
+    Unlink(usize),
+    Rmdir(usize),
+    Link(usize, usize),
+    Symlink(u8, usize),
+    Chmod(usize, u16),
+    Utimes(usize, u32),
+}
+
+/// Every path of up to two components over NAMES.
+fn universe() -> Vec<Vec<&'static str>> {
+    let mut out: Vec<Vec<&str>> = NAMES.iter().map(|n| vec![*n]).collect();
+    for depth in 1..2 {
+        let prev: Vec<_> = out.iter().filter(|p| p.len() == depth).cloned().collect();
+        for p in prev {
+            for n in NAMES {
+                let mut q = p.clone();
+                q.push(n);
+                out.push(q);
+            }
+        }
+    }
+    out
+}
+
+fn content(seed: u8) -> Vec<u8> {
+    (0..(seed as usize % 7) * 300)
+        .map(|i| (i as u8) ^ seed)
+        .collect()
+}
+
+fn entry() -> impl Strategy<Value = Entry> {
+    prop_oneof![
+        4 => any::<u8>().prop_map(Entry::File),
+        4 => Just(Entry::Dir),
+        1 => Just(Entry::OpaqueDir),
+        1 => any::<u8>().prop_map(Entry::Symlink),
+        2 => Just(Entry::Whiteout),
+        1 => (0..PATHS).prop_map(Entry::HardLink),
+    ]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let p = || 0..PATHS;
+    prop_oneof![
+        (p(), any::<u8>()).prop_map(|(a, s)| Op::Create(a, s)),
+        (p(), 0..3000u16, any::<u8>()).prop_map(|(a, o, s)| Op::Write(a, o, s)),
+        (p(), 0..3000u16).prop_map(|(a, l)| Op::Truncate(a, l)),
+        p().prop_map(Op::Mkdir),
+        (p(), p()).prop_map(|(a, b)| Op::Rename(a, b)),
+        (p(), p()).prop_map(|(a, b)| Op::Rename(a, b)),
+        p().prop_map(Op::Unlink),
+        p().prop_map(Op::Rmdir),
+        (p(), p()).prop_map(|(a, b)| Op::Link(a, b)),
+        (any::<u8>(), p()).prop_map(|(t, a)| Op::Symlink(t, a)),
+        (p(), 0..0o1000u16).prop_map(|(a, m)| Op::Chmod(a, m)),
+        (p(), any::<u32>()).prop_map(|(a, t)| Op::Utimes(a, t)),
+    ]
+}
+
+type LayerSpec = BTreeMap<usize, Entry>;
+
+/// Writes one layer twice: in overlayfs' form (whiteouts as 0/0 character
+/// devices, opaque directories by xattr) and in the OCI form layerfs reads.
+/// Whiteouts go only where they hide something possible: in directories
+/// that merge with one below (overlayfs lists a whiteout in a directory of
+/// one layer as an entry that cannot be looked up).
+fn materialize(spec: &LayerSpec, overlay: &Path, oci: &Path, below: &[PathBuf]) {
+    let paths = universe();
+    for (&i, e) in spec {
+        let rel: PathBuf = paths[i].iter().collect();
+        let parent = rel.parent().unwrap();
+        let name = rel.file_name().unwrap().to_str().unwrap();
+        // Only where the parent is a directory of this layer (or the root).
+        let ok = |root: &Path| {
+            root.join(parent)
+                .symlink_metadata()
+                .is_ok_and(|m| m.is_dir())
+        };
+        if !ok(overlay) || !ok(oci) || overlay.join(&rel).symlink_metadata().is_ok() {
+            continue;
+        }
+        let opaque_above = (1..paths[i].len()).any(|n| {
+            let anc = paths.iter().position(|q| q[..] == paths[i][..n]).unwrap();
+            matches!(spec.get(&anc), Some(Entry::OpaqueDir))
+        });
+        // The nearest layer below with anything at the parent has a directory.
+        let merges = below
+            .iter()
+            .rev()
+            .find(|b| b.join(parent).symlink_metadata().is_ok())
+            .is_some_and(|b| ok(b));
+        if matches!(e, Entry::Whiteout) && (opaque_above || !merges) {
+            continue;
+        }
+        for (root, is_overlay) in [(overlay, true), (oci, false)] {
+            let at = root.join(&rel);
+            match e {
+                Entry::File(s) => std::fs::write(&at, content(*s)).unwrap(),
+                Entry::Dir => std::fs::create_dir(&at).unwrap(),
+                Entry::OpaqueDir => {
+                    std::fs::create_dir(&at).unwrap();
+                    if is_overlay {
+                        rustix::fs::setxattr(
+                            &at,
+                            "trusted.overlay.opaque",
+                            b"y",
+                            rustix::fs::XattrFlags::empty(),
+                        )
+                        .unwrap();
+                    } else {
+                        std::fs::write(at.join(".wh..wh..opq"), b"").unwrap();
+                    }
+                }
+                Entry::Symlink(t) => std::os::unix::fs::symlink(format!("t{t}"), &at).unwrap(),
+                Entry::Whiteout if is_overlay => {
+                    rustix::fs::mknodat(
+                        rustix::fs::CWD,
+                        &at,
+                        rustix::fs::FileType::CharacterDevice,
+                        rustix::fs::Mode::empty(),
+                        0,
+                    )
+                    .unwrap();
+                }
+                Entry::Whiteout => {
+                    std::fs::write(root.join(parent).join(format!(".wh.{name}")), b"").unwrap()
+                }
+                Entry::HardLink(j) => {
+                    let target: PathBuf = paths[*j].iter().collect();
+                    if root
+                        .join(&target)
+                        .symlink_metadata()
+                        .is_ok_and(|m| m.is_file())
+                    {
+                        std::fs::hard_link(root.join(&target), &at).unwrap();
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// What a tree shows: path → (kind, mode, size, nlink, link target or data).
+type Tree = BTreeMap<String, (char, u32, u64, u32, Vec<u8>)>;
+
+fn host_tree(root: &Path) -> Tree {
+    let mut out = Tree::new();
+    let mut stack = vec![(root.to_path_buf(), String::new())];
+    while let Some((dir, rel)) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let e = e.unwrap();
+            let name = e.file_name().into_string().unwrap();
+            let path = format!("{rel}/{name}");
+            let m = e.path().symlink_metadata().unwrap();
+            let mode = m.permissions().mode() & 0o7777;
+            let v = if m.is_dir() {
+                stack.push((e.path(), path.clone()));
+                ('d', mode, 0, 0, vec![])
+            } else if m.file_type().is_symlink() {
+                let t = std::fs::read_link(e.path()).unwrap();
+                ('l', 0, 0, 0, t.into_os_string().into_encoded_bytes())
+            } else {
+                (
+                    'f',
+                    mode,
+                    m.len(),
+                    m.nlink() as u32,
+                    std::fs::read(e.path()).unwrap(),
+                )
+            };
+            out.insert(path, v);
+        }
+    }
+    out
+}
+
+fn stack_tree(fs: &StackFs) -> Tree {
+    let who = Caller::root();
+    let mut out = Tree::new();
+    let mut stack = vec![(fs.root(), String::new())];
+    while let Some((dir, rel)) = stack.pop() {
+        let mut cookie = 0;
+        loop {
+            let page = fs.readdir(&who, dir, cookie, 7, false).unwrap();
+            for e in &page.entries {
+                cookie = e.cookie;
+                if e.name == b"." || e.name == b".." {
+                    continue;
+                }
+                let name = String::from_utf8(e.name.clone()).unwrap();
+                let path = format!("{rel}/{name}");
+                let a = fs.lookup(&who, dir, &e.name).unwrap();
+                assert_eq!(
+                    a.fileid, e.fileid,
+                    "{path}: READDIR and LOOKUP disagree on the id"
+                );
+                assert_eq!(
+                    fs.getattr(a.fileid).unwrap(),
+                    a,
+                    "{path}: GETATTR and LOOKUP disagree"
+                );
+                let v = match a.kind {
+                    FileKind::Directory => {
+                        stack.push((a.fileid, path.clone()));
+                        ('d', a.mode, 0, 0, vec![])
+                    }
+                    FileKind::Symlink => ('l', 0, 0, 0, fs.readlink(&who, a.fileid).unwrap()),
+                    _ => {
+                        let mut data = Vec::new();
+                        fs.read(&who, a.fileid, 0, a.size as usize + 10, &mut data)
+                            .unwrap();
+                        ('f', a.mode, a.size, a.nlink, data)
+                    }
+                };
+                out.insert(path, v);
+            }
+            if page.eof {
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// The id of every visible path.
+fn ids(fs: &StackFs) -> BTreeMap<String, FileId> {
+    let who = Caller::root();
+    let mut out = BTreeMap::new();
+    let mut stack = vec![(fs.root(), String::new())];
+    while let Some((dir, rel)) = stack.pop() {
+        let page = fs.readdir(&who, dir, 0, 1000, false).unwrap();
+        for e in page.entries.iter().filter(|e| e.cookie > 2) {
+            let path = format!("{rel}/{}", String::from_utf8_lossy(&e.name));
+            if fs.getattr(e.fileid).unwrap().kind == FileKind::Directory {
+                stack.push((e.fileid, path.clone()));
+            }
+            out.insert(path, e.fileid);
+        }
+    }
+    out
+}
+
+/// Checks that `op` kept every id it should: a renamed entry and everything
+/// under it keep theirs at the new path; all else that still shows keeps its own.
+fn check_ids(
+    before: &BTreeMap<String, FileId>,
+    after: &BTreeMap<String, FileId>,
+    op: Option<&Op>,
+    paths: &[Vec<&str>],
+) -> Result<(), TestCaseError> {
+    let Some(op) = op else {
+        prop_assert_eq!(before, after, "a failed operation changed ids");
+        return Ok(());
+    };
+    let p = |i: usize| format!("/{}", paths[i].join("/"));
+    let under = |path: &str, top: &str| path == top || path.starts_with(&format!("{top}/"));
+    for (path, id) in after {
+        let was = match *op {
+            Op::Rename(a, b) if under(path, &p(b)) => {
+                before.get(&format!("{}{}", p(a), &path[p(b).len()..]))
+            }
+            Op::Rename(a, _) if under(path, &p(a)) => continue,
+            Op::Create(a, _) | Op::Mkdir(a) | Op::Symlink(_, a) | Op::Link(_, a)
+                if *path == p(a) =>
+            {
+                continue
+            }
+            _ => before.get(path),
+        };
+        if let Some(was) = was {
+            prop_assert_eq!(was, id, "{} changed id after {:?}", path, op);
+        }
+    }
+    Ok(())
+}
+
+/// Where a path is in the stack: its directory and, if it exists, its id.
+fn locate(fs: &StackFs, path: &[&str]) -> Option<(FileId, Option<FileId>)> {
+    let who = Caller::root();
+    let mut dir = fs.root();
+    for name in &path[..path.len() - 1] {
+        let a = fs.lookup(&who, dir, name.as_bytes()).ok()?;
+        if a.kind != FileKind::Directory {
+            return None;
+        }
+        dir = a.fileid;
+    }
+    let last = path.last().unwrap().as_bytes();
+    Some((dir, fs.lookup(&who, dir, last).ok().map(|a| a.fileid)))
+}
+
+/// Applies `op` to the mounted overlay; whether it succeeded.
+fn apply_host(m: &Path, op: &Op, paths: &[Vec<&str>]) -> bool {
+    let p = |i: usize| m.join(paths[i].iter().collect::<PathBuf>());
+    use std::io::{Seek, Write};
+    match *op {
+        Op::Create(a, s) => std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(p(a))
+            .and_then(|mut f| f.write_all(&content(s)))
+            .is_ok(),
+        Op::Write(a, off, s) => {
+            let Ok(md) = p(a).symlink_metadata() else {
+                return false;
+            };
+            if !md.is_file() {
+                return false;
+            }
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(p(a))
+                .and_then(|mut f| {
+                    f.seek(std::io::SeekFrom::Start(off.into()))?;
+                    f.write_all(&content(s | 1))
+                })
+                .is_ok()
+        }
+        Op::Truncate(a, l) => {
+            let Ok(md) = p(a).symlink_metadata() else {
+                return false;
+            };
+            md.is_file()
+                && std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(p(a))
+                    .and_then(|f| f.set_len(l.into()))
+                    .is_ok()
+        }
+        Op::Mkdir(a) => std::fs::create_dir(p(a)).is_ok(),
+        Op::Rename(a, b) => std::fs::rename(p(a), p(b)).is_ok(),
+        Op::Unlink(a) => std::fs::remove_file(p(a)).is_ok(),
+        Op::Rmdir(a) => std::fs::remove_dir(p(a)).is_ok(),
+        Op::Link(a, b) => std::fs::hard_link(p(a), p(b)).is_ok(),
+        Op::Symlink(t, a) => std::os::unix::fs::symlink(format!("t{t}"), p(a)).is_ok(),
+        Op::Chmod(a, mode) => {
+            let Ok(md) = p(a).symlink_metadata() else {
+                return false;
+            };
+            !md.file_type().is_symlink()
+                && std::fs::set_permissions(p(a), std::fs::Permissions::from_mode(mode.into()))
+                    .is_ok()
+        }
+        Op::Utimes(a, t) => {
+            let ts = rustix::fs::Timespec {
+                tv_sec: t.into(),
+                tv_nsec: 0,
+            };
+            let times = rustix::fs::Timestamps {
+                last_access: ts,
+                last_modification: ts,
+            };
+            rustix::fs::utimensat(
+                rustix::fs::CWD,
+                p(a),
+                &times,
+                rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+            )
+            .is_ok()
+        }
+    }
+}
+
+/// Applies `op` to the stack through the Filesystem trait; whether it succeeded.
+fn apply_stack(fs: &StackFs, op: &Op, paths: &[Vec<&str>]) -> Result<(), Error> {
+    let who = Caller::root();
+    let at = |i: usize| locate(fs, &paths[i]).ok_or(Error::NoEnt);
+    let name = |i: usize| paths[i].last().unwrap().as_bytes();
+    let file = |i: usize| -> Result<FileId, Error> {
+        let id = at(i)?.1.ok_or(Error::NoEnt)?;
+        match fs.getattr(id)?.kind {
+            FileKind::Regular => Ok(id),
+            _ => Err(Error::Inval),
+        }
+    };
+    match *op {
+        Op::Create(a, s) => {
+            let (dir, _) = at(a)?;
+            let (attr, _) = fs.create(&who, dir, name(a), Create::Guarded(SetAttr::default()))?;
+            fs.write(&who, attr.fileid, 0, &content(s), Stability::Unstable)
+                .map(|_| ())
+        }
+        Op::Write(a, off, s) => fs
+            .write(
+                &who,
+                file(a)?,
+                off.into(),
+                &content(s | 1),
+                Stability::Unstable,
+            )
+            .map(|_| ()),
+        Op::Truncate(a, l) => {
+            let set = SetAttr {
+                size: Some(l.into()),
+                ..SetAttr::default()
+            };
+            fs.setattr(&who, file(a)?, &set, None).map(|_| ())
+        }
+        Op::Mkdir(a) => fs
+            .mkdir(&who, at(a)?.0, name(a), &SetAttr::default())
+            .map(|_| ()),
+        Op::Rename(a, b) => fs
+            .rename(&who, at(a)?.0, name(a), at(b)?.0, name(b))
+            .map(|_| ()),
+        Op::Unlink(a) => fs.remove(&who, at(a)?.0, name(a)).map(|_| ()),
+        Op::Rmdir(a) => fs.rmdir(&who, at(a)?.0, name(a)).map(|_| ()),
+        Op::Link(a, b) => {
+            let id = at(a)?.1.ok_or(Error::NoEnt)?;
+            fs.link(&who, id, at(b)?.0, name(b)).map(|_| ())
+        }
+        Op::Symlink(t, a) => fs
+            .symlink(
+                &who,
+                at(a)?.0,
+                name(a),
+                format!("t{t}").as_bytes(),
+                &SetAttr::default(),
+            )
+            .map(|_| ()),
+        Op::Chmod(a, mode) => {
+            let id = at(a)?.1.ok_or(Error::NoEnt)?;
+            if fs.getattr(id)?.kind == FileKind::Symlink {
+                return Err(Error::Inval);
+            }
+            let set = SetAttr {
+                mode: Some(mode.into()),
+                ..SetAttr::default()
+            };
+            fs.setattr(&who, id, &set, None).map(|_| ())
+        }
+        Op::Utimes(a, t) => {
+            let id = at(a)?.1.ok_or(Error::NoEnt)?;
+            let ts = SetTime::Client(Timestamp {
+                secs: t.into(),
+                nanos: 0,
+            });
+            let set = SetAttr {
+                atime: ts,
+                mtime: ts,
+                ..SetAttr::default()
+            };
+            fs.setattr(&who, id, &set, None).map(|_| ())
+        }
+    }
+}
+
+/// Operations that succeeded, by kind: the sequences must do something.
+static SUCCEEDED: std::sync::Mutex<BTreeMap<String, usize>> =
+    std::sync::Mutex::new(BTreeMap::new());
+
+struct Mount(PathBuf);
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+fn overlay_available() -> Result<(), String> {
+    if !rustix::process::geteuid().is_root() {
+        return Err("not root".into());
+    }
+    let t = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let d = |n: &str| {
+        let p = t.path().join(n);
+        std::fs::create_dir(&p).unwrap();
+        p
+    };
+    let (l, u, w, m) = (d("l"), d("u"), d("w"), d("m"));
+    mount(&[l], &u, &w, &m).map(drop)
+}
+
+fn mount(
+    lowers_top_first: &[PathBuf],
+    upper: &Path,
+    work: &Path,
+    at: &Path,
+) -> Result<Mount, String> {
+    let lower: Vec<_> = lowers_top_first
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    let opts = format!(
+        "lowerdir={},upperdir={},workdir={},redirect_dir=on,index=on",
+        lower.join(":"),
+        upper.display(),
+        work.display()
+    );
+    let out = Command::new("mount")
+        .args(["-t", "overlay", "overlay", "-o", &opts])
+        .arg(at)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    Ok(Mount(at.to_path_buf()))
+}
+
+fn run_case(layers: &[LayerSpec], ops: &[Op]) -> Result<(), TestCaseError> {
+    let paths = universe();
+    let t = tempfile::tempdir().unwrap();
+    let d = |n: &str| {
+        let p = t.path().join(n);
+        std::fs::create_dir_all(&p).unwrap();
+        p
+    };
+    let mut ov_lowers = Vec::new();
+    let mut oci_lowers = Vec::new();
+    for (i, spec) in layers.iter().enumerate() {
+        let (ov, oci) = (d(&format!("ov{i}")), d(&format!("oci{i}")));
+        materialize(spec, &ov, &oci, &ov_lowers);
+        ov_lowers.push(ov);
+        oci_lowers.push(oci);
+    }
+    let m = d("m");
+    let top_first: Vec<_> = ov_lowers.iter().rev().cloned().collect();
+    let mount =
+        mount(&top_first, &d("ov-upper"), &d("ov-work"), &m).map_err(TestCaseError::fail)?;
+    let fs = StackFs::open(&oci_lowers, &d("upper"), &d("state")).unwrap();
+    prop_assert_eq!(host_tree(&m), stack_tree(&fs), "the layers alone differ");
+    for (i, op) in ops.iter().enumerate() {
+        let before = ids(&fs);
+        let host = apply_host(&m, op, &paths);
+        let ours = apply_stack(&fs, op, &paths);
+        check_ids(&before, &ids(&fs), ours.is_ok().then_some(op), &paths)?;
+        prop_assert_eq!(
+            host,
+            ours.is_ok(),
+            "op {} {:?}: overlayfs {}, layerfs {:?}",
+            i,
+            op,
+            host,
+            ours
+        );
+        let kind = format!("{op:?}");
+        let kind = kind.split('(').next().unwrap().to_string();
+        *SUCCEEDED.lock().unwrap().entry(kind).or_default() += usize::from(host);
+    }
+    prop_assert_eq!(host_tree(&m), stack_tree(&fs));
+    let before = ids(&fs);
+    drop(fs);
+    // Everything again from what was persisted: the same tree, the same ids.
+    let fs = StackFs::open(&oci_lowers, &d("upper"), &d("state")).unwrap();
+    prop_assert_eq!(host_tree(&m), stack_tree(&fs), "after a restart");
+    prop_assert_eq!(before, ids(&fs), "ids after a restart");
+    drop(mount);
+    Ok(())
+}
+
+#[test]
+fn random_operations_match_overlayfs() {
+    if let Err(why) = overlay_available() {
+        if std::env::var("LAYERFS_REQUIRE_OVERLAY").is_ok_and(|v| v == "1") {
+            panic!("overlayfs is needed here and cannot be mounted: {why}");
+        }
+        eprintln!("SKIPPED: overlayfs cannot be mounted here ({why}); nothing was compared");
+        return;
+    }
+    let cases = std::env::var("LAYERFS_DIFF_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
+    let mut runner = TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let layer = || proptest::collection::btree_map(0..PATHS, entry(), 0..10);
+    let strategy = (
+        proptest::collection::vec(layer(), 1..4),
+        proptest::collection::vec(op(), 1..30),
+    );
+    runner
+        .run(&strategy, |(layers, ops)| run_case(&layers, &ops))
+        .unwrap();
+    let succeeded = SUCCEEDED.lock().unwrap();
+    eprintln!("operations that succeeded on both, by kind: {succeeded:?}");
+    for kind in [
+        "Create", "Write", "Truncate", "Mkdir", "Rename", "Unlink", "Rmdir", "Link", "Symlink",
+        "Chmod", "Utimes",
+    ] {
+        let n = succeeded.get(kind).copied().unwrap_or(0);
+        assert!(n > 0, "no {kind} succeeded in {cases} sequences");
+    }
+}
