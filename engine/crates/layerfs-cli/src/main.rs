@@ -2,13 +2,14 @@
 
 use std::io::{IsTerminal, Write};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
+use layerfs_layers::StackFs;
 use layerfs_rpc::{Dispatcher, Server, ServerConfig};
-use layerfs_vfs::LocalFs;
+use layerfs_vfs::{Filesystem, LocalFs};
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
@@ -24,7 +25,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve DIR over NFSv3 in the foreground until interrupted (SIGINT or SIGTERM).
+    /// Serve DIR, or a stack of --layer directories under an --upper one,
+    /// over NFSv3 in the foreground until interrupted (SIGINT or SIGTERM).
     ///
     /// The first line printed is `listening on ADDR:PORT`; the lines after it
     /// show how to mount the export from Linux and macOS. Logs go to stderr;
@@ -44,8 +46,18 @@ struct ServeArgs {
     /// Threads that run calls, shared by all connections.
     #[arg(long, default_value_t = ServerConfig::default().workers, value_name = "N")]
     workers: usize,
-    /// The directory to export.
-    dir: PathBuf,
+    /// The directory to export, alone and writable.
+    #[arg(required_unless_present = "upper", conflicts_with_all = ["layer", "upper"])]
+    dir: Option<PathBuf>,
+    /// A read-only layer (a directory with OCI whiteouts: `.wh.NAME`,
+    /// `.wh..wh..opq`); repeat for more, bottom first. Needs --upper.
+    #[arg(long, value_name = "DIR", requires = "upper")]
+    layer: Vec<PathBuf>,
+    /// The writable layer on top of the --layer ones, where every change
+    /// goes; made if missing. It also keeps the workspace's inode map, in
+    /// a directory clients never see.
+    #[arg(long, value_name = "DIR")]
+    upper: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -69,17 +81,38 @@ fn main() -> ExitCode {
     }
 }
 
-fn serve(args: ServeArgs) -> Result<(), String> {
-    let dir = args
-        .dir
+/// An existing directory, as an absolute path.
+fn existing_dir(path: &Path) -> Result<PathBuf, String> {
+    let dir = path
         .canonicalize()
-        .map_err(|e| format!("cannot export {}: {e}", args.dir.display()))?;
+        .map_err(|e| format!("cannot export {}: {e}", path.display()))?;
     if !dir.is_dir() {
         return Err(format!("cannot export {}: not a directory", dir.display()));
     }
+    Ok(dir)
+}
+
+/// The filesystem to serve and the directory it is known by.
+fn filesystem(args: &ServeArgs) -> Result<(Arc<dyn Filesystem>, PathBuf), String> {
+    if let Some(upper) = &args.upper {
+        let layers = args
+            .layer
+            .iter()
+            .map(|l| existing_dir(l))
+            .collect::<Result<Vec<_>, _>>()?;
+        let fs = StackFs::open_in_upper(&layers, upper)
+            .map_err(|e| format!("cannot serve the stack on {}: {e}", upper.display()))?;
+        return Ok((Arc::new(fs), existing_dir(upper)?));
+    }
+    let dir = existing_dir(args.dir.as_deref().expect("clap requires DIR or --upper"))?;
     let fs = LocalFs::open(&dir).map_err(|e| format!("cannot export {}: {e}", dir.display()))?;
+    Ok((Arc::new(fs), dir))
+}
+
+fn serve(args: ServeArgs) -> Result<(), String> {
+    let (fs, dir) = filesystem(&args)?;
     let host_path = dir.as_os_str().as_encoded_bytes();
-    let programs = layerfs_nfs::programs(Arc::new(fs), host_path)
+    let programs = layerfs_nfs::programs(fs, host_path)
         .map_err(|e| format!("cannot export {}: {e}", dir.display()))?;
     let config = ServerConfig {
         window: args.window,

@@ -8,10 +8,12 @@
 mod digest;
 mod stack;
 mod store;
+mod workspace;
 
 pub use digest::tree_digest;
 pub use stack::{StackFs, STATE_IN_UPPER};
 pub use store::{LayerId, Store};
+pub use workspace::Workspace;
 
 /// The prefix of a whiteout file's name.
 pub const WHITEOUT_PREFIX: &str = ".wh.";

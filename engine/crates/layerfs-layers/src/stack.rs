@@ -9,6 +9,7 @@
 //! caches are dropped exactly when this changes what they hold.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -92,26 +93,29 @@ impl StackFs {
     /// Serves `lowers` (bottom first) under the writable `upper`, keeping
     /// the inode map and staging copies in `state`, which must be on the
     /// upper's filesystem. The upper and state directories are made if missing.
-    pub fn open(lowers: &[PathBuf], upper: &Path, state: &Path) -> Result<StackFs> {
-        std::fs::create_dir_all(upper)?;
-        std::fs::create_dir_all(state)?;
+    pub fn open(lowers: &[PathBuf], upper: &Path, state: &Path) -> io::Result<StackFs> {
+        let at = |what: &Path, e: &dyn std::fmt::Display| {
+            io::Error::other(format!("{}: {e}", what.display()))
+        };
+        std::fs::create_dir_all(upper).map_err(|e| at(upper, &e))?;
+        std::fs::create_dir_all(state).map_err(|e| at(state, &e))?;
         let work_path = state.join("work");
         // Copies a crash left half made: never renamed into place, so unseen.
         if work_path.exists() {
-            std::fs::remove_dir_all(&work_path)?;
+            std::fs::remove_dir_all(&work_path).map_err(|e| at(&work_path, &e))?;
         }
-        std::fs::create_dir(&work_path)?;
-        let work = open_root(&work_path)?;
-        let inodes = Inodes::open(&state.join("inodes.redb"))?;
+        std::fs::create_dir(&work_path).map_err(|e| at(&work_path, &e))?;
+        let work = open_root(&work_path).map_err(|e| at(&work_path, &e))?;
+        let map = state.join("inodes.redb");
+        let inodes = Inodes::open(&map).map_err(|e| at(&map, &e))?;
         let mut paths = vec![upper.canonicalize()?];
         for lower in lowers.iter().rev() {
-            paths.push(lower.canonicalize()?);
+            paths.push(lower.canonicalize().map_err(|e| at(lower, &e))?);
         }
-        let layers = Self::layers_at(&inodes, &paths, 0)?;
+        let layers = Self::layers_at(&inodes, &paths, 0).map_err(|e| at(upper, &e))?;
         let upper_dev = rustix::fs::fstat(&*layers.all[UPPER].root)?.st_dev;
         if rustix::fs::fstat(&work)?.st_dev != upper_dev {
-            tracing::error!("{} is not on the upper's filesystem", state.display());
-            return Err(Error::XDev);
+            return Err(at(state, &"not on the upper's filesystem"));
         }
         Ok(StackFs {
             layers: RwLock::new(Arc::new(layers)),
@@ -133,7 +137,7 @@ impl StackFs {
 
     /// Serves `lowers` under `upper` with the state kept inside the upper,
     /// in a directory clients never see.
-    pub fn open_in_upper(lowers: &[PathBuf], upper: &Path) -> Result<StackFs> {
+    pub fn open_in_upper(lowers: &[PathBuf], upper: &Path) -> io::Result<StackFs> {
         std::fs::create_dir_all(upper)?;
         Self::open(lowers, upper, &upper.join(STATE_IN_UPPER))
     }

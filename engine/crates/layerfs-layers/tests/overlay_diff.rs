@@ -104,8 +104,10 @@ type LayerSpec = BTreeMap<usize, Entry>;
 /// devices, opaque directories by xattr) and in the OCI form layerfs reads.
 /// Whiteouts go only where they hide something possible: in directories
 /// that merge with one below (overlayfs lists a whiteout in a directory of
-/// one layer as an entry that cannot be looked up).
-fn materialize(spec: &LayerSpec, overlay: &Path, oci: &Path, below: &[PathBuf]) {
+/// one layer as an entry that cannot be looked up). Hard links go only in
+/// the top layer: overlayfs counts names a higher layer hides in a copied-up
+/// file's link count, layerfs counts the names that show.
+fn materialize(spec: &LayerSpec, overlay: &Path, oci: &Path, below: &[PathBuf], top: bool) {
     let paths = universe();
     for (&i, e) in spec {
         let rel: PathBuf = paths[i].iter().collect();
@@ -130,6 +132,9 @@ fn materialize(spec: &LayerSpec, overlay: &Path, oci: &Path, below: &[PathBuf]) 
             .rev()
             .find(|b| b.join(parent).symlink_metadata().is_ok())
             .is_some_and(|b| ok(b));
+        if matches!(e, Entry::HardLink(_)) && !top {
+            continue;
+        }
         if matches!(e, Entry::Whiteout) && (opaque_above || !merges) {
             continue;
         }
@@ -550,7 +555,7 @@ fn run_case(layers: &[LayerSpec], ops: &[Op]) -> Result<(), TestCaseError> {
     let mut oci_lowers = Vec::new();
     for (i, spec) in layers.iter().enumerate() {
         let (ov, oci) = (d(&format!("ov{i}")), d(&format!("oci{i}")));
-        materialize(spec, &ov, &oci, &ov_lowers);
+        materialize(spec, &ov, &oci, &ov_lowers, i + 1 == layers.len());
         ov_lowers.push(ov);
         oci_lowers.push(oci);
     }

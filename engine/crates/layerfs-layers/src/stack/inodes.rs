@@ -58,8 +58,17 @@ fn db_error(e: impl std::fmt::Display) -> Error {
 }
 
 impl Inodes {
-    pub fn open(path: &Path) -> Result<Inodes> {
-        let db = Database::create(path).map_err(db_error)?;
+    pub fn open(path: &Path) -> std::result::Result<Inodes, String> {
+        let db = Database::create(path).map_err(|e| match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => {
+                "in use by another layerfs serving this workspace".to_string()
+            }
+            e => e.to_string(),
+        })?;
+        Self::load(db).map_err(|e| format!("cannot read it: {e}"))
+    }
+
+    fn load(db: Database) -> Result<Inodes> {
         let txn = db.begin_write().map_err(db_error)?;
         let workspace;
         {

@@ -35,8 +35,12 @@ impl TestServer {
 }
 
 pub fn serve(dir: &Path) -> ServerHandle {
-    let fs = LocalFs::open(dir).unwrap();
-    let programs = layerfs_nfs::programs(Arc::new(fs), dir.as_os_str().as_encoded_bytes()).unwrap();
+    serve_fs(Arc::new(LocalFs::open(dir).unwrap()), dir)
+}
+
+/// Serves `fs`, known by the host path `dir`.
+pub fn serve_fs(fs: Arc<dyn layerfs_vfs::Filesystem>, dir: &Path) -> ServerHandle {
+    let programs = layerfs_nfs::programs(fs, dir.as_os_str().as_encoded_bytes()).unwrap();
     let server = Server::bind(
         "127.0.0.1:0".parse().unwrap(),
         Arc::new(Dispatcher::new(programs)),
