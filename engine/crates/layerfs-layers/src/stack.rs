@@ -31,6 +31,8 @@ use merge::{Found, Layer, Layers, Part, UPPER};
 const GONE_KEPT: usize = 65_536;
 /// Directories whose parts or listings are kept; past this a cache starts over.
 const CACHED_DIRS: usize = 4096;
+/// Entries whose place is kept; past this the cache starts over.
+const CACHED_LOCATIONS: usize = 65_536;
 /// Open files kept; past this the cache starts over.
 const CACHED_FILES: usize = 512;
 /// Where a served upper keeps its state (inode map, copy-up staging): a
@@ -62,6 +64,8 @@ pub struct StackFs {
     dirs: Mutex<HashMap<FileId, (u64, Vec<Part>)>>,
     /// Open files: layers' generation, layer, descriptor.
     files: Mutex<HashMap<FileId, OpenFile>>,
+    /// Where ids were found, by the namespace epoch and layers' generation.
+    located: Mutex<HashMap<FileId, (u64, u64, Found)>>,
     /// Listings, by the namespace epoch they were read at.
     listings: Mutex<HashMap<FileId, (u64, Listing)>>,
     /// Moves whenever any directory's entries change.
@@ -126,6 +130,7 @@ impl StackFs {
             dirs: Mutex::new(HashMap::new()),
             files: Mutex::new(HashMap::new()),
             listings: Mutex::new(HashMap::new()),
+            located: Mutex::new(HashMap::new()),
             epoch: AtomicU64::new(0),
             work,
             staged: AtomicU64::new(0),
@@ -152,7 +157,13 @@ impl StackFs {
                 root: Arc::new(root),
             });
         }
-        Ok(Layers { all, generation })
+        let mut layers = Layers {
+            all,
+            generation,
+            root_parts: Vec::new(),
+        };
+        layers.root_parts = layers.find_root_parts()?;
+        Ok(layers)
     }
 
     /// The stack's directories, bottom first, the upper last.
@@ -286,7 +297,21 @@ impl StackFs {
     /// The entry `id` names now.
     fn found(&self, layers: &Layers, id: FileId) -> Result<Found> {
         if id == ROOT {
-            return layers.dir_found(&self.inodes, ROOT, layers.root_parts()?);
+            return layers.dir_found(&self.inodes, ROOT, layers.root_parts.clone());
+        }
+        // Where it was found, while nothing in the namespace has changed.
+        let epoch = self.epoch.load(Relaxed);
+        let located = self.located.lock().expect("located").get(&id).cloned();
+        if let Some((at, generation, f)) = located {
+            if at == epoch && generation == layers.generation {
+                let stats = &layers.all[f.layer].host.stats;
+                if let Ok(host) = stats.at(f.parent.as_fd(), &f.name) {
+                    if host.fileid == f.host.fileid {
+                        let attr = f.shown(host);
+                        return Ok(Found { host, attr, ..f });
+                    }
+                }
+            }
         }
         for attempt in 0..2 {
             let node = self.node(layers, id)?;
@@ -308,6 +333,11 @@ impl StackFs {
                         }
                         dirs.insert(id, (layers.generation, f.parts.clone()));
                     }
+                    let mut located = self.located.lock().expect("located");
+                    if located.len() >= CACHED_LOCATIONS {
+                        located.clear();
+                    }
+                    located.insert(id, (epoch, layers.generation, f.clone()));
                     return Ok(f);
                 }
                 // Renamed or removed: look for it once more.
@@ -322,7 +352,7 @@ impl StackFs {
     /// The parts of directory `id`.
     fn dir_parts(&self, layers: &Layers, id: FileId) -> Result<Vec<Part>> {
         if id == ROOT {
-            return layers.root_parts();
+            return Ok(layers.root_parts.clone());
         }
         if let Some((generation, parts)) = self.dirs.lock().expect("dirs").get(&id) {
             if *generation == layers.generation {

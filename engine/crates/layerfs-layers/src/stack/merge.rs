@@ -30,6 +30,8 @@ pub struct Layers {
     pub all: Vec<Layer>,
     /// Changes at each commit; caches keyed by layer index check it.
     pub generation: u64,
+    /// The root's parts: each layer's root, down to the first opaque one.
+    pub root_parts: Vec<Part>,
 }
 
 /// One layer's directory at a visible directory's path.
@@ -111,8 +113,7 @@ impl Layers {
         self.all[layer].tag
     }
 
-    /// The root's parts: each layer's root, down to the first opaque one.
-    pub fn root_parts(&self) -> Result<Vec<Part>> {
+    pub fn find_root_parts(&self) -> Result<Vec<Part>> {
         let mut parts = Vec::new();
         for (layer, l) in self.all.iter().enumerate() {
             parts.push(Part {
