@@ -18,6 +18,15 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 step "cargo test"
 cargo test --workspace
 
+step "the layered filesystem against overlayfs: 2,000 random sequences"
+# Needs root and overlayfs; says SKIPPED where they are missing.
+log=target/overlay-diff.log
+if ! LAYERFS_DIFF_CASES=2000 cargo test -p layerfs-layers --test overlay_diff -- --nocapture >$log 2>&1; then
+	grep -v '^thread\|^called\|^$' $log | tail -n 40
+	exit 1
+fi
+grep -E 'SKIPPED|succeeded|test result' $log
+
 step "end to end: libnfs client"
 cargo build --release -p layerfs-cli
 if command -v nfs-cp >/dev/null; then
@@ -34,6 +43,9 @@ if command -v qemu-system-x86_64 >/dev/null && command -v busybox >/dev/null; th
 	# As macOS mounts: 32 KiB transfers and plain READDIR.
 	tools/kernel-client/run --server "$serve" --port 20490 --workload tests/kernel/workload.sh --timeout 900 \
 		--opts rsize=32768,wsize=32768,nordirplus
+	# A three-layer workspace: the layers' own checks, then the same workload.
+	tools/kernel-client/run --server "exec $PWD/tests/kernel/stack.sh $PWD/target/release/layerfs 20490" \
+		--port 20490 --workload tests/kernel/layered.sh --timeout 900
 else
 	echo "SKIPPED: QEMU is not installed (apt-get install qemu-system-x86 busybox-static xz-utils)"
 fi

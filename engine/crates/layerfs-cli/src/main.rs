@@ -92,8 +92,8 @@ fn existing_dir(path: &Path) -> Result<PathBuf, String> {
     Ok(dir)
 }
 
-/// The filesystem to serve and the directory it is known by.
-fn filesystem(args: &ServeArgs) -> Result<(Arc<dyn Filesystem>, PathBuf), String> {
+/// The filesystem to serve, the directory it is known by, and what it is.
+fn filesystem(args: &ServeArgs) -> Result<(Arc<dyn Filesystem>, PathBuf, String), String> {
     if let Some(upper) = &args.upper {
         let layers = args
             .layer
@@ -102,15 +102,23 @@ fn filesystem(args: &ServeArgs) -> Result<(Arc<dyn Filesystem>, PathBuf), String
             .collect::<Result<Vec<_>, _>>()?;
         let fs = StackFs::open_in_upper(&layers, upper)
             .map_err(|e| format!("cannot serve the stack on {}: {e}", upper.display()))?;
-        return Ok((Arc::new(fs), existing_dir(upper)?));
+        let upper = existing_dir(upper)?;
+        let plural = if layers.len() == 1 { "" } else { "s" };
+        let what = format!(
+            "{} read-only layer{plural} under {}",
+            layers.len(),
+            upper.display()
+        );
+        return Ok((Arc::new(fs), upper, what));
     }
     let dir = existing_dir(args.dir.as_deref().expect("clap requires DIR or --upper"))?;
     let fs = LocalFs::open(&dir).map_err(|e| format!("cannot export {}: {e}", dir.display()))?;
-    Ok((Arc::new(fs), dir))
+    let what = dir.display().to_string();
+    Ok((Arc::new(fs), dir, what))
 }
 
 fn serve(args: ServeArgs) -> Result<(), String> {
-    let (fs, dir) = filesystem(&args)?;
+    let (fs, dir, what) = filesystem(&args)?;
     let host_path = dir.as_os_str().as_encoded_bytes();
     let programs = layerfs_nfs::programs(fs, host_path)
         .map_err(|e| format!("cannot export {}: {e}", dir.display()))?;
@@ -135,13 +143,12 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     let mut out = std::io::stdout().lock();
     let banner = format!(
         "listening on {addr}\n\
-         exporting {dir} as /\n\
+         exporting {what} as /\n\
          mount it from Linux (as root):\n  \
          mount -t nfs -o vers=3,proto=tcp,port={port},mountport={port},mountproto=tcp,nolock,addr={ip} {ip}:/ /mnt/layerfs\n\
          mount it from macOS:\n  \
          mount -t nfs -o vers=3,tcp,port={port},mountport={port},locallocks,noresvport {ip}:/ ~/layerfs\n\
          stop with Ctrl-C\n",
-        dir = dir.display(),
     );
     out.write_all(banner.as_bytes())
         .and_then(|()| out.flush())

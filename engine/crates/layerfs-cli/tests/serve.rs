@@ -60,9 +60,77 @@ fn help_explains_every_flag() {
         .output()
         .unwrap();
     let help = String::from_utf8_lossy(&out.stdout);
-    for flag in ["--listen", "--window", "--workers", "<DIR>"] {
+    for flag in [
+        "--listen",
+        "--window",
+        "--workers",
+        "--layer",
+        "--upper",
+        "<DIR>",
+    ] {
         assert!(help.contains(flag), "--help lacks {flag}");
     }
+}
+
+#[test]
+fn serve_of_a_stack_makes_the_upper_and_says_what_it_serves() {
+    let t = tempfile::tempdir().unwrap();
+    let (l1, l2, upper) = (
+        t.path().join("l1"),
+        t.path().join("l2"),
+        t.path().join("up"),
+    );
+    std::fs::create_dir(&l1).unwrap();
+    std::fs::create_dir(&l2).unwrap();
+    let mut child = Command::new(BIN)
+        .arg("serve")
+        .args([
+            "--layer".as_ref(),
+            l1.as_os_str(),
+            "--layer".as_ref(),
+            l2.as_os_str(),
+        ])
+        .args(["--upper".as_ref(), upper.as_os_str()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let (mut first, mut second) = (String::new(), String::new());
+    out.read_line(&mut first).unwrap();
+    out.read_line(&mut second).unwrap();
+    assert!(first.starts_with("listening on 127.0.0.1:"), "{first}");
+    assert!(second.contains("2 read-only layers"), "{second}");
+    assert!(upper.is_dir(), "the upper was not made");
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&child),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    assert_eq!(wait(&mut child).code(), Some(0));
+}
+
+#[test]
+fn a_layer_without_an_upper_and_a_dir_with_layers_are_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().to_str().unwrap();
+    let out = Command::new(BIN)
+        .args(["serve", "--layer", dir])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--upper"));
+    let out = Command::new(BIN)
+        .args(["serve", dir, "--layer", dir, "--upper", dir])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let out = Command::new(BIN)
+        .args(["serve", "--layer", "/no/such/layer", "--upper", dir])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/no/such/layer"));
 }
 
 fn wait(child: &mut std::process::Child) -> std::process::ExitStatus {

@@ -245,3 +245,46 @@ fn random_nonzero() -> u64 {
     h.write_u32(std::process::id());
     h.finish() | 1
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_unique_across_layers_and_origins_and_tags_persist() {
+        let t = tempfile::tempdir().unwrap();
+        let path = t.path().join("map");
+        let map = Inodes::open(&path).unwrap();
+        let (a, b) = (
+            map.tag(b"/layers/a").unwrap(),
+            map.tag(b"/layers/b").unwrap(),
+        );
+        assert_ne!(a, b);
+        assert_eq!(map.tag(b"/layers/a").unwrap(), a);
+        let in_a = map.identity(a, 42, Some(7)).unwrap();
+        let in_b = map.identity(b, 42, Some(7)).unwrap();
+        assert_ne!(in_a.id, in_b.id, "the same host inode in two layers");
+        assert_ne!(in_a.id, ROOT);
+        // Inode numbers past 48 bits get ids of their own, kept.
+        let big = map.identity(a, u64::MAX - 3, None).unwrap();
+        let big2 = map.identity(b, u64::MAX - 3, None).unwrap();
+        assert_ne!(big.id, big2.id);
+        assert_ne!(big.id, in_a.id);
+        // A copy in layer b of the file in layer a takes its identity...
+        map.record(&[(b, 99, 5, in_a)]).unwrap();
+        assert_eq!(map.identity(b, 99, Some(5)).unwrap(), in_a);
+        // ...but not a later file the host gives that inode number to.
+        assert_ne!(map.identity(b, 99, Some(6)).unwrap().id, in_a.id);
+        let workspace = map.workspace;
+        drop(map);
+        let map = Inodes::open(&path).unwrap();
+        assert_eq!(map.workspace, workspace);
+        assert_eq!(map.tag(b"/layers/b").unwrap(), b);
+        assert_eq!(map.identity(b, 99, Some(5)).unwrap(), in_a);
+        assert_eq!(map.identity(a, u64::MAX - 3, None).unwrap(), big);
+        map.forget(b, 99);
+        drop(map);
+        let map = Inodes::open(&path).unwrap();
+        assert_ne!(map.identity(b, 99, Some(5)).unwrap().id, in_a.id);
+    }
+}

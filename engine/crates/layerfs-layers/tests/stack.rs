@@ -1,0 +1,347 @@
+//! The layered filesystem's rules, one at a time, through the Filesystem trait.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use layerfs_layers::{StackFs, STATE_IN_UPPER};
+use layerfs_vfs::{
+    Caller, Create, Error, FileId, FileKind, Filesystem, SetAttr, SetTime, Stability, Timestamp,
+};
+
+fn root() -> Caller {
+    Caller::root()
+}
+
+struct Stack {
+    t: tempfile::TempDir,
+    lowers: Vec<PathBuf>,
+}
+
+impl Stack {
+    /// Layers built by `build(i, dir)`, bottom first.
+    fn new(n: usize, build: impl Fn(usize, &Path)) -> Stack {
+        let t = tempfile::tempdir().unwrap();
+        let lowers = (0..n)
+            .map(|i| {
+                let p = t.path().join(format!("l{i}"));
+                std::fs::create_dir(&p).unwrap();
+                build(i, &p);
+                p
+            })
+            .collect();
+        Stack { t, lowers }
+    }
+
+    fn upper(&self) -> PathBuf {
+        self.t.path().join("upper")
+    }
+
+    fn open(&self) -> StackFs {
+        StackFs::open_in_upper(&self.lowers, &self.upper()).unwrap()
+    }
+}
+
+fn at(fs: &StackFs, path: &str) -> Result<FileId, Error> {
+    let mut id = fs.root();
+    for name in path.split('/') {
+        id = fs.lookup(&root(), id, name.as_bytes())?.fileid;
+    }
+    Ok(id)
+}
+
+fn names(fs: &StackFs, dir: FileId) -> Vec<String> {
+    let page = fs.readdir(&root(), dir, 0, 1000, false).unwrap();
+    let mut out: Vec<_> = page
+        .entries
+        .iter()
+        .filter(|e| e.cookie > 2)
+        .map(|e| String::from_utf8(e.name.clone()).unwrap())
+        .collect();
+    out.sort();
+    out
+}
+
+fn read_all(fs: &StackFs, id: FileId) -> Vec<u8> {
+    let mut out = Vec::new();
+    fs.read(&root(), id, 0, 1 << 20, &mut out).unwrap();
+    out
+}
+
+#[test]
+fn whiteouts_and_markers_are_never_seen_nor_made() {
+    let s = Stack::new(2, |i, d| {
+        if i == 0 {
+            std::fs::write(d.join("gone"), b"x").unwrap();
+            std::fs::create_dir(d.join("dir")).unwrap();
+            std::fs::write(d.join("dir/below"), b"x").unwrap();
+        } else {
+            std::fs::write(d.join(".wh.gone"), b"").unwrap();
+            std::fs::create_dir(d.join("dir")).unwrap();
+            std::fs::write(d.join("dir/.wh..wh..opq"), b"").unwrap();
+            std::fs::write(d.join("dir/above"), b"x").unwrap();
+        }
+    });
+    let fs = s.open();
+    assert_eq!(
+        names(&fs, fs.root()),
+        ["dir"],
+        "whiteouts or the state directory showed"
+    );
+    assert_eq!(
+        names(&fs, at(&fs, "dir").unwrap()),
+        ["above"],
+        "opaque did not hide"
+    );
+    assert_eq!(at(&fs, ".wh.gone"), Err(Error::NoEnt));
+    assert_eq!(at(&fs, STATE_IN_UPPER), Err(Error::NoEnt));
+    let r = fs.root();
+    let new = Create::Guarded(SetAttr::default());
+    assert_eq!(
+        fs.create(&root(), r, b".wh.dir", new).err(),
+        Some(Error::Inval)
+    );
+    assert_eq!(
+        fs.mkdir(&root(), r, b".wh..wh..opq", &SetAttr::default())
+            .err(),
+        Some(Error::Inval)
+    );
+    assert_eq!(fs.remove(&root(), r, b".wh.gone").err(), Some(Error::NoEnt));
+}
+
+#[test]
+fn copy_up_keeps_data_mode_owner_times_link_targets_and_the_id() {
+    let s = Stack::new(1, |_, d| {
+        std::fs::write(d.join("f"), b"lower data").unwrap();
+        std::fs::set_permissions(d.join("f"), std::fs::Permissions::from_mode(0o640)).unwrap();
+        std::os::unix::fs::symlink("target/path", d.join("link")).unwrap();
+    });
+    let lower = s.lowers[0].join("f");
+    std::os::unix::fs::chown(&lower, Some(1234), Some(5678)).ok();
+    let fs = s.open();
+    let f = at(&fs, "f").unwrap();
+    let before = fs.getattr(f).unwrap();
+    fs.write(&root(), f, 5, b"DATA", Stability::Unstable)
+        .unwrap();
+    let after = fs.getattr(f).unwrap();
+    assert_eq!(
+        (after.fileid, after.generation),
+        (before.fileid, before.generation)
+    );
+    assert_eq!(after.mode, 0o640);
+    assert_eq!((after.uid, after.gid), (before.uid, before.gid));
+    assert_eq!(read_all(&fs, f), b"lowerDATAa");
+    assert_eq!(
+        std::fs::read(&lower).unwrap(),
+        b"lower data",
+        "the layer changed"
+    );
+    // A symlink copied up for a change of its times keeps its target.
+    let link = at(&fs, "link").unwrap();
+    let when = Timestamp {
+        secs: 1_000_000,
+        nanos: 0,
+    };
+    let set = SetAttr {
+        mtime: SetTime::Client(when),
+        ..SetAttr::default()
+    };
+    fs.setattr(&root(), link, &set, None).unwrap();
+    assert_eq!(fs.readlink(&root(), link).unwrap(), b"target/path");
+    assert_eq!(fs.getattr(link).unwrap().mtime, when);
+    assert_eq!(fs.getattr(link).unwrap().fileid, link);
+    // The data's times came along on the copy: a chmod alone keeps mtime.
+    let g = at(&fs, "f").unwrap();
+    assert_eq!(g, f);
+    assert!(s.upper().join("f").exists());
+}
+
+#[test]
+fn remove_of_a_lower_entry_leaves_a_whiteout_and_rmdir_sees_every_layer() {
+    let s = Stack::new(2, |i, d| {
+        std::fs::create_dir_all(d.join("dir")).unwrap();
+        std::fs::write(d.join(format!("dir/f{i}")), b"x").unwrap();
+    });
+    let fs = s.open();
+    let r = fs.root();
+    let dir = at(&fs, "dir").unwrap();
+    assert_eq!(names(&fs, dir), ["f0", "f1"]);
+    fs.remove(&root(), dir, b"f1").unwrap();
+    assert_eq!(
+        fs.rmdir(&root(), r, b"dir"),
+        Err(Error::NotEmpty),
+        "f0 is still below"
+    );
+    fs.remove(&root(), dir, b"f0").unwrap();
+    assert_eq!(names(&fs, dir), Vec::<String>::new());
+    assert!(s.upper().join("dir/.wh.f0").exists());
+    fs.rmdir(&root(), r, b"dir").unwrap();
+    assert_eq!(at(&fs, "dir"), Err(Error::NoEnt));
+    assert_eq!(fs.getattr(dir), Err(Error::Stale));
+    // A new directory of that name shows nothing of the old ones.
+    let again = fs.mkdir(&root(), r, b"dir", &SetAttr::default()).unwrap().0;
+    assert_eq!(names(&fs, again.fileid), Vec::<String>::new());
+    assert_ne!(again.fileid, dir);
+    for l in &s.lowers {
+        assert_eq!(
+            std::fs::read_dir(l.join("dir")).unwrap().count(),
+            1,
+            "a layer changed"
+        );
+    }
+}
+
+#[test]
+fn a_lower_directory_renames_without_exdev_and_keeps_every_id() {
+    let s = Stack::new(2, |i, d| {
+        std::fs::create_dir_all(d.join("src/sub")).unwrap();
+        std::fs::write(d.join(format!("src/sub/f{i}")), format!("layer {i}")).unwrap();
+    });
+    let fs = s.open();
+    let r = fs.root();
+    let ids: Vec<_> = ["src", "src/sub", "src/sub/f0", "src/sub/f1"]
+        .iter()
+        .map(|p| at(&fs, p).unwrap())
+        .collect();
+    fs.rename(&root(), r, b"src", r, b"dst").unwrap();
+    assert_eq!(at(&fs, "src"), Err(Error::NoEnt));
+    let moved: Vec<_> = ["dst", "dst/sub", "dst/sub/f0", "dst/sub/f1"]
+        .iter()
+        .map(|p| at(&fs, p).unwrap())
+        .collect();
+    assert_eq!(ids, moved);
+    assert_eq!(read_all(&fs, moved[2]), b"layer 0");
+    assert_eq!(read_all(&fs, moved[3]), b"layer 1");
+    // And over an empty lower directory, which must not show through.
+    drop(fs);
+    let s = Stack::new(1, |_, d| {
+        std::fs::create_dir_all(d.join("a")).unwrap();
+        std::fs::create_dir_all(d.join("b")).unwrap();
+        std::fs::write(d.join("b/old"), b"x").unwrap();
+    });
+    let fs = s.open();
+    let r = fs.root();
+    let b = at(&fs, "b").unwrap();
+    fs.remove(&root(), b, b"old").unwrap();
+    fs.rename(&root(), r, b"a", r, b"b").unwrap();
+    assert_eq!(names(&fs, at(&fs, "b").unwrap()), Vec::<String>::new());
+    assert_eq!(names(&fs, r), ["b"]);
+}
+
+#[test]
+fn lower_hard_links_stay_one_file_after_copy_up_of_either_name() {
+    for which in ["one", "two"] {
+        let s = Stack::new(1, |_, d| {
+            std::fs::create_dir(d.join("x")).unwrap();
+            std::fs::write(d.join("one"), b"shared").unwrap();
+            std::fs::hard_link(d.join("one"), d.join("x/two")).unwrap();
+        });
+        let fs = s.open();
+        let path = if which == "one" { "one" } else { "x/two" };
+        let other = if which == "one" { "x/two" } else { "one" };
+        let id = at(&fs, path).unwrap();
+        assert_eq!(at(&fs, other).unwrap(), id);
+        fs.write(&root(), id, 0, b"SH", Stability::FileSync)
+            .unwrap();
+        let o = at(&fs, other).unwrap();
+        assert_eq!(o, id);
+        assert_eq!(read_all(&fs, o), b"SHared");
+        assert_eq!(fs.getattr(o).unwrap().nlink, 2);
+        let up = s.upper();
+        assert_eq!(
+            std::fs::metadata(up.join("one")).unwrap().ino(),
+            std::fs::metadata(up.join("x/two")).unwrap().ino()
+        );
+    }
+}
+
+#[test]
+fn ids_and_data_survive_a_restart_and_leftover_copies_are_cleared() {
+    let s = Stack::new(1, |_, d| {
+        std::fs::create_dir(d.join("d")).unwrap();
+        std::fs::write(d.join("d/f"), b"lower").unwrap();
+    });
+    let fs = s.open();
+    let f = at(&fs, "d/f").unwrap();
+    let before = fs.getattr(f).unwrap();
+    fs.write(&root(), f, 0, b"upper", Stability::FileSync)
+        .unwrap();
+    drop(fs);
+    // A copy a crash left in the staging directory is never shown.
+    let work = s.upper().join(STATE_IN_UPPER).join("work");
+    std::fs::write(work.join("t99"), b"half a copy").unwrap();
+    let fs = s.open();
+    assert!(!work.join("t99").exists());
+    // The handle's id is found again, without a lookup first.
+    let again = fs.getattr(f).unwrap();
+    assert_eq!(
+        (again.fileid, again.generation),
+        (before.fileid, before.generation)
+    );
+    assert_eq!(read_all(&fs, f), b"upper");
+}
+
+/// Counts bytes allocated, to show a copy-up streams.
+mod counting {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+
+    pub static LARGEST: AtomicUsize = AtomicUsize::new(0);
+
+    pub struct Counting;
+
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            LARGEST.fetch_max(layout.size(), Relaxed);
+            unsafe { System.alloc(layout) }
+        }
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            unsafe { System.dealloc(ptr, layout) }
+        }
+    }
+}
+
+#[global_allocator]
+static ALLOC: counting::Counting = counting::Counting;
+
+#[test]
+fn a_copy_up_streams_the_file_and_never_holds_it_in_memory() {
+    const SIZE: usize = 32 << 20;
+    let s = Stack::new(1, |_, d| {
+        let data: Vec<u8> = (0..SIZE).map(|i| (i % 251) as u8).collect();
+        std::fs::write(d.join("big"), &data).unwrap();
+    });
+    let fs = s.open();
+    let big = at(&fs, "big").unwrap();
+    counting::LARGEST.store(0, std::sync::atomic::Ordering::Relaxed);
+    fs.write(&root(), big, SIZE as u64, b"!", Stability::Unstable)
+        .unwrap();
+    let largest = counting::LARGEST.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        largest < 1 << 20,
+        "an allocation of {largest} bytes during copy-up"
+    );
+    assert_eq!(fs.getattr(big).unwrap().size, SIZE as u64 + 1);
+    let mut tail = Vec::new();
+    fs.read(&root(), big, SIZE as u64 - 2, 10, &mut tail)
+        .unwrap();
+    assert_eq!(
+        tail,
+        [((SIZE - 2) % 251) as u8, ((SIZE - 1) % 251) as u8, b'!']
+    );
+}
+
+#[test]
+fn kinds_show_as_the_top_layer_has_them() {
+    let s = Stack::new(2, |i, d| {
+        if i == 0 {
+            std::fs::create_dir(d.join("x")).unwrap();
+            std::fs::write(d.join("x/inside"), b"").unwrap();
+        } else {
+            std::fs::write(d.join("x"), b"file now").unwrap();
+        }
+    });
+    let fs = s.open();
+    let x = at(&fs, "x").unwrap();
+    assert_eq!(fs.getattr(x).unwrap().kind, FileKind::Regular);
+    assert_eq!(at(&fs, "x/inside"), Err(Error::NotDir));
+}
