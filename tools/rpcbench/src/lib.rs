@@ -166,19 +166,46 @@ pub fn call_once(
     proc: u32,
     args: &impl Pack,
 ) -> io::Result<Vec<u8>> {
-    let mut stream = TcpStream::connect(addr)?;
-    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-    stream.write_all(&frame_call(1, prog, vers, proc, args))?;
-    let mut replies = Records::new(&stream);
-    let reply = replies.next_record()?.ok_or(io::ErrorKind::UnexpectedEof)?;
-    let bytes = reply.as_bytes();
-    let word = |i: usize| {
-        bytes
-            .get(i * 4..i * 4 + 4)
-            .map(|w| u32::from_be_bytes(w.try_into().expect("4 bytes")))
-    };
-    if (word(1), word(2), word(5)) != (Some(1), Some(0), Some(0)) {
-        return Err(io::Error::other("the call was not accepted"));
+    Client::connect(addr)?.call(prog, vers, proc, args)
+}
+
+/// One connection that sends calls one at a time, as a single process's
+/// system calls reach a kernel client's server.
+pub struct Client {
+    stream: TcpStream,
+    xid: u32,
+}
+
+impl Client {
+    pub fn connect(addr: SocketAddr) -> io::Result<Client> {
+        let stream = TcpStream::connect(addr)?;
+        stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+        stream.set_nodelay(true)?;
+        Ok(Client { stream, xid: 0 })
     }
-    Ok(bytes[24..].to_vec())
+
+    /// Sends one call and returns the procedure's results (the bytes after
+    /// an accepted, successful reply header).
+    pub fn call(
+        &mut self,
+        prog: u32,
+        vers: u32,
+        proc: u32,
+        args: &impl Pack,
+    ) -> io::Result<Vec<u8>> {
+        self.xid = self.xid.wrapping_add(1);
+        (&self.stream).write_all(&frame_call(self.xid, prog, vers, proc, args))?;
+        let mut replies = Records::new(&self.stream);
+        let reply = replies.next_record()?.ok_or(io::ErrorKind::UnexpectedEof)?;
+        let bytes = reply.as_bytes();
+        let word = |i: usize| {
+            bytes
+                .get(i * 4..i * 4 + 4)
+                .map(|w| u32::from_be_bytes(w.try_into().expect("4 bytes")))
+        };
+        if (word(0), word(1), word(2), word(5)) != (Some(self.xid), Some(1), Some(0), Some(0)) {
+            return Err(io::Error::other("the call was not accepted"));
+        }
+        Ok(bytes[24..].to_vec())
+    }
 }

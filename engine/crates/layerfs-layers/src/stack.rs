@@ -25,7 +25,7 @@ mod merge;
 mod ops;
 
 use inodes::{Inodes, ROOT};
-use merge::{Found, Layer, Layers, Part, UPPER};
+use merge::{Found, Layer, Layers, Listed, Part, UPPER};
 
 /// Ids known to be gone that are kept; past this the set starts over.
 const GONE_KEPT: usize = 65_536;
@@ -50,8 +50,8 @@ type LinkIndex = HashMap<u64, Vec<Vec<Vec<u8>>>>;
 /// An open file: layers' generation, layer, descriptor.
 type OpenFile = (u64, usize, Arc<OwnedFd>);
 
-/// A directory's listing: (cookie, name, id), sorted by cookie.
-type Listing = Arc<Vec<(u64, Box<[u8]>, FileId)>>;
+/// A directory's listing with each entry's cookie, sorted by cookie.
+type Listing = Arc<Vec<(u64, Listed)>>;
 
 pub struct StackFs {
     layers: RwLock<Arc<Layers>>,
@@ -159,6 +159,7 @@ impl StackFs {
         }
         let mut layers = Layers {
             all,
+            indexes: Mutex::new(HashMap::new()),
             generation,
             root_parts: Vec::new(),
         };
@@ -276,16 +277,16 @@ impl StackFs {
             let Ok(entries) = layers.list(&self.inodes, &parts) else {
                 continue;
             };
-            for (name, child, is_dir) in entries {
-                self.remember(dir, &name, child);
-                if child == id {
+            for e in entries {
+                self.remember(dir, &e.name, e.id);
+                if e.id == id {
                     return Ok(Node {
                         parent: dir,
-                        name: name.into(),
+                        name: e.name,
                     });
                 }
-                if is_dir {
-                    queue.push_back(child);
+                if e.is_dir {
+                    queue.push_back(e.id);
                 }
             }
         }

@@ -164,8 +164,9 @@ impl StackFs {
     pub(super) fn copy_up_tree(&self, layers: &Layers, id: FileId) -> Result<()> {
         let up = self.upper_dir(layers, id)?;
         let found = self.found(layers, id)?;
-        for (name, child, _) in layers.list(&self.inodes, &found.parts)? {
-            self.remember(id, &name, child);
+        for e in layers.list(&self.inodes, &found.parts)? {
+            let child = e.id;
+            self.remember(id, &e.name, child);
             let f = self.found(layers, child)?;
             if f.kind() == FileKind::Directory {
                 self.copy_up_tree(layers, child)?;

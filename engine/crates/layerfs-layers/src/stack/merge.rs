@@ -8,7 +8,7 @@
 use std::collections::{HashMap, HashSet};
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use layerfs_vfs::hostdir::{self, Host};
 use layerfs_vfs::{Attr, Error, FileId, FileKind, Result};
@@ -18,6 +18,8 @@ use crate::{OPAQUE_MARKER, WHITEOUT_PREFIX};
 
 /// Index of the writable upper in [`Layers::all`]; the others follow it top-down.
 pub const UPPER: usize = 0;
+/// Lower directories whose entries are kept; past this the cache starts over.
+const INDEXED_DIRS: usize = 16_384;
 
 pub struct Layer {
     pub tag: u16,
@@ -28,6 +30,8 @@ pub struct Layer {
 /// The stack, top first: the upper, then the layers below it.
 pub struct Layers {
     pub all: Vec<Layer>,
+    /// Lower directories' entries, by layer and host inode.
+    pub indexes: Mutex<HashMap<(usize, u64), Arc<DirIndex>>>,
     /// Changes at each commit; caches keyed by layer index check it.
     pub generation: u64,
     /// The root's parts: each layer's root, down to the first opaque one.
@@ -39,6 +43,47 @@ pub struct Layers {
 pub struct Part {
     pub layer: usize,
     pub fd: Arc<OwnedFd>,
+    /// The directory's host inode number.
+    pub ino: u64,
+}
+
+/// A lower directory's entries, read once: layers never change.
+#[derive(Default)]
+pub struct DirIndex {
+    /// Name → host inode number, and whether it is a directory.
+    entries: HashMap<Box<[u8]>, (u64, bool)>,
+    /// Names whited out here.
+    whiteouts: HashSet<Box<[u8]>>,
+    /// Holds the opaque marker.
+    opaque: bool,
+}
+
+impl DirIndex {
+    fn read(dir: BorrowedFd<'_>) -> Result<DirIndex> {
+        let mut index = DirIndex::default();
+        for (name, ino, is_dir) in hostdir::list(dir)? {
+            match name.strip_prefix(WHITEOUT_PREFIX.as_bytes()) {
+                Some(_) if name == OPAQUE_MARKER.as_bytes() => index.opaque = true,
+                Some(rest) => {
+                    index.whiteouts.insert(rest.into());
+                }
+                None => {
+                    index.entries.insert(name.into(), (ino, is_dir));
+                }
+            }
+        }
+        Ok(index)
+    }
+}
+
+/// One name of a merged listing.
+pub struct Listed {
+    pub name: Box<[u8]>,
+    pub id: FileId,
+    pub is_dir: bool,
+    /// The directory holding the only instance, whose attributes are the
+    /// entry's; `None` for a directory merged from several layers.
+    pub alone_in: Option<Part>,
 }
 
 /// A visible entry.
@@ -119,6 +164,7 @@ impl Layers {
             parts.push(Part {
                 layer,
                 fd: l.root.clone(),
+                ino: rustix::fs::fstat(&*l.root)?.st_ino,
             });
             if is_opaque(l.root.as_fd())? {
                 break;
@@ -152,6 +198,15 @@ impl Layers {
         let mut found: Option<Found> = None;
         let mut bottom: Option<(usize, Attr)> = None;
         for part in parts {
+            if let Some(index) = self.index(part)? {
+                // Nothing to ask the host when a layer has no such name.
+                if !index.entries.contains_key(name.to_bytes()) {
+                    if index.whiteouts.contains(name.to_bytes()) {
+                        break;
+                    }
+                    continue;
+                }
+            }
             let stats = &self.all[part.layer].host.stats;
             match stats.at(part.fd.as_fd(), name) {
                 Ok(host) => {
@@ -173,11 +228,21 @@ impl Layers {
                         break;
                     }
                     let fd = Arc::new(hostdir::open_dir(part.fd.as_fd(), name)?);
-                    let opaque = is_opaque(fd.as_fd())?;
-                    f.parts.push(Part {
+                    let child = Part {
                         layer: part.layer,
                         fd,
-                    });
+                        ino: host.fileid,
+                    };
+                    let opaque = match self.index(&child)? {
+                        Some(index) => index.opaque,
+                        None => is_opaque(child.fd.as_fd())?,
+                    };
+                    if f.parts.is_empty() && part.layer != UPPER {
+                        // Reading its entries may have moved its atime.
+                        f.host = stats.fd(child.fd.as_fd())?;
+                        f.attr = f.host;
+                    }
+                    f.parts.push(child);
                     bottom = Some((part.layer, host));
                     if opaque {
                         break;
@@ -207,6 +272,15 @@ impl Layers {
     /// directory made of `parts`: what removing it from above would reveal.
     pub fn shows_below(&self, parts: &[Part], above: usize, name: &CStr) -> Result<bool> {
         for part in parts.iter().filter(|p| p.layer > above) {
+            if let Some(index) = self.index(part)? {
+                if index.entries.contains_key(name.to_bytes()) {
+                    return Ok(true);
+                }
+                if index.whiteouts.contains(name.to_bytes()) {
+                    return Ok(false);
+                }
+                continue;
+            }
             if exists(part.fd.as_fd(), name)? {
                 return Ok(true);
             }
@@ -217,56 +291,80 @@ impl Layers {
         Ok(false)
     }
 
-    /// The names the directory made of `parts` shows, each once, with the
-    /// identity of what each names and whether it is a directory: whiteouts
-    /// and markers applied, not listed.
-    pub fn list(&self, inodes: &Inodes, parts: &[Part]) -> Result<Vec<(Vec<u8>, FileId, bool)>> {
+    /// The entries of `part`'s directory if it is in a read-only layer,
+    /// read the first time they are asked for.
+    fn index(&self, part: &Part) -> Result<Option<Arc<DirIndex>>> {
+        if part.layer == UPPER {
+            return Ok(None);
+        }
+        let key = (part.layer, part.ino);
+        if let Some(index) = self.indexes.lock().expect("indexes").get(&key) {
+            return Ok(Some(index.clone()));
+        }
+        let index = Arc::new(DirIndex::read(part.fd.as_fd())?);
+        let mut indexes = self.indexes.lock().expect("indexes");
+        if indexes.len() >= INDEXED_DIRS {
+            indexes.clear();
+        }
+        indexes.insert(key, index.clone());
+        Ok(Some(index))
+    }
+
+    /// The names the directory made of `parts` shows, each once:
+    /// whiteouts and markers applied, not listed.
+    pub fn list(&self, inodes: &Inodes, parts: &[Part]) -> Result<Vec<Listed>> {
         struct Seen {
-            id: FileId,
-            is_dir: bool,
+            listed: Listed,
             /// A directory of the same name lies below: the identity is
             /// settled by a lookup, which knows where merging stops.
             merges: bool,
         }
-        let mut hidden: HashSet<Vec<u8>> = HashSet::new();
-        let mut seen: HashMap<Vec<u8>, Seen> = HashMap::new();
+        let mut hidden: HashSet<Box<[u8]>> = HashSet::new();
+        let mut seen: HashMap<Box<[u8]>, Seen> = HashMap::new();
         let mut order = Vec::new();
         for part in parts {
-            let mut whiteouts = Vec::new();
-            for (name, ino, is_dir) in hostdir::list(part.fd.as_fd())? {
-                if let Some(rest) = name.strip_prefix(WHITEOUT_PREFIX.as_bytes()) {
-                    if name != OPAQUE_MARKER.as_bytes() {
-                        whiteouts.push(rest.to_vec());
-                    }
+            let index = match self.index(part)? {
+                Some(index) => index,
+                None => Arc::new(DirIndex::read(part.fd.as_fd())?),
+            };
+            for (name, &(ino, is_dir)) in &index.entries {
+                if hidden.contains(name) {
                     continue;
                 }
-                if hidden.contains(&name) {
-                    continue;
-                }
-                match seen.get_mut(&name) {
-                    Some(s) => s.merges |= s.is_dir && is_dir,
+                match seen.get_mut(name) {
+                    Some(s) => s.merges |= s.listed.is_dir && is_dir,
                     None => {
                         let id = inodes.identity(self.tag(part.layer), ino, None)?.id;
+                        let listed = Listed {
+                            name: name.clone(),
+                            id,
+                            is_dir,
+                            alone_in: Some(part.clone()),
+                        };
                         let merges = false;
-                        seen.insert(name.clone(), Seen { id, is_dir, merges });
-                        order.push(name);
+                        seen.insert(name.clone(), Seen { listed, merges });
+                        order.push(name.clone());
                     }
                 }
             }
-            hidden.extend(whiteouts);
+            hidden.extend(index.whiteouts.iter().cloned());
         }
         let mut out = Vec::with_capacity(order.len());
         for name in order {
-            let s = &seen[&name];
-            let id = if s.merges {
+            let Some(mut s) = seen.remove(&name) else {
+                continue;
+            };
+            if s.merges {
                 match self.lookup(inodes, parts, &hostdir::cstr(&name)?)? {
-                    Some(f) => f.attr.fileid,
+                    Some(f) if f.parts.len() > 1 => {
+                        s.listed.id = f.attr.fileid;
+                        s.listed.alone_in = None;
+                    }
+                    Some(_) => {}
                     None => continue,
                 }
-            } else {
-                s.id
-            };
-            out.push((name, id, s.is_dir));
+            }
+            out.push(s.listed);
         }
         Ok(out)
     }

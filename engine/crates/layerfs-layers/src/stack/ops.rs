@@ -17,7 +17,7 @@ use rustix::fs::AtFlags;
 
 use super::copy_up::mark_opaque;
 use super::inodes::ROOT;
-use super::merge::{has_whiteout, is_hidden, whiteout_name, Found, Layers, UPPER};
+use super::merge::{has_whiteout, is_hidden, whiteout_name, Found, Layers, Listed, UPPER};
 use super::{Listing, StackFs, CACHED_DIRS, CACHED_FILES};
 
 /// A name clients may give a new entry: whiteout names would hide files.
@@ -236,6 +236,33 @@ impl StackFs {
         Ok(())
     }
 
+    /// The attributes of a listed entry: from its only instance in one
+    /// call, or by a lookup for a directory merged from several layers.
+    fn listed_attr(&self, layers: &Layers, d: &Found, e: &Listed) -> Option<Attr> {
+        let name = cstr(&e.name).ok()?;
+        let Some(part) = &e.alone_in else {
+            return layers
+                .lookup(&self.inodes, &d.parts, &name)
+                .ok()
+                .flatten()
+                .map(|f| f.attr);
+        };
+        let host = layers.all[part.layer]
+            .host
+            .stats
+            .at(part.fd.as_fd(), &name)
+            .ok()?;
+        let o = self
+            .inodes
+            .identity(layers.tag(part.layer), host.fileid, Some(host.generation))
+            .ok()?;
+        (o.id == e.id).then_some(Attr {
+            fileid: o.id,
+            generation: o.generation,
+            ..host
+        })
+    }
+
     fn listing(&self, layers: &Layers, dir: FileId, d: &Found) -> Result<Listing> {
         let epoch = self.epoch.load(std::sync::atomic::Ordering::Relaxed);
         if let Some((at, listing)) = self.listings.lock().expect("listings").get(&dir) {
@@ -243,12 +270,12 @@ impl StackFs {
                 return Ok(listing.clone());
             }
         }
-        let mut entries: Vec<(u64, Box<[u8]>, FileId)> = layers
+        let mut entries: Vec<(u64, Listed)> = layers
             .list(&self.inodes, &d.parts)?
             .into_iter()
-            .map(|(name, id, _)| {
-                self.remember(dir, &name, id);
-                (name_cookie(&name), name.into(), id)
+            .map(|e| {
+                self.remember(dir, &e.name, e.id);
+                (name_cookie(&e.name), e)
             })
             .collect();
         entries.sort_unstable_by_key(|e| e.0);
@@ -681,7 +708,7 @@ impl Filesystem for StackFs {
         let dots = [(dir, &b"."[..], 1), (parent, &b".."[..], 2)];
         let named = listing[listing.partition_point(|e| e.0 <= cookie)..]
             .iter()
-            .map(|e| (e.2, &e.1[..], e.0));
+            .map(|(cookie, e)| (e.id, &e.name[..], *cookie));
         let mut rest = dots
             .into_iter()
             .filter(|d| d.2 > cookie)
@@ -699,14 +726,17 @@ impl Filesystem for StackFs {
             .collect();
         let eof = rest.peek().is_none();
         if with_attrs {
+            let first = listing.partition_point(|e| e.0 <= cookie);
             for e in &mut entries {
                 e.attr = match e.cookie {
                     1 => Some(d.attr),
                     2 => self.found(&layers, parent).ok().map(|f| f.attr),
-                    _ => cstr(&e.name)
-                        .ok()
-                        .and_then(|n| layers.lookup(&self.inodes, &d.parts, &n).ok().flatten())
-                        .map(|f| f.attr),
+                    c => {
+                        let at = first + listing[first..].partition_point(|l| l.0 < c);
+                        listing
+                            .get(at)
+                            .and_then(|(_, l)| self.listed_attr(&layers, &d, l))
+                    }
                 };
             }
         }
