@@ -29,12 +29,30 @@ use merge::{Found, Layer, Layers, Listed, Part, UPPER};
 
 /// Ids known to be gone that are kept; past this the set starts over.
 const GONE_KEPT: usize = 65_536;
-/// Directories whose parts or listings are kept; past this a cache starts over.
-const CACHED_DIRS: usize = 4096;
 /// Entries whose place is kept; past this the cache starts over.
-const CACHED_LOCATIONS: usize = 65_536;
-/// Open files kept; past this the cache starts over.
-const CACHED_FILES: usize = 512;
+const CACHED_LOCATIONS: usize = 8192;
+
+/// How many directories' parts, listings and open files the caches keep.
+/// They hold descriptors, so their sizes come from the process's limit on
+/// open files: a quarter of it each for directories' parts (with every
+/// layer's descriptor), listings (which hold their directory's) and files,
+/// the last quarter left to clients' calls in flight.
+#[derive(Clone, Copy, Debug)]
+struct Caps {
+    dirs: usize,
+    files: usize,
+}
+
+impl Caps {
+    fn for_layers(layers: usize) -> Caps {
+        let limit = hostdir::raise_fd_limit() as usize;
+        Caps {
+            dirs: (limit / 4 / (layers + 1)).max(8),
+            files: (limit / 4).max(8),
+        }
+    }
+}
+
 /// Where a served upper keeps its state (inode map, copy-up staging): a
 /// whiteout-style name, so never shown.
 pub const STATE_IN_UPPER: &str = ".wh..wh..layerfs";
@@ -55,16 +73,18 @@ type Listing = Arc<Vec<(u64, Listed)>>;
 
 pub struct StackFs {
     layers: RwLock<Arc<Layers>>,
+    caps: Caps,
     inodes: Inodes,
     /// Serialises changes to the namespace, and copy-ups.
     ns: Mutex<()>,
     nodes: RwLock<HashMap<FileId, Node>>,
     gone: Mutex<HashSet<FileId>>,
     /// Parts of directories, by layers' generation.
-    dirs: Mutex<HashMap<FileId, (u64, Vec<Part>)>>,
+    dirs: Mutex<HashMap<FileId, (u64, Found)>>,
     /// Open files: layers' generation, layer, descriptor.
     files: Mutex<HashMap<FileId, OpenFile>>,
-    /// Where ids were found, by the namespace epoch and layers' generation.
+    /// Where files (not directories) were found, by the namespace epoch and
+    /// layers' generation.
     located: Mutex<HashMap<FileId, (u64, u64, Found)>>,
     /// Listings, by the namespace epoch they were read at.
     listings: Mutex<HashMap<FileId, (u64, Listing)>>,
@@ -122,6 +142,7 @@ impl StackFs {
             return Err(at(state, &"not on the upper's filesystem"));
         }
         Ok(StackFs {
+            caps: Caps::for_layers(layers.all.len()),
             layers: RwLock::new(Arc::new(layers)),
             inodes,
             ns: Mutex::new(()),
@@ -300,7 +321,15 @@ impl StackFs {
         if id == ROOT {
             return layers.dir_found(&self.inodes, ROOT, layers.root_parts.clone());
         }
-        // Where it was found, while nothing in the namespace has changed.
+        // A directory's parts stay until directories change.
+        let dir = self.dirs.lock().expect("dirs").get(&id).cloned();
+        if let Some((_, f)) = dir.filter(|d| d.0 == layers.generation) {
+            let top = &f.parts[0];
+            let host = layers.all[top.layer].host.stats.fd(top.fd.as_fd())?;
+            let attr = f.shown(host);
+            return Ok(Found { host, attr, ..f });
+        }
+        // Where a file was found, while nothing in the namespace has changed.
         let epoch = self.epoch.load(Relaxed);
         let located = self.located.lock().expect("located").get(&id).cloned();
         if let Some((at, generation, f)) = located {
@@ -329,10 +358,13 @@ impl StackFs {
                 Some(f) if f.attr.fileid == id => {
                     if f.kind() == FileKind::Directory {
                         let mut dirs = self.dirs.lock().expect("dirs");
-                        if dirs.len() >= CACHED_DIRS {
+                        if dirs.len() >= self.caps.dirs {
                             dirs.clear();
+                            // Its entries hold their directories' descriptors.
+                            self.located.lock().expect("located").clear();
                         }
-                        dirs.insert(id, (layers.generation, f.parts.clone()));
+                        dirs.insert(id, (layers.generation, f.clone()));
+                        return Ok(f);
                     }
                     let mut located = self.located.lock().expect("located");
                     if located.len() >= CACHED_LOCATIONS {
@@ -355,9 +387,9 @@ impl StackFs {
         if id == ROOT {
             return Ok(layers.root_parts.clone());
         }
-        if let Some((generation, parts)) = self.dirs.lock().expect("dirs").get(&id) {
+        if let Some((generation, f)) = self.dirs.lock().expect("dirs").get(&id) {
             if *generation == layers.generation {
-                return Ok(parts.clone());
+                return Ok(f.parts.clone());
             }
         }
         let f = self.found(layers, id)?;

@@ -317,3 +317,17 @@ pub fn open_dir(dir: BorrowedFd<'_>, name: &CStr) -> rustix::io::Result<rustix::
         Mode::empty(),
     )
 }
+
+/// Raises the soft limit on open files to the hard one, for servers that
+/// keep descriptors cached; returns the limit now in force.
+pub fn raise_fd_limit() -> u64 {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        limit.current = limit.maximum;
+        if setrlimit(Resource::Nofile, limit).is_err() {
+            limit = getrlimit(Resource::Nofile);
+        }
+    }
+    limit.current.unwrap_or(1 << 20).min(1 << 20)
+}

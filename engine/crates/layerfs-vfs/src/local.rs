@@ -66,6 +66,8 @@ impl LocalFs {
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
             Mode::empty(),
         )?;
+        // Up to FD_CACHE directories and as many files stay open.
+        hostdir::raise_fd_limit();
         let host = Host::for_dir(root.as_fd());
         let attr = host.stats.fd(root.as_fd())?;
         Ok(LocalFs {

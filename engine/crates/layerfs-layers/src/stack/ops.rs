@@ -18,7 +18,7 @@ use rustix::fs::AtFlags;
 use super::copy_up::mark_opaque;
 use super::inodes::ROOT;
 use super::merge::{has_whiteout, is_hidden, whiteout_name, Found, Layers, Listed, UPPER};
-use super::{Listing, StackFs, CACHED_DIRS, CACHED_FILES};
+use super::{Listing, StackFs};
 
 /// A name clients may give a new entry: whiteout names would hide files.
 fn new_name(name: &[u8]) -> Result<std::ffi::CString> {
@@ -121,7 +121,7 @@ impl StackFs {
         }
         let fd = Arc::new(hostdir::open_file(f.parent.as_fd(), &f.name)?);
         let mut files = self.files.lock().expect("files");
-        if files.len() >= CACHED_FILES {
+        if files.len() >= self.caps.files {
             files.clear();
         }
         files.insert(id, (layers.generation, f.layer, fd.clone()));
@@ -281,7 +281,7 @@ impl StackFs {
         entries.sort_unstable_by_key(|e| e.0);
         let listing = Arc::new(entries);
         let mut listings = self.listings.lock().expect("listings");
-        if listings.len() >= CACHED_DIRS {
+        if listings.len() >= self.caps.dirs {
             listings.clear();
         }
         listings.insert(dir, (epoch, listing.clone()));
