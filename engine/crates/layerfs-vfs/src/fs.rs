@@ -28,6 +28,17 @@ pub enum Create {
     Exclusive([u8; 8]),
 }
 
+/// A new entry other than a regular file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NewEntry<'a> {
+    Dir,
+    /// A symbolic link to the target given.
+    Symlink(&'a [u8]),
+    /// A FIFO, socket or device file, with its device numbers; devices only
+    /// where the host allows.
+    Node(FileKind, (u32, u32)),
+}
+
 /// How durable a WRITE must be before it is answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Stability {
@@ -52,6 +63,40 @@ pub struct DirPage {
     pub entries: Vec<DirEntry>,
     /// No entries follow the last one.
     pub eof: bool,
+}
+
+impl DirPage {
+    /// The page after `cookie` of a listing: `.` (cookie 1) and `..` (2)
+    /// first, then `named`, the entries with cookies past `cookie` in cookie
+    /// order (all above 2); at most `max`, without attributes.
+    pub fn after<'a>(
+        dir: FileId,
+        parent: FileId,
+        cookie: u64,
+        max: usize,
+        named: impl Iterator<Item = (FileId, &'a [u8], u64)>,
+    ) -> DirPage {
+        let dots = [(dir, &b"."[..], 1), (parent, &b".."[..], 2)];
+        let mut rest = dots
+            .into_iter()
+            .filter(|d| d.2 > cookie)
+            .chain(named)
+            .peekable();
+        let entries = rest
+            .by_ref()
+            .take(max)
+            .map(|(fileid, name, cookie)| DirEntry {
+                fileid,
+                name: name.to_vec(),
+                cookie,
+                attr: None,
+            })
+            .collect();
+        DirPage {
+            entries,
+            eof: rest.peek().is_none(),
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -146,13 +191,25 @@ pub trait Filesystem: Send + Sync {
         how: Create,
     ) -> Result<(Attr, Change)>;
 
+    /// Makes a directory, symlink or special file `name` in `dir`.
+    fn make(
+        &self,
+        caller: &Caller,
+        dir: FileId,
+        name: &[u8],
+        what: NewEntry<'_>,
+        set: &SetAttr,
+    ) -> Result<(Attr, Change)>;
+
     fn mkdir(
         &self,
         caller: &Caller,
         dir: FileId,
         name: &[u8],
         set: &SetAttr,
-    ) -> Result<(Attr, Change)>;
+    ) -> Result<(Attr, Change)> {
+        self.make(caller, dir, name, NewEntry::Dir, set)
+    }
 
     fn symlink(
         &self,
@@ -161,9 +218,10 @@ pub trait Filesystem: Send + Sync {
         name: &[u8],
         target: &[u8],
         set: &SetAttr,
-    ) -> Result<(Attr, Change)>;
+    ) -> Result<(Attr, Change)> {
+        self.make(caller, dir, name, NewEntry::Symlink(target), set)
+    }
 
-    /// A FIFO, socket or device file; devices only where the host allows.
     fn mknod(
         &self,
         caller: &Caller,
@@ -172,7 +230,9 @@ pub trait Filesystem: Send + Sync {
         kind: FileKind,
         rdev: (u32, u32),
         set: &SetAttr,
-    ) -> Result<(Attr, Change)>;
+    ) -> Result<(Attr, Change)> {
+        self.make(caller, dir, name, NewEntry::Node(kind, rdev), set)
+    }
 
     fn remove(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<Change>;
 

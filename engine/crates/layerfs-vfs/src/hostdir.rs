@@ -4,7 +4,8 @@
 //! layered workspace share them.
 
 use std::ffi::CStr;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::sync::Arc;
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
@@ -12,7 +13,7 @@ use rustix::io::Errno;
 use crate::access::{self, Caller};
 use crate::attr::{Attr, FileKind, SetAttr, SetTime};
 use crate::error::{Error, Result};
-use crate::fs::{Create, FsStat, Stability};
+use crate::fs::{Create, FsStat, NewEntry, ReadSource, Stability};
 
 mod listing;
 mod rules;
@@ -25,14 +26,6 @@ pub use rules::{
 };
 pub use stat::Stats;
 pub use sys::{sync_all, sync_data};
-
-/// A new entry other than a regular file.
-pub enum NewEntry<'a> {
-    Dir,
-    Symlink(&'a CStr),
-    /// A FIFO, socket or device file, with its device numbers.
-    Node(FileKind, (u32, u32)),
-}
 
 /// How entries are made and changed in one host filesystem.
 #[derive(Clone, Copy, Debug)]
@@ -67,7 +60,7 @@ impl Host {
                 if target.is_empty() {
                     return Err(Error::Inval);
                 }
-                rustix::fs::symlinkat(target, dir, name)?
+                rustix::fs::symlinkat(&*cstr(target)?, dir, name)?
             }
             NewEntry::Node(kind, rdev) => {
                 let file_type = match kind {
@@ -234,9 +227,31 @@ fn truncate_at(dir: BorrowedFd<'_>, name: &CStr, size: u64) -> Result<()> {
     Ok(rustix::fs::ftruncate(&file, size)?)
 }
 
-/// Appends up to `want` bytes of `fd` at `offset` to `dst`, reading into its
-/// spare capacity (no zeroing pass first); returns how many.
-pub fn read_at(fd: BorrowedFd<'_>, offset: u64, want: usize, dst: &mut Vec<u8>) -> Result<usize> {
+/// Where a READ of `count` bytes at `offset` of the open `file` (whose
+/// attributes are `attr`) finds its bytes, for sending without a copy.
+pub fn read_source(file: Arc<OwnedFd>, attr: Attr, offset: u64, count: usize) -> ReadSource {
+    let len = count.min(attr.size.saturating_sub(offset) as usize);
+    let eof = offset.saturating_add(len as u64) >= attr.size;
+    ReadSource {
+        file,
+        offset,
+        len,
+        eof,
+        attr,
+    }
+}
+
+/// Appends up to `count` bytes of `fd` (whose attributes are `attr`) at
+/// `offset` to `dst`, reading into its spare capacity (no zeroing pass
+/// first); returns whether the end was reached, and `attr`.
+pub fn read(
+    fd: BorrowedFd<'_>,
+    attr: Attr,
+    offset: u64,
+    count: usize,
+    dst: &mut Vec<u8>,
+) -> Result<(bool, Attr)> {
+    let want = count.min(attr.size.saturating_sub(offset) as usize);
     let start = dst.len();
     let mut n = 0;
     while n < want {
@@ -254,7 +269,7 @@ pub fn read_at(fd: BorrowedFd<'_>, offset: u64, want: usize, dst: &mut Vec<u8>) 
     // A read may fill more than `want`; the excess is cut.
     let n = n.min(want);
     dst.truncate(start + n);
-    Ok(n)
+    Ok((offset.saturating_add(n as u64) >= attr.size, attr))
 }
 
 /// Writes all of `data` at `offset`, then makes it as durable as `stable` asks.

@@ -20,14 +20,13 @@ use rustix::io::Errno;
 use crate::access::{self, Caller};
 use crate::attr::{Attr, Change, FileKind, SetAttr, Timestamp};
 use crate::error::{Error, Result};
-use crate::fs::{Create, DirEntry, DirPage, Filesystem, FsStat, ReadSource, Stability};
+use crate::fs::{Create, DirPage, Filesystem, FsStat, NewEntry, ReadSource, Stability};
 use crate::FileId;
 
 mod listing;
 
 use crate::hostdir::{
     self, check_name, check_setattr, creatable, cstr, list, removable, sticky_allows, Host,
-    NewEntry,
 };
 use listing::Listings;
 
@@ -286,24 +285,6 @@ impl LocalFs {
             after: self.host.stats.fd(fd.as_fd()).ok(),
         }
     }
-
-    fn new_entry(
-        &self,
-        caller: &Caller,
-        dir: FileId,
-        name: &[u8],
-        what: NewEntry<'_>,
-        set: &SetAttr,
-    ) -> Result<(Attr, Change)> {
-        let cname = creatable(name)?;
-        let (fd, before) = self.dir_for_change(caller, dir)?;
-        let _guard = self.lock(dir);
-        let attr = self
-            .host
-            .make(caller, fd.as_fd(), &before, &cname, what, set)?;
-        self.remember(dir, name, &attr);
-        Ok((attr, self.change(&fd, &before)))
-    }
 }
 
 impl Filesystem for LocalFs {
@@ -384,15 +365,7 @@ impl Filesystem for LocalFs {
         count: usize,
     ) -> Result<Option<ReadSource>> {
         let (file, attr) = self.readable(caller, id)?;
-        let len = count.min(attr.size.saturating_sub(offset) as usize);
-        let eof = offset.saturating_add(len as u64) >= attr.size;
-        Ok(Some(ReadSource {
-            file,
-            offset,
-            len,
-            eof,
-            attr,
-        }))
+        Ok(Some(hostdir::read_source(file, attr, offset, count)))
     }
 
     fn read(
@@ -404,10 +377,7 @@ impl Filesystem for LocalFs {
         dst: &mut Vec<u8>,
     ) -> Result<(bool, Attr)> {
         let (fd, attr) = self.readable(caller, id)?;
-        let want = count.min(attr.size.saturating_sub(offset) as usize);
-        let n = hostdir::read_at(fd.as_fd(), offset, want, dst)?;
-        let eof = offset.saturating_add(n as u64) >= attr.size;
-        Ok((eof, attr))
+        hostdir::read(fd.as_fd(), attr, offset, count, dst)
     }
 
     fn write(
@@ -450,38 +420,22 @@ impl Filesystem for LocalFs {
         Ok((attr, self.change(&fd, &before)))
     }
 
-    fn mkdir(
+    fn make(
         &self,
         caller: &Caller,
         dir: FileId,
         name: &[u8],
+        what: NewEntry<'_>,
         set: &SetAttr,
     ) -> Result<(Attr, Change)> {
-        self.new_entry(caller, dir, name, NewEntry::Dir, set)
-    }
-
-    fn symlink(
-        &self,
-        caller: &Caller,
-        dir: FileId,
-        name: &[u8],
-        target: &[u8],
-        set: &SetAttr,
-    ) -> Result<(Attr, Change)> {
-        let target = cstr(target)?;
-        self.new_entry(caller, dir, name, NewEntry::Symlink(&target), set)
-    }
-
-    fn mknod(
-        &self,
-        caller: &Caller,
-        dir: FileId,
-        name: &[u8],
-        kind: FileKind,
-        rdev: (u32, u32),
-        set: &SetAttr,
-    ) -> Result<(Attr, Change)> {
-        self.new_entry(caller, dir, name, NewEntry::Node(kind, rdev), set)
+        let cname = creatable(name)?;
+        let (fd, before) = self.dir_for_change(caller, dir)?;
+        let _guard = self.lock(dir);
+        let attr = self
+            .host
+            .make(caller, fd.as_fd(), &before, &cname, what, set)?;
+        self.remember(dir, name, &attr);
+        Ok((attr, self.change(&fd, &before)))
     }
 
     fn remove(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<Change> {
@@ -600,28 +554,12 @@ impl Filesystem for LocalFs {
                 );
             }
         })?;
-        let dots = [(dir, &b"."[..], 1), (parent, &b".."[..], 2)];
         let named = listing[listing.partition_point(|e| e.cookie <= cookie)..]
             .iter()
             .map(|e| (e.fileid, &e.name[..], e.cookie));
-        let mut rest = dots
-            .into_iter()
-            .filter(|d| d.2 > cookie)
-            .chain(named)
-            .peekable();
-        let mut entries: Vec<DirEntry> = rest
-            .by_ref()
-            .take(max)
-            .map(|(fileid, name, cookie)| DirEntry {
-                fileid,
-                name: name.to_vec(),
-                cookie,
-                attr: None,
-            })
-            .collect();
-        let eof = rest.peek().is_none();
+        let mut page = DirPage::after(dir, parent, cookie, max, named);
         if with_attrs {
-            for e in &mut entries {
+            for e in &mut page.entries {
                 e.attr = match e.cookie {
                     1 => Some(attr),
                     2 => self.getattr(parent).ok(),
@@ -629,7 +567,7 @@ impl Filesystem for LocalFs {
                 };
             }
         }
-        Ok(DirPage { entries, eof })
+        Ok(page)
     }
 
     fn fsstat(&self, _id: FileId) -> Result<FsStat> {

@@ -116,18 +116,12 @@ impl StackFs {
                     mode: Some(found.host.mode),
                     ..SetAttr::default()
                 };
-                let new = hostdir::NewEntry::Node(kind, found.host.rdev);
+                let new = layerfs_vfs::NewEntry::Node(kind, found.host.rdev);
                 host.make(&caller, work, &found.host, &tmp, new, &set)?;
                 copy_owner_mode_times(host, work, &tmp, &found.host)?;
             }
         }
-        let copy = host.stats.at(work, &tmp)?;
-        let origin = Origin {
-            id: found.attr.fileid,
-            generation: found.attr.generation,
-        };
-        self.inodes
-            .record(&[(layers.tag(UPPER), copy.fileid, copy.generation, origin)])?;
+        self.keep_identity(layers, &host.stats.at(work, &tmp)?, found)?;
         rustix::fs::renameat(work, &tmp, parent, name)?;
         hostdir::sync_all(parent)?;
         self.changed_entries();
@@ -174,16 +168,26 @@ impl StackFs {
                 self.copy_up(layers, child)?;
             }
         }
-        let host = layers.all[UPPER].host.stats.fd(up.as_fd())?;
-        let origin = Origin {
-            id: found.attr.fileid,
-            generation: found.attr.generation,
-        };
-        self.inodes
-            .record(&[(layers.tag(UPPER), host.fileid, host.generation, origin)])?;
+        self.keep_identity(
+            layers,
+            &layers.all[UPPER].host.stats.fd(up.as_fd())?,
+            &found,
+        )?;
         mark_opaque(up.as_fd())?;
         self.changed_dirs();
         Ok(())
+    }
+}
+
+impl StackFs {
+    /// Records, durably, that the upper file `copy` is `original`.
+    fn keep_identity(&self, layers: &Layers, copy: &Attr, original: &Found) -> Result<()> {
+        let origin = Origin {
+            id: original.attr.fileid,
+            generation: original.attr.generation,
+        };
+        self.inodes
+            .record(&[(layers.tag(UPPER), copy.fileid, copy.generation, origin)])
     }
 }
 

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use layerfs_vfs::access::{self, Caller};
 use layerfs_vfs::hostdir::{
     self, check_name, check_setattr, creatable, cstr, exclusive_times, name_cookie, removable,
-    sticky_allows, NewEntry,
+    sticky_allows,
 };
 use layerfs_vfs::{
-    Attr, Change, Create, DirEntry, DirPage, Error, FileId, FileKind, Filesystem, FsStat,
+    Attr, Change, Create, DirPage, Error, FileId, FileKind, Filesystem, FsStat, NewEntry,
     ReadSource, Result, SetAttr, Stability, Timestamp,
 };
 use rustix::fs::AtFlags;
@@ -76,11 +76,17 @@ impl StackFs {
     /// A directory, checked to be one and that `caller` may add and remove
     /// entries in it.
     fn dir_for_change(&self, layers: &Layers, caller: &Caller, dir: FileId) -> Result<Found> {
+        self.dir_for(layers, caller, dir, 2 | 1)
+    }
+
+    /// A directory, checked to be one and that `caller` has the permission
+    /// bits `want` (4 read, 2 write, 1 search) on it.
+    fn dir_for(&self, layers: &Layers, caller: &Caller, dir: FileId, want: u32) -> Result<Found> {
         let d = self.found(layers, dir)?;
         if d.kind() != FileKind::Directory {
             return Err(Error::NotDir);
         }
-        if !access::permits(&d.attr, caller, 2 | 1) {
+        if !access::permits(&d.attr, caller, want) {
             return Err(Error::Access);
         }
         Ok(d)
@@ -139,46 +145,6 @@ impl StackFs {
             return Err(Error::Access);
         }
         Ok((fd, attr))
-    }
-
-    /// Makes a new entry other than a regular file.
-    fn new_entry(
-        &self,
-        caller: &Caller,
-        dir: FileId,
-        name: &[u8],
-        what: NewEntry<'_>,
-        set: &SetAttr,
-    ) -> Result<(Attr, Change)> {
-        let cname = new_name(name)?;
-        let layers = self.layers.read().expect("layers");
-        let _ns = self.lock_ns();
-        let d = self.dir_for_change(&layers, caller, dir)?;
-        if layers.lookup(&self.inodes, &d.parts, &cname)?.is_some() {
-            return Err(Error::Exist);
-        }
-        let up = self.upper_dir(&layers, dir)?;
-        let host = &layers.all[UPPER].host;
-        let hidden_below = has_whiteout(up.as_fd(), name)?;
-        if hidden_below && matches!(what, NewEntry::Dir) {
-            // Made whole elsewhere, so the directories of this name below
-            // never show through it, not even for a moment.
-            let tmp = self.work_name();
-            host.make(caller, self.work.as_fd(), &d.attr, &tmp, what, set)?;
-            mark_opaque(hostdir::open_dir(self.work.as_fd(), &tmp)?.as_fd())?;
-            rustix::fs::renameat(&self.work, &tmp, &*up, &cname)?;
-        } else {
-            host.make(caller, up.as_fd(), &d.attr, &cname, what, set)?;
-        }
-        if hidden_below {
-            clear_whiteout(up.as_fd(), name)?;
-        }
-        self.changed_entries();
-        let f = layers
-            .lookup(&self.inodes, &self.dir_parts(&layers, dir)?, &cname)?
-            .ok_or(Error::Io)?;
-        self.remember(dir, name, f.attr.fileid);
-        Ok((f.attr, change(&d.attr, self.dir_after(&layers, dir))))
     }
 
     /// Removes `name` (found as `f`) from directory `d`, leaving a whiteout
@@ -263,6 +229,26 @@ impl StackFs {
         })
     }
 
+    /// Directory `dir` and its entry `name`, which `caller` may remove or
+    /// rename away.
+    fn victim(
+        &self,
+        layers: &Layers,
+        caller: &Caller,
+        dir: FileId,
+        name: &[u8],
+    ) -> Result<(Found, Found)> {
+        let cname = removable(name)?;
+        let d = self.dir_for_change(layers, caller, dir)?;
+        let f = match is_hidden(name) {
+            true => None,
+            false => layers.lookup(&self.inodes, &d.parts, &cname)?,
+        }
+        .ok_or(Error::NoEnt)?;
+        sticky_allows(caller, &d.attr, &f.attr)?;
+        Ok((d, f))
+    }
+
     fn listing(&self, layers: &Layers, dir: FileId, d: &Found) -> Result<Listing> {
         let epoch = self.epoch.load(std::sync::atomic::Ordering::Relaxed);
         if let Some((at, listing)) = self.listings.lock().expect("listings").get(&dir) {
@@ -328,13 +314,7 @@ impl Filesystem for StackFs {
     fn lookup(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<Attr> {
         check_name(name)?;
         let layers = self.current();
-        let d = self.found(&layers, dir)?;
-        if d.kind() != FileKind::Directory {
-            return Err(Error::NotDir);
-        }
-        if !access::permits(&d.attr, caller, 1) {
-            return Err(Error::Access);
-        }
+        let d = self.dir_for(&layers, caller, dir, 1)?;
         match name {
             b"." => return Ok(d.attr),
             b".." if dir == ROOT => return Ok(d.attr),
@@ -365,15 +345,7 @@ impl Filesystem for StackFs {
         count: usize,
     ) -> Result<Option<ReadSource>> {
         let (file, attr) = self.readable(&self.current(), caller, id)?;
-        let len = count.min(attr.size.saturating_sub(offset) as usize);
-        let eof = offset.saturating_add(len as u64) >= attr.size;
-        Ok(Some(ReadSource {
-            file,
-            offset,
-            len,
-            eof,
-            attr,
-        }))
+        Ok(Some(hostdir::read_source(file, attr, offset, count)))
     }
 
     fn read(
@@ -385,9 +357,7 @@ impl Filesystem for StackFs {
         dst: &mut Vec<u8>,
     ) -> Result<(bool, Attr)> {
         let (fd, attr) = self.readable(&self.current(), caller, id)?;
-        let want = count.min(attr.size.saturating_sub(offset) as usize);
-        let n = hostdir::read_at(fd.as_fd(), offset, want, dst)?;
-        Ok((offset.saturating_add(n as u64) >= attr.size, attr))
+        hostdir::read(fd.as_fd(), attr, offset, count, dst)
     }
 
     fn write(
@@ -474,51 +444,49 @@ impl Filesystem for StackFs {
         Ok((f.attr, change(&d.attr, self.dir_after(&layers, dir))))
     }
 
-    fn mkdir(
+    fn make(
         &self,
         caller: &Caller,
         dir: FileId,
         name: &[u8],
+        what: NewEntry<'_>,
         set: &SetAttr,
     ) -> Result<(Attr, Change)> {
-        self.new_entry(caller, dir, name, NewEntry::Dir, set)
-    }
-
-    fn symlink(
-        &self,
-        caller: &Caller,
-        dir: FileId,
-        name: &[u8],
-        target: &[u8],
-        set: &SetAttr,
-    ) -> Result<(Attr, Change)> {
-        let target = cstr(target)?;
-        self.new_entry(caller, dir, name, NewEntry::Symlink(&target), set)
-    }
-
-    fn mknod(
-        &self,
-        caller: &Caller,
-        dir: FileId,
-        name: &[u8],
-        kind: FileKind,
-        rdev: (u32, u32),
-        set: &SetAttr,
-    ) -> Result<(Attr, Change)> {
-        self.new_entry(caller, dir, name, NewEntry::Node(kind, rdev), set)
-    }
-
-    fn remove(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<Change> {
-        let cname = removable(name)?;
+        let cname = new_name(name)?;
         let layers = self.layers.read().expect("layers");
         let _ns = self.lock_ns();
         let d = self.dir_for_change(&layers, caller, dir)?;
-        let f = match is_hidden(name) {
-            true => None,
-            false => layers.lookup(&self.inodes, &d.parts, &cname)?,
+        if layers.lookup(&self.inodes, &d.parts, &cname)?.is_some() {
+            return Err(Error::Exist);
         }
-        .ok_or(Error::NoEnt)?;
-        sticky_allows(caller, &d.attr, &f.attr)?;
+        let up = self.upper_dir(&layers, dir)?;
+        let host = &layers.all[UPPER].host;
+        let hidden_below = has_whiteout(up.as_fd(), name)?;
+        if hidden_below && matches!(what, NewEntry::Dir) {
+            // Made whole elsewhere, so the directories of this name below
+            // never show through it, not even for a moment.
+            let tmp = self.work_name();
+            host.make(caller, self.work.as_fd(), &d.attr, &tmp, what, set)?;
+            mark_opaque(hostdir::open_dir(self.work.as_fd(), &tmp)?.as_fd())?;
+            rustix::fs::renameat(&self.work, &tmp, &*up, &cname)?;
+        } else {
+            host.make(caller, up.as_fd(), &d.attr, &cname, what, set)?;
+        }
+        if hidden_below {
+            clear_whiteout(up.as_fd(), name)?;
+        }
+        self.changed_entries();
+        let f = layers
+            .lookup(&self.inodes, &self.dir_parts(&layers, dir)?, &cname)?
+            .ok_or(Error::Io)?;
+        self.remember(dir, name, f.attr.fileid);
+        Ok((f.attr, change(&d.attr, self.dir_after(&layers, dir))))
+    }
+
+    fn remove(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<Change> {
+        let layers = self.layers.read().expect("layers");
+        let _ns = self.lock_ns();
+        let (d, f) = self.victim(&layers, caller, dir, name)?;
         if f.kind() == FileKind::Directory {
             return Err(Error::IsDir);
         }
@@ -530,16 +498,9 @@ impl Filesystem for StackFs {
         if name == b".." {
             return Err(Error::NotEmpty);
         }
-        let cname = removable(name)?;
         let layers = self.layers.read().expect("layers");
         let _ns = self.lock_ns();
-        let d = self.dir_for_change(&layers, caller, dir)?;
-        let f = match is_hidden(name) {
-            true => None,
-            false => layers.lookup(&self.inodes, &d.parts, &cname)?,
-        }
-        .ok_or(Error::NoEnt)?;
-        sticky_allows(caller, &d.attr, &f.attr)?;
+        let (d, f) = self.victim(&layers, caller, dir, name)?;
         if f.kind() != FileKind::Directory {
             return Err(Error::NotDir);
         }
@@ -565,14 +526,8 @@ impl Filesystem for StackFs {
         })?;
         let layers = self.layers.read().expect("layers");
         let _ns = self.lock_ns();
-        let fd_ = self.dir_for_change(&layers, caller, from)?;
+        let (fd_, src) = self.victim(&layers, caller, from, from_name)?;
         let td = self.dir_for_change(&layers, caller, to)?;
-        let src = match is_hidden(from_name) {
-            true => None,
-            false => layers.lookup(&self.inodes, &fd_.parts, &from_c)?,
-        }
-        .ok_or(Error::NoEnt)?;
-        sticky_allows(caller, &fd_.attr, &src.attr)?;
         let dst = layers.lookup(&self.inodes, &td.parts, &to_c)?;
         let unchanged = || {
             Ok((
@@ -692,42 +647,20 @@ impl Filesystem for StackFs {
         with_attrs: bool,
     ) -> Result<DirPage> {
         let layers = self.current();
-        let d = self.found(&layers, dir)?;
-        if d.kind() != FileKind::Directory {
-            return Err(Error::NotDir);
-        }
-        if !access::permits(&d.attr, caller, 4) {
-            return Err(Error::Access);
-        }
+        let d = self.dir_for(&layers, caller, dir, 4)?;
         let parent = if dir == ROOT {
             dir
         } else {
             self.node(&layers, dir)?.parent
         };
         let listing = self.listing(&layers, dir, &d)?;
-        let dots = [(dir, &b"."[..], 1), (parent, &b".."[..], 2)];
         let named = listing[listing.partition_point(|e| e.0 <= cookie)..]
             .iter()
             .map(|(cookie, e)| (e.id, &e.name[..], *cookie));
-        let mut rest = dots
-            .into_iter()
-            .filter(|d| d.2 > cookie)
-            .chain(named)
-            .peekable();
-        let mut entries: Vec<DirEntry> = rest
-            .by_ref()
-            .take(max)
-            .map(|(fileid, name, cookie)| DirEntry {
-                fileid,
-                name: name.to_vec(),
-                cookie,
-                attr: None,
-            })
-            .collect();
-        let eof = rest.peek().is_none();
+        let mut page = DirPage::after(dir, parent, cookie, max, named);
         if with_attrs {
             let first = listing.partition_point(|e| e.0 <= cookie);
-            for e in &mut entries {
+            for e in &mut page.entries {
                 e.attr = match e.cookie {
                     1 => Some(d.attr),
                     2 => self.found(&layers, parent).ok().map(|f| f.attr),
@@ -740,7 +673,7 @@ impl Filesystem for StackFs {
                 };
             }
         }
-        Ok(DirPage { entries, eof })
+        Ok(page)
     }
 
     fn fsstat(&self, _id: FileId) -> Result<FsStat> {
