@@ -201,7 +201,7 @@ impl StackFs {
     /// `persist` is called with the new stack (bottom first) to record it;
     /// only once that succeeds does the stack change, so a crash or an error
     /// leaves the old stack whole.
-    pub fn commit(
+    pub fn commit_upper(
         &self,
         new_upper: &Path,
         persist: impl FnOnce(&[PathBuf]) -> Result<()>,

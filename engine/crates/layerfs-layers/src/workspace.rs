@@ -89,7 +89,7 @@ impl Workspace {
         let new_upper = tree.join(next.to_string());
         let committed = self.fs.stack().pop().expect("a stack has an upper");
         self.fs
-            .commit(&new_upper, |stack| {
+            .commit_upper(&new_upper, |stack| {
                 write_stack(&self.dir, stack).map_err(Error::from)
             })
             .map_err(vfs)?;

@@ -1,0 +1,185 @@
+//! A process serving a stack killed (SIGKILL) at arbitrary points of copy-ups,
+//! removals, renames and creates: the next start accepts what it left, every
+//! acknowledged change is there, ids are kept and the layer is untouched.
+//!
+//! Its own harness: the test runs itself as the child that is killed.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use layerfs_layers::StackFs;
+use layerfs_vfs::{Caller, Create, Error, FileId, Filesystem, SetAttr, Stability};
+
+const FILES: usize = 40;
+
+fn who() -> Caller {
+    Caller::root()
+}
+
+fn layer(dir: &Path) {
+    let l = dir.join("lower");
+    std::fs::create_dir_all(l.join("sub")).unwrap();
+    for i in 0..FILES {
+        std::fs::write(l.join(format!("f{i}")), format!("lower {i}\n").repeat(2000)).unwrap();
+        std::fs::write(l.join(format!("sub/g{i}")), b"deep").unwrap();
+    }
+}
+
+fn open(dir: &Path) -> StackFs {
+    StackFs::open_in_upper(&[dir.join("lower")], &dir.join("upper")).unwrap()
+}
+
+fn id(fs: &StackFs, name: &str) -> Result<FileId, Error> {
+    Ok(fs.lookup(&who(), fs.root(), name.as_bytes())?.fileid)
+}
+
+/// Changes the stack until killed, printing each change once it is acknowledged.
+fn child(dir: &Path) {
+    let fs = open(dir);
+    let root = fs.root();
+    let mut out = std::io::stdout().lock();
+    for i in 0..FILES {
+        match i % 4 {
+            // A copy-up by a durable write.
+            0 => {
+                let f = id(&fs, &format!("f{i}")).unwrap();
+                fs.write(
+                    &who(),
+                    f,
+                    0,
+                    format!("upper {i}").as_bytes(),
+                    Stability::FileSync,
+                )
+                .unwrap();
+            }
+            1 => fs
+                .remove(&who(), root, format!("f{i}").as_bytes())
+                .map(drop)
+                .unwrap(),
+            2 => fs
+                .rename(
+                    &who(),
+                    root,
+                    format!("f{i}").as_bytes(),
+                    root,
+                    format!("r{i}").as_bytes(),
+                )
+                .map(drop)
+                .unwrap(),
+            _ => {
+                let how = Create::Guarded(SetAttr::default());
+                let (a, _) = fs
+                    .create(&who(), root, format!("n{i}").as_bytes(), how)
+                    .unwrap();
+                fs.write(&who(), a.fileid, 0, b"new", Stability::FileSync)
+                    .unwrap();
+                fs.commit(a.fileid).unwrap();
+            }
+        }
+        writeln!(out, "ack {i}").unwrap();
+        out.flush().unwrap();
+    }
+    // The whole lower directory `sub` renamed: a tree copy-up.
+    fs.rename(&who(), root, b"sub", root, b"moved").unwrap();
+    writeln!(out, "ack moved").unwrap();
+    out.flush().unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(60));
+}
+
+fn check(dir: &Path, acked: &[String], lower_ids: &[(String, FileId)]) {
+    let fs = open(dir);
+    let ids: std::collections::HashMap<_, _> = lower_ids.iter().cloned().collect();
+    let done = |i: usize| acked.iter().any(|a| *a == format!("ack {i}"));
+    let read = |f: FileId| {
+        let mut v = Vec::new();
+        fs.read(&who(), f, 0, 1 << 20, &mut v).unwrap();
+        v
+    };
+    for i in 0..FILES {
+        let name = format!("f{i}");
+        match i % 4 {
+            0 => {
+                let f = id(&fs, &name).unwrap();
+                assert_eq!(f, ids[&name], "{name} changed id");
+                let data = read(f);
+                let upper = data.starts_with(format!("upper {i}").as_bytes());
+                assert!(upper || !done(i), "{name}: an acknowledged write is lost");
+                let rest = format!("lower {i}\n").repeat(2000);
+                let tail = &data[format!("upper {i}").len().min(data.len())..];
+                assert!(rest.as_bytes().ends_with(tail), "{name}: data mixed up");
+                assert_eq!(data.len(), rest.len(), "{name}: half a copy shows");
+            }
+            1 if done(i) => assert_eq!(id(&fs, &name), Err(Error::NoEnt)),
+            2 if done(i) => {
+                assert_eq!(id(&fs, &name), Err(Error::NoEnt));
+                assert_eq!(id(&fs, &format!("r{i}")).unwrap(), ids[&name]);
+            }
+            3 if done(i) => assert_eq!(read(id(&fs, &format!("n{i}")).unwrap()), b"new"),
+            // Not acknowledged: either before or after, both whole.
+            2 => assert!(id(&fs, &name).is_ok() != id(&fs, &format!("r{i}")).is_ok()),
+            _ => {}
+        }
+    }
+    let moved = acked.iter().any(|a| a == "ack moved");
+    let sub = id(&fs, if moved { "moved" } else { "sub" }).unwrap();
+    assert_eq!(sub, ids["sub"], "the renamed directory changed id");
+    let page = fs.readdir(&who(), sub, 0, 1000, true).unwrap();
+    assert_eq!(
+        page.entries.len(),
+        FILES + 2,
+        "a directory's copy shows half"
+    );
+    assert!(page.entries.iter().all(|e| e.attr.is_some()));
+    for i in 0..FILES {
+        let lower = dir.join(format!("lower/f{i}"));
+        assert_eq!(
+            std::fs::read(lower).unwrap(),
+            format!("lower {i}\n").repeat(2000).as_bytes()
+        );
+    }
+}
+
+fn main() {
+    if let Ok(dir) = std::env::var("LAYERFS_CRASH_CHILD") {
+        child(Path::new(&dir));
+        return;
+    }
+    let me = std::env::current_exe().unwrap();
+    let rounds = 12;
+    for round in 0..rounds {
+        let t = tempfile::tempdir().unwrap();
+        layer(t.path());
+        let lower_ids: Vec<(String, FileId)> = {
+            let fs = open(t.path());
+            let mut v: Vec<_> = (0..FILES).map(|i| format!("f{i}")).collect();
+            v.push("sub".into());
+            v.into_iter()
+                .map(|n| (n.clone(), id(&fs, &n).unwrap()))
+                .collect()
+        };
+        let mut child = Command::new(&me)
+            .env("LAYERFS_CRASH_CHILD", t.path())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Killed after a different number of acknowledged changes each round.
+        let kill_after = round * (FILES + 1) / (rounds - 1);
+        let mut acked = Vec::new();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        while acked.len() < kill_after {
+            match lines.next() {
+                Some(line) => acked.push(line.unwrap()),
+                None => break,
+            }
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        check(t.path(), &acked, &lower_ids);
+        println!(
+            "round {round}: killed after {} acknowledged changes: consistent",
+            acked.len()
+        );
+    }
+    println!("test result: ok. {rounds} crash rounds");
+}
