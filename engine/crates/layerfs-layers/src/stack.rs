@@ -180,7 +180,7 @@ impl StackFs {
         }
         let mut layers = Layers {
             all,
-            indexes: Mutex::new(HashMap::new()),
+            indexes: Mutex::default(),
             generation,
             root_parts: Vec::new(),
         };

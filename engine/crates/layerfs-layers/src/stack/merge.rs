@@ -18,8 +18,9 @@ use crate::{OPAQUE_MARKER, WHITEOUT_PREFIX};
 
 /// Index of the writable upper in [`Layers::all`]; the others follow it top-down.
 pub const UPPER: usize = 0;
-/// Lower directories whose entries are kept; past this the cache starts over.
-const INDEXED_DIRS: usize = 16_384;
+/// Names of lower directories kept in their indexes (some 80 bytes each);
+/// past this the cache starts over.
+const INDEXED_NAMES: usize = 256 * 1024;
 
 pub struct Layer {
     pub tag: u16,
@@ -31,7 +32,7 @@ pub struct Layer {
 pub struct Layers {
     pub all: Vec<Layer>,
     /// Lower directories' entries, by layer and host inode.
-    pub indexes: Mutex<HashMap<(usize, u64), Arc<DirIndex>>>,
+    pub indexes: Mutex<Indexes>,
     /// Changes at each commit; caches keyed by layer index check it.
     pub generation: u64,
     /// The root's parts: each layer's root, down to the first opaque one.
@@ -74,6 +75,13 @@ impl DirIndex {
         }
         Ok(index)
     }
+}
+
+/// The lower directories' indexes kept, and how many names they hold.
+#[derive(Default)]
+pub struct Indexes {
+    by_dir: HashMap<(usize, u64), Arc<DirIndex>>,
+    names: usize,
 }
 
 /// One name of a merged listing.
@@ -298,15 +306,18 @@ impl Layers {
             return Ok(None);
         }
         let key = (part.layer, part.ino);
-        if let Some(index) = self.indexes.lock().expect("indexes").get(&key) {
+        if let Some(index) = self.indexes.lock().expect("indexes").by_dir.get(&key) {
             return Ok(Some(index.clone()));
         }
         let index = Arc::new(DirIndex::read(part.fd.as_fd())?);
+        let size = index.entries.len() + index.whiteouts.len() + 1;
         let mut indexes = self.indexes.lock().expect("indexes");
-        if indexes.len() >= INDEXED_DIRS {
-            indexes.clear();
+        if indexes.names + size > INDEXED_NAMES {
+            indexes.by_dir.clear();
+            indexes.names = 0;
         }
-        indexes.insert(key, index.clone());
+        indexes.names += size;
+        indexes.by_dir.insert(key, index.clone());
         Ok(Some(index))
     }
 
