@@ -345,3 +345,54 @@ fn kinds_show_as_the_top_layer_has_them() {
     assert_eq!(fs.getattr(x).unwrap().kind, FileKind::Regular);
     assert_eq!(at(&fs, "x/inside"), Err(Error::NotDir));
 }
+
+/// A small tmpfs, mounted for the test's life (needs root).
+struct SmallTmpfs(PathBuf);
+
+impl SmallTmpfs {
+    fn mount(dir: &Path, size: &str) -> Option<SmallTmpfs> {
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "layerfs-test"])
+            .arg(dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| SmallTmpfs(dir.to_path_buf()))
+    }
+}
+
+impl Drop for SmallTmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_copy_up_that_fills_the_disk_is_nospc_and_leaves_nothing_behind() {
+    let s = Stack::new(1, |_, d| {
+        std::fs::write(d.join("big"), vec![1u8; 4 << 20]).unwrap();
+        std::fs::write(d.join("small"), b"small").unwrap();
+    });
+    std::fs::create_dir(s.upper()).unwrap();
+    let Some(_tmpfs) = SmallTmpfs::mount(&s.upper(), "1m") else {
+        eprintln!("SKIPPED: mounting a 1 MiB tmpfs needs root; nothing was checked");
+        return;
+    };
+    let fs = s.open();
+    let big = at(&fs, "big").unwrap();
+    let res = fs.write(&root(), big, 0, b"x", Stability::Unstable);
+    assert_eq!(res.err(), Some(Error::NoSpc));
+    // The lower file still shows, whole, and no half copy takes space.
+    assert_eq!(fs.getattr(big).unwrap().size, 4 << 20);
+    assert!(!s.upper().join("big").exists());
+    let work = s.upper().join(STATE_IN_UPPER).join("work");
+    assert_eq!(
+        std::fs::read_dir(&work).unwrap().count(),
+        0,
+        "a half copy was left"
+    );
+    // Smaller changes still fit.
+    let small = at(&fs, "small").unwrap();
+    fs.write(&root(), small, 0, b"SMALL", Stability::FileSync)
+        .unwrap();
+    assert_eq!(read_all(&fs, small), b"SMALL");
+}

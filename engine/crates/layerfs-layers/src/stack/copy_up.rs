@@ -22,11 +22,40 @@ use super::merge::{Found, Layers, UPPER};
 use super::StackFs;
 use crate::OPAQUE_MARKER;
 
+/// A name in the work directory, removed when dropped unless it was renamed
+/// into place first: a copy that failed half way (a full disk) leaves nothing.
+pub(super) struct Staged<'a> {
+    work: BorrowedFd<'a>,
+    pub name: std::ffi::CString,
+    dir: bool,
+}
+
+impl Drop for Staged<'_> {
+    fn drop(&mut self) {
+        let flags = if self.dir {
+            AtFlags::REMOVEDIR
+        } else {
+            AtFlags::empty()
+        };
+        if self.dir {
+            // Only markers can be inside.
+            if let Ok(fd) = hostdir::open_dir(self.work, &self.name) {
+                let _ = super::ops::clear_markers(fd.as_fd());
+            }
+        }
+        let _ = rustix::fs::unlinkat(self.work, &self.name, flags);
+    }
+}
+
 impl StackFs {
-    /// A fresh name in the work directory.
-    pub(super) fn work_name(&self) -> std::ffi::CString {
+    /// A fresh name in the work directory, for a file or a directory.
+    pub(super) fn stage(&self, dir: bool) -> Staged<'_> {
         let n = self.staged.fetch_add(1, Relaxed);
-        std::ffi::CString::new(format!("t{n}")).expect("no NUL")
+        Staged {
+            work: self.work.as_fd(),
+            name: std::ffi::CString::new(format!("t{n}")).expect("no NUL"),
+            dir,
+        }
     }
 
     /// The upper's part of directory `dir`, made (with the lower one's mode,
@@ -41,12 +70,13 @@ impl StackFs {
         }
         let node = self.node(layers, dir)?;
         let parent = self.upper_dir(layers, node.parent)?;
-        let tmp = self.work_name();
+        let staged = self.stage(true);
+        let tmp = &staged.name;
         let work = self.work.as_fd();
-        rustix::fs::mkdirat(work, &tmp, Mode::from_raw_mode(0o700))?;
-        copy_owner_mode_times(&layers.all[UPPER].host, work, &tmp, &found.host)?;
+        rustix::fs::mkdirat(work, tmp, Mode::from_raw_mode(0o700))?;
+        copy_owner_mode_times(&layers.all[UPPER].host, work, tmp, &found.host)?;
         let name = hostdir::cstr(&node.name)?;
-        rustix::fs::renameat(work, &tmp, &*parent, &name)?;
+        rustix::fs::renameat(work, tmp, &*parent, &name)?;
         self.changed_dirs();
         Ok(Arc::new(hostdir::open_dir(parent.as_fd(), &name)?))
     }
@@ -84,7 +114,8 @@ impl StackFs {
     ) -> Result<()> {
         let host = &layers.all[UPPER].host;
         let work = self.work.as_fd();
-        let tmp = self.work_name();
+        let staged = self.stage(false);
+        let tmp = &staged.name;
         let src_name = &found.name;
         match found.kind() {
             FileKind::Regular => {
@@ -96,18 +127,18 @@ impl StackFs {
                 )?;
                 let dst = rustix::fs::openat(
                     work,
-                    &tmp,
+                    tmp,
                     OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::CLOEXEC,
                     Mode::from_raw_mode(0o600),
                 )?;
                 copy_data(src, &dst)?;
-                copy_owner_mode_times(host, work, &tmp, &found.host)?;
+                copy_owner_mode_times(host, work, tmp, &found.host)?;
                 hostdir::sync_all(dst.as_fd())?;
             }
             FileKind::Symlink => {
                 let target = rustix::fs::readlinkat(&*found.parent, src_name, Vec::new())?;
-                rustix::fs::symlinkat(&target, work, &tmp)?;
-                copy_owner_mode_times(host, work, &tmp, &found.host)?;
+                rustix::fs::symlinkat(&target, work, tmp)?;
+                copy_owner_mode_times(host, work, tmp, &found.host)?;
             }
             FileKind::Directory => return Err(Error::IsDir),
             kind => {
@@ -117,12 +148,12 @@ impl StackFs {
                     ..SetAttr::default()
                 };
                 let new = layerfs_vfs::NewEntry::Node(kind, found.host.rdev);
-                host.make(&caller, work, &found.host, &tmp, new, &set)?;
-                copy_owner_mode_times(host, work, &tmp, &found.host)?;
+                host.make(&caller, work, &found.host, tmp, new, &set)?;
+                copy_owner_mode_times(host, work, tmp, &found.host)?;
             }
         }
-        self.keep_identity(layers, &host.stats.at(work, &tmp)?, found)?;
-        rustix::fs::renameat(work, &tmp, parent, name)?;
+        self.keep_identity(layers, &host.stats.at(work, tmp)?, found)?;
+        rustix::fs::renameat(work, tmp, parent, name)?;
         hostdir::sync_all(parent)?;
         self.changed_entries();
         Ok(())

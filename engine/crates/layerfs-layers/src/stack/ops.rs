@@ -61,7 +61,7 @@ fn clear_whiteout(dir: BorrowedFd<'_>, name: &[u8]) -> Result<()> {
 
 /// Empties an upper directory that shows nothing: it holds only whiteouts
 /// and markers.
-fn clear_markers(dir: BorrowedFd<'_>) -> Result<()> {
+pub(super) fn clear_markers(dir: BorrowedFd<'_>) -> Result<()> {
     for (name, _, _) in hostdir::list(dir)? {
         if is_hidden(&name) {
             rustix::fs::unlinkat(dir, &cstr(&name)?, AtFlags::empty())?;
@@ -465,10 +465,11 @@ impl Filesystem for StackFs {
         if hidden_below && matches!(what, NewEntry::Dir) {
             // Made whole elsewhere, so the directories of this name below
             // never show through it, not even for a moment.
-            let tmp = self.work_name();
-            host.make(caller, self.work.as_fd(), &d.attr, &tmp, what, set)?;
-            mark_opaque(hostdir::open_dir(self.work.as_fd(), &tmp)?.as_fd())?;
-            rustix::fs::renameat(&self.work, &tmp, &*up, &cname)?;
+            let staged = self.stage(true);
+            let tmp = &staged.name;
+            host.make(caller, self.work.as_fd(), &d.attr, tmp, what, set)?;
+            mark_opaque(hostdir::open_dir(self.work.as_fd(), tmp)?.as_fd())?;
+            rustix::fs::renameat(&self.work, tmp, &*up, &cname)?;
         } else {
             host.make(caller, up.as_fd(), &d.attr, &cname, what, set)?;
         }
