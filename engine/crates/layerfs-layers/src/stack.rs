@@ -237,14 +237,14 @@ impl StackFs {
         self.layers.read().expect("layers poisoned").clone()
     }
 
-    fn node(&self, _layers: &Layers, id: FileId) -> Result<Node> {
+    fn node(&self, layers: &Layers, id: FileId) -> Result<Node> {
         if let Some(node) = self.nodes.read().expect("nodes").get(&id) {
             return Ok(node.clone());
         }
         if self.gone.lock().expect("gone").contains(&id) {
             return Err(Error::Stale);
         }
-        self.find(_layers, id)
+        self.find(layers, id)
     }
 
     fn remember(&self, parent: FileId, name: &[u8], id: FileId) {

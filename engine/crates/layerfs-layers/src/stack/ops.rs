@@ -414,8 +414,7 @@ impl Filesystem for StackFs {
                     }
                     return Err(Error::Exist);
                 }
-                Create::Unchecked(set) if f.kind() == FileKind::Directory => {
-                    let _ = set;
+                Create::Unchecked(_) if f.kind() == FileKind::Directory => {
                     return Err(Error::IsDir);
                 }
                 Create::Unchecked(set) if f.layer != UPPER && set.size.is_some() => {
