@@ -259,14 +259,18 @@ impl StackFs {
         self.nodes.write().expect("nodes").insert(id, node);
     }
 
-    /// Records that `id` no longer names a file.
-    fn forget(&self, id: FileId) {
+    /// Records that `id` names no file, so it is answered STALE at once.
+    fn mark_gone(&self, id: FileId) {
         let mut gone = self.gone.lock().expect("gone");
         if gone.len() >= GONE_KEPT {
             gone.clear();
         }
         gone.insert(id);
-        drop(gone);
+    }
+
+    /// Records that `id` no longer names a file.
+    fn forget(&self, id: FileId) {
+        self.mark_gone(id);
         self.nodes.write().expect("nodes").remove(&id);
         self.dropped_file(id);
     }
@@ -311,8 +315,7 @@ impl StackFs {
                 }
             }
         }
-        let mut gone = self.gone.lock().expect("gone");
-        gone.insert(id);
+        self.mark_gone(id);
         Err(Error::Stale)
     }
 

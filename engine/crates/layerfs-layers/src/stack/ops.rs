@@ -98,20 +98,30 @@ impl StackFs {
 
     /// An open file for `id`, and what clients see as its attributes. With
     /// `write`, the file is brought into the upper first.
-    fn open_file(&self, layers: &Layers, id: FileId, write: bool) -> Result<(Arc<OwnedFd>, Attr)> {
+    /// An open file for `id`, and what clients see as its attributes, once
+    /// `allowed` accepts those. With `write`, the file is brought into the
+    /// upper first.
+    fn open_file(
+        &self,
+        layers: &Layers,
+        id: FileId,
+        write: bool,
+        allowed: impl Fn(&Attr) -> Result<()>,
+    ) -> Result<(Arc<OwnedFd>, Attr)> {
         let cached = self.files.lock().expect("files").get(&id).cloned();
         if let Some((generation, layer, fd)) = cached {
             if generation == layers.generation && (layer == UPPER || !write) {
                 let host = layers.all[layer].host.stats.fd(fd.as_fd())?;
-                let o = self.inodes.identity(layers.tag(layer), host.fileid, None)?;
-                return Ok((
-                    fd,
-                    Attr {
-                        fileid: o.id,
-                        generation: o.generation,
-                        ..host
-                    },
-                ));
+                let o =
+                    self.inodes
+                        .identity(layers.tag(layer), host.fileid, Some(host.generation))?;
+                let attr = Attr {
+                    fileid: o.id,
+                    generation: o.generation,
+                    ..host
+                };
+                allowed(&attr)?;
+                return Ok((fd, attr));
             }
         }
         let mut f = self.found(layers, id)?;
@@ -120,6 +130,7 @@ impl StackFs {
             FileKind::Directory => return Err(Error::IsDir),
             _ => return Err(Error::Inval),
         }
+        allowed(&f.attr)?;
         if write && f.layer != UPPER {
             let _ns = self.lock_ns();
             self.copy_up(layers, id)?;
@@ -140,11 +151,13 @@ impl StackFs {
         caller: &Caller,
         id: FileId,
     ) -> Result<(Arc<OwnedFd>, Attr)> {
-        let (fd, attr) = self.open_file(layers, id, false)?;
-        if caller.uid != attr.uid && !access::permits(&attr, caller, 4) {
-            return Err(Error::Access);
-        }
-        Ok((fd, attr))
+        // The owner may read its own file whatever the mode, as in LocalFs.
+        self.open_file(layers, id, false, |attr| {
+            if caller.uid != attr.uid && !access::permits(attr, caller, 4) {
+                return Err(Error::Access);
+            }
+            Ok(())
+        })
     }
 
     /// Removes `name` (found as `f`) from directory `d`, leaving a whiteout
@@ -369,11 +382,12 @@ impl Filesystem for StackFs {
         stable: Stability,
     ) -> Result<(Change, Stability)> {
         let layers = self.layers.read().expect("layers");
-        let (_, seen) = self.open_file(&layers, id, false)?;
-        if caller.uid != seen.uid && !access::permits(&seen, caller, 2) {
-            return Err(Error::Access);
-        }
-        let (fd, before) = self.open_file(&layers, id, true)?;
+        let (fd, before) = self.open_file(&layers, id, true, |attr| {
+            if caller.uid != attr.uid && !access::permits(attr, caller, 2) {
+                return Err(Error::Access);
+            }
+            Ok(())
+        })?;
         hostdir::write_at(fd.as_fd(), offset, data, stable)?;
         let after = layers.all[UPPER].host.stats.fd(fd.as_fd())?;
         let after = Attr {
@@ -386,7 +400,7 @@ impl Filesystem for StackFs {
 
     fn commit(&self, id: FileId) -> Result<Change> {
         let layers = self.current();
-        let (fd, before) = self.open_file(&layers, id, false)?;
+        let (fd, before) = self.open_file(&layers, id, false, |_| Ok(()))?;
         hostdir::sync_all(fd.as_fd())?;
         Ok(change(&before, Some(before)))
     }
