@@ -8,7 +8,7 @@
 //! [`copy_up`] first. The upper is private: nothing but this changes it, so
 //! caches are dropped exactly when this changes what they hold.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use layerfs_vfs::hostdir::{self, Host};
+use layerfs_vfs::ids::{IdTable, Place, Seen};
 use layerfs_vfs::{Error, FileId, FileKind, Result};
 use rustix::fs::{Mode, OFlags};
 
@@ -27,8 +28,6 @@ mod ops;
 use inodes::{Inodes, ROOT};
 use merge::{Found, Layer, Layers, Listed, Part, UPPER};
 
-/// Ids known to be gone that are kept; past this the set starts over.
-const GONE_KEPT: usize = 65_536;
 /// Entries whose place is kept; past this the cache starts over.
 const CACHED_LOCATIONS: usize = 8192;
 
@@ -53,15 +52,13 @@ impl Caps {
     }
 }
 
+/// Why a layer or upper on a filesystem without stable inode numbers is refused.
+pub const UNSTABLE_INODES: &str = "its filesystem does not keep inode numbers (an overlay \
+across filesystems, 9p, FUSE?); put the layers and the upper on ext4, xfs, btrfs or tmpfs";
+
 /// Where a served upper keeps its state (inode map, copy-up staging): a
 /// whiteout-style name, so never shown.
 pub const STATE_IN_UPPER: &str = ".wh..wh..layerfs";
-
-#[derive(Clone)]
-struct Node {
-    parent: FileId,
-    name: Box<[u8]>,
-}
 
 /// Paths (components from a layer's root) of each host inode with several names.
 type LinkIndex = HashMap<u64, Vec<Vec<Vec<u8>>>>;
@@ -77,8 +74,7 @@ pub struct StackFs {
     inodes: Inodes,
     /// Serialises changes to the namespace, and copy-ups.
     ns: Mutex<()>,
-    nodes: RwLock<HashMap<FileId, Node>>,
-    gone: Mutex<HashSet<FileId>>,
+    ids: IdTable,
     /// Parts of directories, by layers' generation.
     dirs: Mutex<HashMap<FileId, (u64, Found)>>,
     /// Open files: layers' generation, layer, descriptor.
@@ -95,8 +91,6 @@ pub struct StackFs {
     staged: AtomicU64,
     /// Per layer tag: host inode → paths, for files with several names.
     links: Mutex<HashMap<u16, Arc<LinkIndex>>>,
-    /// Walks of the merged tree made to find an id (for tests).
-    walks: AtomicU64,
     /// The upper's path and each layer's, top first, as opened.
     paths: Mutex<Vec<PathBuf>>,
 }
@@ -137,6 +131,14 @@ impl StackFs {
             paths.push(lower.canonicalize().map_err(|e| at(lower, &e))?);
         }
         let layers = Self::layers_at(&inodes, &paths, 0).map_err(|e| at(upper, &e))?;
+        // Ids are derived from host inode numbers: a filesystem that
+        // renumbers files (overlayfs across filesystems, 9p, most FUSE
+        // filesystems) would turn handles stale under clients.
+        for (layer, path) in layers.all.iter().zip(&paths) {
+            if !layer.host.stats.keeps_inode_numbers() {
+                return Err(at(path, &UNSTABLE_INODES));
+            }
+        }
         let upper_dev = rustix::fs::fstat(&*layers.all[UPPER].root)?.st_dev;
         if rustix::fs::fstat(&work)?.st_dev != upper_dev {
             return Err(at(state, &"not on the upper's filesystem"));
@@ -146,8 +148,7 @@ impl StackFs {
             layers: RwLock::new(Arc::new(layers)),
             inodes,
             ns: Mutex::new(()),
-            nodes: RwLock::new(HashMap::new()),
-            gone: Mutex::new(HashSet::new()),
+            ids: IdTable::new(ROOT),
             dirs: Mutex::new(HashMap::new()),
             files: Mutex::new(HashMap::new()),
             listings: Mutex::new(HashMap::new()),
@@ -156,7 +157,6 @@ impl StackFs {
             work,
             staged: AtomicU64::new(0),
             links: Mutex::new(HashMap::new()),
-            walks: AtomicU64::new(0),
             paths: Mutex::new(paths),
         })
     }
@@ -237,41 +237,31 @@ impl StackFs {
         self.layers.read().expect("layers poisoned").clone()
     }
 
-    fn node(&self, layers: &Layers, id: FileId) -> Result<Node> {
-        if let Some(node) = self.nodes.read().expect("nodes").get(&id) {
-            return Ok(node.clone());
-        }
-        if self.gone.lock().expect("gone").contains(&id) {
-            return Err(Error::Stale);
-        }
-        self.find(layers, id)
+    /// Where `id` was last seen, found by walking the merged tree if the
+    /// table does not know (an id handed out before a restart).
+    fn node(&self, layers: &Layers, id: FileId) -> Result<Place> {
+        self.ids.place(id, |dir| {
+            let parts = self.dir_parts(layers, dir)?;
+            Ok(layers
+                .list(&self.inodes, &parts)?
+                .into_iter()
+                .map(|e| Seen {
+                    name: e.name,
+                    id: e.id,
+                    is_dir: e.is_dir,
+                })
+                .collect())
+        })
     }
 
     fn remember(&self, parent: FileId, name: &[u8], id: FileId) {
-        if id == ROOT {
-            return;
-        }
-        self.gone.lock().expect("gone").remove(&id);
-        let node = Node {
-            parent,
-            name: name.into(),
-        };
-        self.nodes.write().expect("nodes").insert(id, node);
+        self.ids.remember(parent, name, id);
     }
 
-    /// Records that `id` names no file, so it is answered STALE at once.
-    fn mark_gone(&self, id: FileId) {
-        let mut gone = self.gone.lock().expect("gone");
-        if gone.len() >= GONE_KEPT {
-            gone.clear();
-        }
-        gone.insert(id);
-    }
-
-    /// Records that `id` no longer names a file.
-    fn forget(&self, id: FileId) {
-        self.mark_gone(id);
-        self.nodes.write().expect("nodes").remove(&id);
+    /// `name` in `parent`, which named `id`, is gone; `links_left` names of
+    /// the file stay.
+    fn unlinked(&self, parent: FileId, name: &[u8], id: FileId, links_left: u32) {
+        self.ids.unlinked(parent, name, id, links_left);
         self.dropped_file(id);
     }
 
@@ -288,35 +278,6 @@ impl StackFs {
 
     fn dropped_file(&self, id: FileId) {
         self.files.lock().expect("files").remove(&id);
-    }
-
-    /// Walks the merged tree breadth first, remembering what it passes,
-    /// until it meets `id`. Used for ids handed out before a restart.
-    fn find(&self, layers: &Layers, id: FileId) -> Result<Node> {
-        self.walks.fetch_add(1, Relaxed);
-        let mut queue = VecDeque::from([ROOT]);
-        while let Some(dir) = queue.pop_front() {
-            let Ok(parts) = self.dir_parts(layers, dir) else {
-                continue;
-            };
-            let Ok(entries) = layers.list(&self.inodes, &parts) else {
-                continue;
-            };
-            for e in entries {
-                self.remember(dir, &e.name, e.id);
-                if e.id == id {
-                    return Ok(Node {
-                        parent: dir,
-                        name: e.name,
-                    });
-                }
-                if e.is_dir {
-                    queue.push_back(e.id);
-                }
-            }
-        }
-        self.mark_gone(id);
-        Err(Error::Stale)
     }
 
     /// The entry `id` names now.
@@ -351,7 +312,7 @@ impl StackFs {
             let parts = match self.dir_parts(layers, node.parent) {
                 Ok(parts) => parts,
                 Err(_) if attempt == 0 => {
-                    self.nodes.write().expect("nodes").remove(&id);
+                    self.ids.lost(id);
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -378,7 +339,7 @@ impl StackFs {
                 }
                 // Renamed or removed: look for it once more.
                 _ => {
-                    self.nodes.write().expect("nodes").remove(&id);
+                    self.ids.lost(id);
                 }
             }
         }

@@ -4,6 +4,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use layerfs_layers::{StackFs, STATE_IN_UPPER};
+use layerfs_testkit::{or_skip, Mounted};
 use layerfs_vfs::{
     Caller, Create, Error, FileId, FileKind, Filesystem, SetAttr, SetTime, Stability, Timestamp,
 };
@@ -346,26 +347,6 @@ fn kinds_show_as_the_top_layer_has_them() {
     assert_eq!(at(&fs, "x/inside"), Err(Error::NotDir));
 }
 
-/// A small tmpfs, mounted for the test's life (needs root).
-struct SmallTmpfs(PathBuf);
-
-impl SmallTmpfs {
-    fn mount(dir: &Path, size: &str) -> Option<SmallTmpfs> {
-        let ok = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "layerfs-test"])
-            .arg(dir)
-            .status()
-            .is_ok_and(|s| s.success());
-        ok.then(|| SmallTmpfs(dir.to_path_buf()))
-    }
-}
-
-impl Drop for SmallTmpfs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg(&self.0).status();
-    }
-}
-
 #[test]
 fn a_copy_up_that_fills_the_disk_is_nospc_and_leaves_nothing_behind() {
     let s = Stack::new(1, |_, d| {
@@ -373,8 +354,7 @@ fn a_copy_up_that_fills_the_disk_is_nospc_and_leaves_nothing_behind() {
         std::fs::write(d.join("small"), b"small").unwrap();
     });
     std::fs::create_dir(s.upper()).unwrap();
-    let Some(_tmpfs) = SmallTmpfs::mount(&s.upper(), "1m") else {
-        eprintln!("SKIPPED: mounting a 1 MiB tmpfs needs root; nothing was checked");
+    let Some(_tmpfs) = or_skip(Mounted::tmpfs(&s.upper(), "1m"), "a 1 MiB upper") else {
         return;
     };
     let fs = s.open();
@@ -395,4 +375,36 @@ fn a_copy_up_that_fills_the_disk_is_nospc_and_leaves_nothing_behind() {
     fs.write(&root(), small, 0, b"SMALL", Stability::FileSync)
         .unwrap();
     assert_eq!(read_all(&fs, small), b"SMALL");
+}
+
+#[test]
+fn layers_on_a_filesystem_that_renumbers_files_are_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let d = |n: &str| {
+        let p = t.path().join(n);
+        std::fs::create_dir_all(&p).unwrap();
+        p
+    };
+    let (lower, m, merged) = (d("lower"), d("m"), d("merged"));
+    let Some(_tmpfs) = or_skip(Mounted::tmpfs(&m, "8m"), "a tmpfs upper") else {
+        return;
+    };
+    let (up, work) = (d("m/up"), d("m/work"));
+    let overlay = Mounted::overlay(&[lower], &up, &work, &merged, "");
+    let Some(_overlay) = or_skip(overlay, "an overlay across filesystems") else {
+        return;
+    };
+    std::fs::create_dir(merged.join("layer")).unwrap();
+    let fresh = t.path().join("upper");
+    let err = StackFs::open_in_upper(&[merged.join("layer")], &fresh)
+        .err()
+        .expect("a layer whose directories are renumbered was accepted");
+    assert!(
+        err.to_string().contains("does not keep inode numbers"),
+        "{err}"
+    );
+    let err = StackFs::open_in_upper(&[t.path().join("lower")], &merged.join("upper"))
+        .err()
+        .expect("an upper whose directories are renumbered was accepted");
+    assert!(err.to_string().contains("merged/upper"), "{err}");
 }

@@ -1,45 +1,18 @@
 //! A full disk is NOSPC to the client, and the server keeps serving. Needs
-//! root to mount a small tmpfs; without it the test says so and checks nothing.
+//! root to mount a small tmpfs; without it the test says SKIPPED (or fails
+//! where LAYERFS_REQUIRE_MOUNTS=1).
 
 mod support;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-
+use layerfs_testkit::{or_skip, Mounted};
 use nfs3_types::nfs3::*;
 use nfs3_types::xdr_codec::Opaque;
 use support::*;
 
-struct SmallTmpfs(PathBuf);
-
-impl SmallTmpfs {
-    fn mount(dir: &Path) -> Option<SmallTmpfs> {
-        let ok = Command::new("mount")
-            .args([
-                "-t",
-                "tmpfs",
-                "-o",
-                "size=256k",
-                "layerfs-test",
-                dir.to_str()?,
-            ])
-            .status()
-            .is_ok_and(|s| s.success());
-        ok.then(|| SmallTmpfs(dir.to_path_buf()))
-    }
-}
-
-impl Drop for SmallTmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.0).status();
-    }
-}
-
 #[tokio::test]
 async fn a_full_disk_is_nospc_and_the_server_goes_on() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(_fs) = SmallTmpfs::mount(dir.path()) else {
-        eprintln!("SKIPPED: mounting a 256 KiB tmpfs needs root");
+    let Some(_fs) = or_skip(Mounted::tmpfs(dir.path(), "256k"), "a full disk") else {
         return;
     };
     let handle = serve(dir.path());

@@ -22,7 +22,8 @@ mod sys;
 
 pub use listing::{list, name_cookie};
 pub use rules::{
-    apply, check_name, check_setattr, creatable, cstr, exclusive_times, removable, sticky_allows,
+    apply, check_name, check_setattr, creatable, cstr, exclusive_times, mode_after_write,
+    mode_of_new, removable, sticky_allows,
 };
 pub use stat::Stats;
 pub use sys::{sync_all, sync_data};
@@ -74,7 +75,7 @@ impl Host {
                 sys::mknod(dir, name, file_type, mode(0o644), rdev)?
             }
         }
-        self.finish_new(caller, dir, dir_attr, name, &SetAttr { mode: None, ..*set })
+        self.finish_new(caller, dir, dir_attr, name, set)
     }
 
     /// Creates the regular file `name` in `dir` as CREATE does (RFC 1813
@@ -121,7 +122,11 @@ impl Host {
                 self.finish_new(caller, dir, dir_attr, name, &stamp)
             }
             _ if created => {
-                self.finish_new(caller, dir, dir_attr, name, &SetAttr { mode: None, ..set })
+                let set = SetAttr {
+                    mode: Some(set.mode.unwrap_or(0o644)),
+                    ..set
+                };
+                self.finish_new(caller, dir, dir_attr, name, &set)
             }
             _ => {
                 // UNCHECKED on an existing file: only the size applies.
@@ -141,7 +146,8 @@ impl Host {
     }
 
     /// Gives a new entry to its creator (the directory's group if it is
-    /// setgid) and applies the rest of `set`.
+    /// setgid), sets the mode asked for (the server's umask does not apply to
+    /// clients' files) and applies the rest of `set`.
     fn finish_new(
         &self,
         caller: &Caller,
@@ -165,6 +171,10 @@ impl Host {
             )?;
         }
         let attr = self.stats.at(dir, name)?;
+        let mode = set
+            .mode
+            .map(|asked| mode_of_new(caller, asked, &attr))
+            .filter(|&mode| mode != attr.mode && attr.kind != FileKind::Symlink);
         self.change(
             dir,
             name,
@@ -172,6 +182,7 @@ impl Host {
             &SetAttr {
                 uid: None,
                 gid: None,
+                mode,
                 ..*set
             },
         )

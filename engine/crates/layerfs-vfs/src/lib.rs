@@ -10,6 +10,7 @@ mod attr;
 mod error;
 mod fs;
 pub mod hostdir;
+pub mod ids;
 mod local;
 
 pub use access::{Access, Caller};

@@ -7,12 +7,11 @@
 //! Every operation is an `*at` call on a parent descriptor. An id the table
 //! does not know (after a restart) is found again by walking the export once.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::HashMap;
 use std::ffi::CString;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
@@ -21,38 +20,31 @@ use crate::access::{self, Caller};
 use crate::attr::{Attr, Change, FileKind, SetAttr, Timestamp};
 use crate::error::{Error, Result};
 use crate::fs::{Create, DirPage, Filesystem, FsStat, NewEntry, ReadSource, Stability};
+use crate::ids::{IdTable, Place, Seen};
 use crate::FileId;
 
 mod listing;
+mod places;
 
 use crate::hostdir::{
     self, check_name, check_setattr, creatable, cstr, list, removable, sticky_allows, Host,
 };
 use listing::Listings;
+use places::DirPlaces;
 
 /// Open descriptors kept per kind; past this the cache starts over.
 const FD_CACHE: usize = 512;
 /// Locks that serialise changes (and their before/after attributes) per id.
 const STRIPES: usize = 64;
-/// Ids known to be gone that are kept; past this the set starts over.
-const GONE_KEPT: usize = 65_536;
-
-#[derive(Clone)]
-struct Node {
-    parent: FileId,
-    name: Box<[u8]>,
-}
 
 pub struct LocalFs {
     host: Host,
     root: Arc<OwnedFd>,
     root_id: FileId,
-    nodes: RwLock<HashMap<FileId, Node>>,
+    ids: IdTable,
+    /// Directories' ids, where the host does not keep inode numbers.
+    places: Option<DirPlaces>,
     listings: Listings,
-    /// Ids removed here or not found by a walk, answered STALE at once.
-    gone: Mutex<HashSet<FileId>>,
-    /// Walks of the export made to find an id (for tests).
-    walks: AtomicU64,
     dirs: Mutex<HashMap<FileId, Arc<OwnedFd>>>,
     files: Mutex<HashMap<FileId, Arc<OwnedFd>>>,
     stripes: Vec<Mutex<()>>,
@@ -68,15 +60,22 @@ impl LocalFs {
         // Up to FD_CACHE directories and as many files stay open.
         hostdir::raise_fd_limit();
         let host = Host::for_dir(root.as_fd());
-        let attr = host.stats.fd(root.as_fd())?;
+        let (root_id, places) = if host.stats.keeps_inode_numbers() {
+            (host.stats.fd(root.as_fd())?.fileid, None)
+        } else {
+            tracing::info!(
+                "{}: this filesystem does not keep inode numbers; directories get ids by place",
+                dir.display()
+            );
+            (places::ROOT, Some(DirPlaces::default()))
+        };
         Ok(LocalFs {
             host,
             root: Arc::new(root),
-            root_id: attr.fileid,
-            nodes: RwLock::new(HashMap::new()),
+            root_id,
+            ids: IdTable::new(root_id),
+            places,
             listings: Listings::default(),
-            gone: Mutex::new(HashSet::new()),
-            walks: AtomicU64::new(0),
             dirs: Mutex::new(HashMap::new()),
             files: Mutex::new(HashMap::new()),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
@@ -100,81 +99,101 @@ impl LocalFs {
         (g1, Some(self.lock(second)))
     }
 
-    fn node(&self, id: FileId) -> Result<Node> {
-        if let Some(node) = self.nodes.read().expect("nodes poisoned").get(&id) {
-            return Ok(node.clone());
+    /// `attr`, read from the entry `name` of `parent`, with the id it has here.
+    fn named(&self, parent: FileId, name: &[u8], mut attr: Attr) -> Attr {
+        if let (Some(places), FileKind::Directory) = (&self.places, attr.kind) {
+            attr.fileid = self.place_id(places, parent, name);
         }
-        // A client keeps asking about files it removed (stale handles): answer
-        // those without walking the whole export each time.
-        if self.gone.lock().expect("gone poisoned").contains(&id) {
-            return Err(Error::Stale);
-        }
-        self.find(id)
+        attr
     }
 
-    /// Records that `id` no longer names a file here.
-    fn mark_gone(&self, id: FileId) {
-        let mut gone = self.gone.lock().expect("gone poisoned");
-        if gone.len() >= GONE_KEPT {
-            gone.clear();
+    /// The id of the directory `name` in `parent`, given by its place.
+    fn place_id(&self, places: &DirPlaces, parent: FileId, name: &[u8]) -> FileId {
+        places.id(parent, name, |id| {
+            self.ids.is_gone(id)
+                || self
+                    .ids
+                    .get(id)
+                    .is_some_and(|p| p.parent != parent || *p.name != *name)
+        })
+    }
+
+    /// `attr`, read from an open descriptor of `id`, with that id.
+    fn own(&self, id: FileId, mut attr: Attr) -> Attr {
+        if self.places.is_some() && attr.kind == FileKind::Directory {
+            attr.fileid = id;
         }
-        gone.insert(id);
+        attr
+    }
+
+    fn stat_at(&self, parent: FileId, fd: &OwnedFd, name: &[u8]) -> Result<Attr> {
+        let attr = self.host.stats.at(fd.as_fd(), &cstr(name)?)?;
+        Ok(self.named(parent, name, attr))
+    }
+
+    fn stat_fd(&self, id: FileId, fd: &OwnedFd) -> Result<Attr> {
+        Ok(self.own(id, self.host.stats.fd(fd.as_fd())?))
+    }
+
+    /// The entries of directory `dir` (open as `fd`) with their ids.
+    fn entries(&self, dir: FileId, fd: &OwnedFd) -> Result<Vec<Seen>> {
+        let listed = list(fd.as_fd())?.into_iter();
+        let Some(places) = &self.places else {
+            return Ok(listed
+                .map(|(name, id, is_dir)| Seen {
+                    name: name.into(),
+                    id,
+                    is_dir,
+                })
+                .collect());
+        };
+        // A directory's id is its place's; another file's needs its device.
+        Ok(listed
+            .filter_map(|(name, _, is_dir)| {
+                let id = match is_dir {
+                    true => self.place_id(places, dir, &name),
+                    false => self.stat_at(dir, fd, &name).ok()?.fileid,
+                };
+                Some(Seen {
+                    name: name.into(),
+                    id,
+                    is_dir,
+                })
+            })
+            .collect())
+    }
+
+    fn place(&self, id: FileId) -> Result<Place> {
+        self.ids.place(id, |dir| {
+            let fd = self.dir_fd(dir)?;
+            self.entries(dir, &fd)
+        })
     }
 
     fn remember(&self, parent: FileId, name: &[u8], attr: &Attr) {
-        if attr.fileid == self.root_id {
-            return;
-        }
-        self.gone
-            .lock()
-            .expect("gone poisoned")
-            .remove(&attr.fileid);
-        let mut nodes = self.nodes.write().expect("nodes poisoned");
-        nodes.insert(
-            attr.fileid,
-            Node {
-                parent,
-                name: name.into(),
-            },
-        );
+        self.ids.remember(parent, name, attr.fileid);
     }
 
-    fn forget(&self, id: FileId) {
-        self.mark_gone(id);
-        self.nodes.write().expect("nodes poisoned").remove(&id);
-        self.dirs.lock().expect("dirs poisoned").remove(&id);
-        self.files.lock().expect("files poisoned").remove(&id);
-    }
-
-    /// Walks the export breadth first, remembering what it passes, until it
-    /// meets `id`. Used for ids handed out before a restart.
-    fn find(&self, id: FileId) -> Result<Node> {
-        self.walks.fetch_add(1, Relaxed);
-        let mut queue = VecDeque::from([self.root_id]);
-        while let Some(dir) = queue.pop_front() {
-            let Ok(fd) = self.dir_fd(dir) else { continue };
-            let Ok(entries) = list(fd.as_fd()) else {
-                continue;
-            };
-            for (name, ino, is_dir) in entries {
-                let node = Node {
-                    parent: dir,
-                    name: name.into(),
-                };
-                self.nodes
-                    .write()
-                    .expect("nodes poisoned")
-                    .insert(ino, node.clone());
-                if ino == id {
-                    return Ok(node);
-                }
-                if is_dir {
-                    queue.push_back(ino);
-                }
-            }
+    /// `name` in `parent`, which named `victim`, is gone.
+    fn unlinked(&self, parent: FileId, name: &[u8], victim: &Attr) {
+        let links_left = match victim.kind {
+            FileKind::Directory => 0,
+            _ => victim.nlink.saturating_sub(1),
+        };
+        self.ids.unlinked(parent, name, victim.fileid, links_left);
+        if links_left == 0 {
+            self.dirs
+                .lock()
+                .expect("dirs poisoned")
+                .remove(&victim.fileid);
+            self.files
+                .lock()
+                .expect("files poisoned")
+                .remove(&victim.fileid);
         }
-        self.mark_gone(id);
-        Err(Error::Stale)
+        if let (Some(places), FileKind::Directory) = (&self.places, victim.kind) {
+            places.removed(parent, name);
+        }
     }
 
     /// A descriptor of directory `id`.
@@ -185,19 +204,18 @@ impl LocalFs {
         if let Some(fd) = self.dirs.lock().expect("dirs poisoned").get(&id) {
             return Ok(fd.clone());
         }
-        let node = self.node(id)?;
+        let node = self.place(id)?;
         let parent = self.dir_fd(node.parent)?;
         let fd = hostdir::open_dir(parent.as_fd(), &cstr(&node.name)?).map_err(|e| match e {
             // The id names something that is not a directory, or is gone.
-            Errno::NOTDIR | Errno::LOOP => match self.host.stats.at(parent.as_fd(), &node.name[..])
-            {
+            Errno::NOTDIR | Errno::LOOP => match self.stat_at(node.parent, &parent, &node.name) {
                 Ok(attr) if attr.fileid == id => Error::NotDir,
                 _ => Error::Stale,
             },
             Errno::NOENT => Error::Stale,
             e => e.into(),
         })?;
-        if self.host.stats.fd(fd.as_fd())?.fileid != id {
+        if self.stat_fd(id, &fd)?.fileid != id {
             return Err(Error::Stale);
         }
         let fd = Arc::new(fd);
@@ -211,19 +229,17 @@ impl LocalFs {
 
     /// The parent descriptor and name of `id`, checked to still name it.
     fn entry(&self, id: FileId) -> Result<(Arc<OwnedFd>, CString, Attr)> {
-        let node = self.node(id)?;
+        let node = self.place(id)?;
         let parent = self.dir_fd(node.parent)?;
-        let name = cstr(&node.name)?;
-        match self.host.stats.at(parent.as_fd(), &name) {
-            Ok(attr) if attr.fileid == id => Ok((parent, name, attr)),
+        match self.stat_at(node.parent, &parent, &node.name) {
+            Ok(attr) if attr.fileid == id => Ok((parent, cstr(&node.name)?, attr)),
             _ => {
                 // Renamed or removed behind our back: look for it once more.
-                self.nodes.write().expect("nodes poisoned").remove(&id);
-                let node = self.find(id)?;
+                self.ids.lost(id);
+                let node = self.place(id)?;
                 let parent = self.dir_fd(node.parent)?;
-                let name = cstr(&node.name)?;
-                let attr = self.host.stats.at(parent.as_fd(), &name)?;
-                Ok((parent, name, attr))
+                let attr = self.stat_at(node.parent, &parent, &node.name)?;
+                Ok((parent, cstr(&node.name)?, attr))
             }
         }
     }
@@ -260,29 +276,23 @@ impl LocalFs {
         Ok((fd, attr))
     }
 
-    fn dir_attr(&self, dir: &OwnedFd) -> Result<Attr> {
-        let attr = self.host.stats.fd(dir.as_fd())?;
+    /// Directory `dir`, open, and its attributes, if `caller` may search it.
+    fn searchable(&self, caller: &Caller, dir: FileId) -> Result<(Arc<OwnedFd>, Attr)> {
+        let fd = self.dir_fd(dir)?;
+        let attr = self.stat_fd(dir, &fd)?;
         if attr.kind != FileKind::Directory {
             return Err(Error::NotDir);
         }
-        Ok(attr)
-    }
-
-    /// Opens `dir` for adding or removing entries: checks write and search
-    /// permission and returns its descriptor and attributes before the change.
-    fn dir_for_change(&self, caller: &Caller, dir: FileId) -> Result<(Arc<OwnedFd>, Attr)> {
-        let fd = self.dir_fd(dir)?;
-        let attr = self.dir_attr(&fd)?;
-        if !access::permits(&attr, caller, 2 | 1) {
+        if !access::permits(&attr, caller, 1) {
             return Err(Error::Access);
         }
         Ok((fd, attr))
     }
 
-    fn change(&self, fd: &OwnedFd, before: &Attr) -> Change {
+    fn change(&self, id: FileId, fd: &OwnedFd, before: &Attr) -> Change {
         Change {
             before: Some(before.wcc()),
-            after: self.host.stats.fd(fd.as_fd()).ok(),
+            after: self.stat_fd(id, fd).ok(),
         }
     }
 }
@@ -294,10 +304,10 @@ impl Filesystem for LocalFs {
 
     fn getattr(&self, id: FileId) -> Result<Attr> {
         if id == self.root_id {
-            return self.host.stats.fd(self.root.as_fd());
+            return self.stat_fd(id, &self.root);
         }
         if let Some(fd) = self.dirs.lock().expect("dirs poisoned").get(&id).cloned() {
-            return self.host.stats.fd(fd.as_fd());
+            return self.stat_fd(id, &fd);
         }
         Ok(self.entry(id)?.2)
     }
@@ -314,7 +324,7 @@ impl Filesystem for LocalFs {
             (
                 self.root.clone(),
                 CString::new(".").expect("no NUL"),
-                self.host.stats.fd(self.root.as_fd())?,
+                self.stat_fd(id, &self.root)?,
             )
         } else {
             self.entry(id)?
@@ -322,28 +332,24 @@ impl Filesystem for LocalFs {
         if guard.is_some_and(|ctime| ctime != before.ctime) {
             return Err(Error::NotSync);
         }
-        check_setattr(caller, &before, set)?;
-        let after = self.host.change(parent.as_fd(), &name, &before, set)?;
+        let set = check_setattr(caller, &before, set)?;
+        let after = self.host.change(parent.as_fd(), &name, &before, &set)?;
         Ok(Change {
             before: Some(before.wcc()),
-            after: Some(after),
+            after: Some(self.own(id, after)),
         })
     }
 
     fn lookup(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<Attr> {
         check_name(name)?;
-        let fd = self.dir_fd(dir)?;
-        let dir_attr = self.dir_attr(&fd)?;
-        if !access::permits(&dir_attr, caller, 1) {
-            return Err(Error::Access);
-        }
+        let (fd, dir_attr) = self.searchable(caller, dir)?;
         match name {
             b"." => return Ok(dir_attr),
             b".." if dir == self.root_id => return Ok(dir_attr),
-            b".." => return self.getattr(self.node(dir)?.parent),
+            b".." => return self.getattr(self.place(dir)?.parent),
             _ => {}
         }
-        let attr = self.host.stats.at(fd.as_fd(), &cstr(name)?)?;
+        let attr = self.stat_at(dir, &fd, name)?;
         self.remember(dir, name, &attr);
         Ok(attr)
     }
@@ -394,15 +400,19 @@ impl Filesystem for LocalFs {
         if caller.uid != before.uid && !access::permits(&before, caller, 2) {
             return Err(Error::Access);
         }
+        if let Some(mode) = hostdir::mode_after_write(caller, &before) {
+            rustix::fs::fchmod(&*fd, Mode::from_raw_mode(mode))?;
+        }
         hostdir::write_at(fd.as_fd(), offset, data, stable)?;
-        Ok((self.change(&fd, &before), stable))
+        Ok((self.change(id, &fd, &before), stable))
     }
 
     fn commit(&self, id: FileId) -> Result<Change> {
         let fd = self.file_fd(id)?;
+        let _guard = self.lock(id);
         let before = self.host.stats.fd(fd.as_fd())?;
         hostdir::sync_all(fd.as_fd())?;
-        Ok(self.change(&fd, &before))
+        Ok(self.change(id, &fd, &before))
     }
 
     fn create(
@@ -413,11 +423,20 @@ impl Filesystem for LocalFs {
         how: Create,
     ) -> Result<(Attr, Change)> {
         let cname = creatable(name)?;
-        let (fd, before) = self.dir_for_change(caller, dir)?;
         let _guard = self.lock(dir);
+        let (fd, before) = self.searchable(caller, dir)?;
+        // As a local kernel: an existing name is answered before the
+        // directory's write permission is asked for.
+        let existing = self.stat_at(dir, &fd, name).ok();
+        match (existing, how) {
+            (Some(_), Create::Guarded(_)) => return Err(Error::Exist),
+            (None, _) | (Some(_), Create::Exclusive(_)) => writable(caller, &before)?,
+            (Some(_), Create::Unchecked(_)) => {}
+        }
         let attr = self.host.create(caller, fd.as_fd(), &before, &cname, how)?;
+        let attr = self.named(dir, name, attr);
         self.remember(dir, name, &attr);
-        Ok((attr, self.change(&fd, &before)))
+        Ok((attr, self.change(dir, &fd, &before)))
     }
 
     fn make(
@@ -429,27 +448,33 @@ impl Filesystem for LocalFs {
         set: &SetAttr,
     ) -> Result<(Attr, Change)> {
         let cname = creatable(name)?;
-        let (fd, before) = self.dir_for_change(caller, dir)?;
         let _guard = self.lock(dir);
+        let (fd, before) = self.searchable(caller, dir)?;
+        if self.stat_at(dir, &fd, name).is_ok() {
+            return Err(Error::Exist);
+        }
+        writable(caller, &before)?;
         let attr = self
             .host
             .make(caller, fd.as_fd(), &before, &cname, what, set)?;
+        let attr = self.named(dir, name, attr);
         self.remember(dir, name, &attr);
-        Ok((attr, self.change(&fd, &before)))
+        Ok((attr, self.change(dir, &fd, &before)))
     }
 
     fn remove(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<Change> {
         let cname = removable(name)?;
-        let (fd, before) = self.dir_for_change(caller, dir)?;
         let _guard = self.lock(dir);
-        let victim = self.host.stats.at(fd.as_fd(), &cname)?;
+        let (fd, before) = self.searchable(caller, dir)?;
+        let victim = self.stat_at(dir, &fd, name)?;
+        writable(caller, &before)?;
         sticky_allows(caller, &before, &victim)?;
         if victim.kind == FileKind::Directory {
             return Err(Error::IsDir);
         }
         rustix::fs::unlinkat(&*fd, cname.as_c_str(), AtFlags::empty())?;
-        self.forget(victim.fileid);
-        Ok(self.change(&fd, &before))
+        self.unlinked(dir, name, &victim);
+        Ok(self.change(dir, &fd, &before))
     }
 
     fn rmdir(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<Change> {
@@ -457,16 +482,17 @@ impl Filesystem for LocalFs {
             return Err(Error::NotEmpty);
         }
         let cname = removable(name)?;
-        let (fd, before) = self.dir_for_change(caller, dir)?;
         let _guard = self.lock(dir);
-        let victim = self.host.stats.at(fd.as_fd(), &cname)?;
+        let (fd, before) = self.searchable(caller, dir)?;
+        let victim = self.stat_at(dir, &fd, name)?;
+        writable(caller, &before)?;
         sticky_allows(caller, &before, &victim)?;
         if victim.kind != FileKind::Directory {
             return Err(Error::NotDir);
         }
         rustix::fs::unlinkat(&*fd, cname.as_c_str(), AtFlags::REMOVEDIR)?;
-        self.forget(victim.fileid);
-        Ok(self.change(&fd, &before))
+        self.unlinked(dir, name, &victim);
+        Ok(self.change(dir, &fd, &before))
     }
 
     fn rename(
@@ -479,23 +505,31 @@ impl Filesystem for LocalFs {
     ) -> Result<(Change, Change)> {
         let from_c = removable(from_name)?;
         let to_c = removable(to_name)?;
-        let (from_fd, from_before) = self.dir_for_change(caller, from)?;
-        let (to_fd, to_before) = self.dir_for_change(caller, to)?;
         let _guards = self.lock_two(from, to);
-        let moving = self.host.stats.at(from_fd.as_fd(), &from_c)?;
-        sticky_allows(caller, &from_before, &moving)?;
-        let replaced = self.host.stats.at(to_fd.as_fd(), &to_c).ok();
-        if let Some(target) = &replaced {
-            sticky_allows(caller, &to_before, target)?;
-        }
+        let (from_fd, from_before) = self.searchable(caller, from)?;
+        let (to_fd, to_before) = self.searchable(caller, to)?;
+        let moving = self.stat_at(from, &from_fd, from_name)?;
+        let replaced = self.stat_at(to, &to_fd, to_name).ok();
+        rename_allowed(
+            caller,
+            (&from_before, &moving),
+            (&to_before, replaced.as_ref()),
+        )?;
         rustix::fs::renameat(&*from_fd, from_c.as_c_str(), &*to_fd, to_c.as_c_str())?;
         if let Some(target) = replaced.filter(|t| t.fileid != moving.fileid) {
-            self.forget(target.fileid);
+            self.unlinked(to, to_name, &target);
+        }
+        if let (Some(places), FileKind::Directory) = (&self.places, moving.kind) {
+            places.moved((from, from_name), (to, to_name), moving.fileid);
+            self.dirs
+                .lock()
+                .expect("dirs poisoned")
+                .remove(&moving.fileid);
         }
         self.remember(to, to_name, &moving);
         Ok((
-            self.change(&from_fd, &from_before),
-            self.change(&to_fd, &to_before),
+            self.change(from, &from_fd, &from_before),
+            self.change(to, &to_fd, &to_before),
         ))
     }
 
@@ -511,8 +545,12 @@ impl Filesystem for LocalFs {
         if attr.kind == FileKind::Directory {
             return Err(Error::IsDir);
         }
-        let (fd, before) = self.dir_for_change(caller, dir)?;
         let _guard = self.lock(dir);
+        let (fd, before) = self.searchable(caller, dir)?;
+        if self.stat_at(dir, &fd, name).is_ok() {
+            return Err(Error::Exist);
+        }
+        writable(caller, &before)?;
         rustix::fs::linkat(
             &*src_parent,
             src_name.as_c_str(),
@@ -520,8 +558,8 @@ impl Filesystem for LocalFs {
             cname.as_c_str(),
             AtFlags::empty(),
         )?;
-        let attr = self.host.stats.at(fd.as_fd(), &cname)?;
-        Ok((attr, self.change(&fd, &before)))
+        let attr = self.stat_at(dir, &fd, name)?;
+        Ok((attr, self.change(dir, &fd, &before)))
     }
 
     fn readdir(
@@ -533,26 +571,24 @@ impl Filesystem for LocalFs {
         with_attrs: bool,
     ) -> Result<DirPage> {
         let fd = self.dir_fd(dir)?;
-        let attr = self.dir_attr(&fd)?;
+        let attr = self.stat_fd(dir, &fd)?;
+        if attr.kind != FileKind::Directory {
+            return Err(Error::NotDir);
+        }
         if !access::permits(&attr, caller, 4) {
             return Err(Error::Access);
         }
         let parent = if dir == self.root_id {
             dir
         } else {
-            self.node(dir)?.parent
+            self.place(dir)?.parent
         };
-        let listing = self.listings.get(dir, &attr, fd.as_fd(), |fresh| {
-            let mut nodes = self.nodes.write().expect("nodes poisoned");
-            for e in fresh {
-                nodes.insert(
-                    e.fileid,
-                    Node {
-                        parent: dir,
-                        name: e.name.clone(),
-                    },
-                );
+        let listing = self.listings.get(dir, &attr, || {
+            let entries = self.entries(dir, &fd)?;
+            for e in &entries {
+                self.ids.remember(dir, &e.name, e.id);
             }
+            Ok(entries)
         })?;
         let named = listing[listing.partition_point(|e| e.cookie <= cookie)..]
             .iter()
@@ -563,7 +599,7 @@ impl Filesystem for LocalFs {
                 e.attr = match e.cookie {
                     1 => Some(attr),
                     2 => self.getattr(parent).ok(),
-                    _ => self.host.stats.at(fd.as_fd(), &e.name[..]).ok(),
+                    _ => self.stat_at(dir, &fd, &e.name).ok(),
                 };
             }
         }
@@ -573,6 +609,36 @@ impl Filesystem for LocalFs {
     fn fsstat(&self, _id: FileId) -> Result<FsStat> {
         hostdir::fsstat(self.root.as_fd())
     }
+}
+
+/// Whether `caller` may add or remove entries of a directory it may search.
+fn writable(caller: &Caller, dir: &Attr) -> Result<()> {
+    match access::permits(dir, caller, 2) {
+        true => Ok(()),
+        false => Err(Error::Access),
+    }
+}
+
+/// The checks a local kernel makes before a rename, in its order: write
+/// permission on both directories, the sticky rule for the entry moved and
+/// the one replaced, and, for a directory moving to another parent, write
+/// permission on the directory itself (its `..` changes).
+fn rename_allowed(
+    caller: &Caller,
+    (from_dir, moving): (&Attr, &Attr),
+    (to_dir, replaced): (&Attr, Option<&Attr>),
+) -> Result<()> {
+    writable(caller, from_dir)?;
+    sticky_allows(caller, from_dir, moving)?;
+    writable(caller, to_dir)?;
+    if let Some(target) = replaced {
+        sticky_allows(caller, to_dir, target)?;
+    }
+    let new_parent = from_dir.fileid != to_dir.fileid;
+    if moving.kind == FileKind::Directory && new_parent && !access::permits(moving, caller, 2) {
+        return Err(Error::Access);
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -592,12 +658,12 @@ mod tests {
         for _ in 0..100 {
             assert_eq!(fs.getattr(id), Err(Error::Stale));
         }
-        assert_eq!(fs.walks.load(Relaxed), 0);
+        assert_eq!(fs.ids.walks(), 0);
         // An id never seen is looked for once, then known to be gone.
         for _ in 0..100 {
             assert_eq!(fs.getattr(u64::MAX - 1), Err(Error::Stale));
         }
-        assert_eq!(fs.walks.load(Relaxed), 1);
+        assert_eq!(fs.ids.walks(), 1);
         // A new file that reuses an id is found again.
         let again = fs
             .create(

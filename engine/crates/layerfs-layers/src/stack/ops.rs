@@ -207,11 +207,7 @@ impl StackFs {
             self.changed_dirs();
         }
         self.changed_entries();
-        if f.host.nlink <= 1 || f.kind() == FileKind::Directory {
-            self.forget(f.attr.fileid);
-        } else {
-            self.dropped_file(f.attr.fileid);
-        }
+        self.unlinked(dir, name, f.attr.fileid, links_left(f));
         Ok(())
     }
 
@@ -608,8 +604,8 @@ impl Filesystem for StackFs {
             if dst.layer == UPPER && (dst.host.nlink <= 1 || dst.kind() == FileKind::Directory) {
                 self.inodes.forget(layers.tag(UPPER), dst.host.fileid);
             }
-            if dst.host.nlink <= 1 || dst.kind() == FileKind::Directory {
-                self.forget(dst.attr.fileid);
+            if dst.attr.fileid != id {
+                self.unlinked(to, to_name, dst.attr.fileid, links_left(&dst));
             }
         }
         self.remember(to, to_name, id);
@@ -703,4 +699,12 @@ fn link_at(src_dir: BorrowedFd<'_>, src: &CStr, dir: BorrowedFd<'_>, name: &CStr
         name,
         AtFlags::empty(),
     )?)
+}
+
+/// How many names the file `f` keeps once one of its names is removed.
+fn links_left(f: &Found) -> u32 {
+    match f.kind() {
+        FileKind::Directory => 0,
+        _ => f.host.nlink.saturating_sub(1),
+    }
 }

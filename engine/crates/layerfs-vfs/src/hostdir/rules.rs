@@ -7,7 +7,7 @@ use std::os::fd::BorrowedFd;
 use rustix::fs::{AtFlags, Timestamps};
 
 use crate::access::{self, Caller};
-use crate::attr::{Attr, SetAttr, SetTime, Timestamp};
+use crate::attr::{Attr, FileKind, SetAttr, SetTime, Timestamp};
 use crate::error::{Error, Result};
 use crate::NAME_MAX;
 
@@ -60,22 +60,29 @@ pub fn removable(name: &[u8]) -> Result<CString> {
     cstr(name)
 }
 
-/// Who may change what (chmod, chown, utimes, truncate), as a local kernel decides.
-pub fn check_setattr(caller: &Caller, attr: &Attr, set: &SetAttr) -> Result<()> {
+/// Who may change what (chmod, chown, utimes, truncate), as a local kernel
+/// decides; returns the change as that kernel applies it for this caller.
+/// The server itself runs with every privilege, so what the kernel would do
+/// for an unprivileged caller is done here: a chmod by a caller outside the
+/// file's group drops S_ISGID, a truncate drops setuid and setgid.
+pub fn check_setattr(caller: &Caller, attr: &Attr, set: &SetAttr) -> Result<SetAttr> {
     if caller.is_root() {
-        return Ok(());
+        return Ok(*set);
     }
     let owner = caller.uid == attr.uid;
     if set.mode.is_some() && !owner {
         return Err(Error::Perm);
     }
-    if set.uid.is_some_and(|uid| uid != attr.uid) {
+    // Only the owner may "change" the owner to itself, or the group to one
+    // it is in (or the same group).
+    if set.uid.is_some_and(|uid| !(owner && uid == attr.uid)) {
         return Err(Error::Perm);
     }
-    if let Some(gid) = set.gid {
-        if gid != attr.gid && !(owner && caller.in_group(gid)) {
-            return Err(Error::Perm);
-        }
+    if set
+        .gid
+        .is_some_and(|gid| !(owner && (gid == attr.gid || caller.in_group(gid))))
+    {
+        return Err(Error::Perm);
     }
     let explicit_time =
         matches!(set.atime, SetTime::Client(_)) || matches!(set.mtime, SetTime::Client(_));
@@ -89,7 +96,44 @@ pub fn check_setattr(caller: &Caller, attr: &Attr, set: &SetAttr) -> Result<()> 
     if set.size.is_some() && !owner && !access::permits(attr, caller, 2) {
         return Err(Error::Access);
     }
-    Ok(())
+    let mut applied = *set;
+    if let Some(mode) = &mut applied.mode {
+        if !caller.in_group(set.gid.unwrap_or(attr.gid)) {
+            *mode &= !0o2000;
+        }
+    } else if set.size.is_some() {
+        applied.mode = mode_after_write(caller, attr);
+    }
+    Ok(applied)
+}
+
+/// The mode a file takes when `caller` writes to or truncates it, if that
+/// changes it: a caller without privilege drops setuid, and setgid where
+/// group execute is set (without it, setgid marks mandatory locking, not
+/// privilege), as the kernel does.
+pub fn mode_after_write(caller: &Caller, attr: &Attr) -> Option<u32> {
+    if caller.is_root() || attr.kind != FileKind::Regular {
+        return None;
+    }
+    let mut mode = attr.mode & !0o4000;
+    if mode & 0o010 != 0 {
+        mode &= !0o2000;
+    }
+    (mode != attr.mode).then_some(mode)
+}
+
+/// The mode a new entry gets when `caller` asks for `asked`: the bits asked
+/// for, with no umask of the server's; a directory in a setgid directory
+/// keeps the setgid it inherited; a file whose group the caller is not in
+/// loses setgid.
+pub fn mode_of_new(caller: &Caller, asked: u32, made: &Attr) -> u32 {
+    let mut mode = asked & 0o7777;
+    if made.kind == FileKind::Directory {
+        mode |= made.mode & 0o2000;
+    } else if !caller.is_root() && !caller.in_group(made.gid) {
+        mode &= !0o2000;
+    }
+    mode
 }
 
 /// Applies the time part of `set` to `name` in `dir` without following a symlink.

@@ -11,13 +11,13 @@
 //! for [`SETTLED`]; any later change then carries a later time.
 
 use std::collections::HashMap;
-use std::os::fd::BorrowedFd;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::attr::{Attr, Timestamp};
 use crate::error::Result;
-use crate::hostdir::{list, name_cookie};
+use crate::hostdir::name_cookie;
+use crate::ids::Seen;
 use crate::FileId;
 
 /// Directories whose listing is kept; past this the cache starts over.
@@ -46,30 +46,28 @@ pub struct Listings {
 }
 
 impl Listings {
-    /// The listing of `dir` (open as `fd`, with attributes `attr`), sorted by
-    /// cookie. `fresh` sees the entries whenever they were read anew.
+    /// The listing of `dir` (with attributes `attr`), sorted by cookie;
+    /// `read` gives its entries when they must be read anew.
     pub fn get(
         &self,
         dir: FileId,
         attr: &Attr,
-        fd: BorrowedFd<'_>,
-        fresh: impl FnOnce(&[Listed]),
+        read: impl FnOnce() -> Result<Vec<Seen>>,
     ) -> Result<Arc<Vec<Listed>>> {
         if let Some(kept) = self.cache.lock().expect("listings poisoned").get(&dir) {
             if (kept.mtime, kept.ctime) == (attr.mtime, attr.ctime) {
                 return Ok(kept.listing.clone());
             }
         }
-        let mut entries: Vec<Listed> = list(fd)?
+        let mut entries: Vec<Listed> = read()?
             .into_iter()
-            .map(|(name, fileid, _)| Listed {
-                cookie: name_cookie(&name),
-                fileid,
-                name: name.into(),
+            .map(|e| Listed {
+                cookie: name_cookie(&e.name),
+                fileid: e.id,
+                name: e.name,
             })
             .collect();
         entries.sort_unstable_by_key(|e| e.cookie);
-        fresh(&entries);
         let listing = Arc::new(entries);
         if !settled(attr) {
             return Ok(listing);

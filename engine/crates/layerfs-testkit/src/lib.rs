@@ -1,0 +1,101 @@
+//! What layerfs' tests share: host filesystems mounted for one test's life
+//! (a small tmpfs, an overlay), and the rule for a test that needs one and
+//! cannot have it.
+//!
+//! The rule: where mounting is impossible (not root, no overlayfs), a test
+//! says `SKIPPED` and checks nothing, unless `LAYERFS_REQUIRE_MOUNTS=1`
+//! (verify.sh sets it when it runs as root), where the same failure fails
+//! the test, so a broken mount never passes silently.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A filesystem mounted at a directory; unmounted when dropped.
+#[derive(Debug)]
+pub struct Mounted(PathBuf);
+
+impl Mounted {
+    /// A tmpfs of `size` (as mount(8) takes it: "256k", "1m") at `at`.
+    pub fn tmpfs(at: &Path, size: &str) -> Result<Mounted, String> {
+        mount(
+            &["-t", "tmpfs", "-o", &format!("size={size}"), "layerfs-test"],
+            at,
+        )
+    }
+
+    /// An overlay of `lowers` (top first) under `upper` at `at`, with the
+    /// extra mount options `extra` ("" for none).
+    pub fn overlay(
+        lowers_top_first: &[PathBuf],
+        upper: &Path,
+        work: &Path,
+        at: &Path,
+        extra: &str,
+    ) -> Result<Mounted, String> {
+        let lower: Vec<_> = lowers_top_first
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
+        let mut opts = format!(
+            "lowerdir={},upperdir={},workdir={}",
+            lower.join(":"),
+            upper.display(),
+            work.display()
+        );
+        if !extra.is_empty() {
+            opts = format!("{opts},{extra}");
+        }
+        mount(&["-t", "overlay", "overlay", "-o", &opts], at)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+fn mount(args: &[&str], at: &Path) -> Result<Mounted, String> {
+    if !rustix::process::geteuid().is_root() {
+        return Err("mounting needs root".into());
+    }
+    let out = Command::new("mount")
+        .args(args)
+        .arg(at)
+        .output()
+        .map_err(|e| format!("mount: {e}"))?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+    }
+    Ok(Mounted(at.to_path_buf()))
+}
+
+/// Whether a test that cannot have what it needs must fail rather than skip.
+pub fn mounts_required() -> bool {
+    std::env::var("LAYERFS_REQUIRE_MOUNTS").is_ok_and(|v| v == "1")
+}
+
+/// `Some` of what was mounted, or, where mounting failed, `None` after
+/// saying `SKIPPED` (or a panic where mounts are required).
+pub fn or_skip<T>(mounted: Result<T, String>, test: &str) -> Option<T> {
+    match mounted {
+        Ok(m) => Some(m),
+        Err(why) if mounts_required() => {
+            panic!("{test}: LAYERFS_REQUIRE_MOUNTS=1 and a mount failed: {why}")
+        }
+        Err(why) => {
+            eprintln!("SKIPPED: {test}: {why}; nothing was checked");
+            None
+        }
+    }
+}
+
+/// Drops the kernel's cached directory entries and inodes (needs root), so
+/// the next look at a file reaches its filesystem afresh.
+pub fn drop_caches() -> Result<(), String> {
+    std::fs::write("/proc/sys/vm/drop_caches", "2").map_err(|e| format!("drop_caches: {e}"))
+}
