@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use layerfs_vfs::hostdir::{self, Host};
 use layerfs_vfs::ids::{IdTable, Place, Seen};
+use layerfs_vfs::stripes::Stripes;
 use layerfs_vfs::{Error, FileId, FileKind, Result};
 use rustix::fs::{Mode, OFlags};
 
@@ -75,6 +76,8 @@ pub struct StackFs {
     /// Serialises changes to the namespace, and copy-ups.
     ns: Mutex<()>,
     ids: IdTable,
+    /// Serialise writes per file, with their before and after attributes.
+    stripes: Stripes,
     /// Parts of directories, by layers' generation.
     dirs: Mutex<HashMap<FileId, (u64, Found)>>,
     /// Open files: layers' generation, layer, descriptor.
@@ -149,6 +152,7 @@ impl StackFs {
             inodes,
             ns: Mutex::new(()),
             ids: IdTable::new(ROOT),
+            stripes: Stripes::default(),
             dirs: Mutex::new(HashMap::new()),
             files: Mutex::new(HashMap::new()),
             listings: Mutex::new(HashMap::new()),

@@ -22,8 +22,8 @@ mod sys;
 
 pub use listing::{list, name_cookie};
 pub use rules::{
-    apply, check_name, check_setattr, creatable, cstr, exclusive_times, mode_after_write,
-    mode_of_new, removable, sticky_allows,
+    apply, check_name, check_setattr, creatable, cstr, exclusive_times, may_change_entries,
+    may_rename, mode_after_write, mode_of_new, removable, sticky_allows,
 };
 pub use stat::Stats;
 pub use sys::{sync_all, sync_data};

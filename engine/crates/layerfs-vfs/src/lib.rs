@@ -12,6 +12,7 @@ mod fs;
 pub mod hostdir;
 pub mod ids;
 mod local;
+pub mod stripes;
 
 pub use access::{Access, Caller};
 pub use attr::{Attr, Change, FileKind, SetAttr, SetTime, Timestamp, WccAttr};

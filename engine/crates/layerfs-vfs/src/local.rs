@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::ffi::CString;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
@@ -21,21 +21,21 @@ use crate::attr::{Attr, Change, FileKind, SetAttr, Timestamp};
 use crate::error::{Error, Result};
 use crate::fs::{Create, DirPage, Filesystem, FsStat, NewEntry, ReadSource, Stability};
 use crate::ids::{IdTable, Place, Seen};
+use crate::stripes::Stripes;
 use crate::FileId;
 
 mod listing;
 mod places;
 
 use crate::hostdir::{
-    self, check_name, check_setattr, creatable, cstr, list, removable, sticky_allows, Host,
+    self, check_name, check_setattr, creatable, cstr, list, may_change_entries, may_rename,
+    removable, sticky_allows, Host,
 };
 use listing::Listings;
 use places::DirPlaces;
 
 /// Open descriptors kept per kind; past this the cache starts over.
 const FD_CACHE: usize = 512;
-/// Locks that serialise changes (and their before/after attributes) per id.
-const STRIPES: usize = 64;
 
 pub struct LocalFs {
     host: Host,
@@ -47,7 +47,8 @@ pub struct LocalFs {
     listings: Listings,
     dirs: Mutex<HashMap<FileId, Arc<OwnedFd>>>,
     files: Mutex<HashMap<FileId, Arc<OwnedFd>>>,
-    stripes: Vec<Mutex<()>>,
+    /// Serialise changes per id, with their before and after attributes.
+    stripes: Stripes,
 }
 
 impl LocalFs {
@@ -78,25 +79,8 @@ impl LocalFs {
             listings: Listings::default(),
             dirs: Mutex::new(HashMap::new()),
             files: Mutex::new(HashMap::new()),
-            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            stripes: Stripes::default(),
         })
-    }
-
-    fn lock(&self, id: FileId) -> MutexGuard<'_, ()> {
-        self.stripes[(id % STRIPES as u64) as usize]
-            .lock()
-            .expect("stripe poisoned")
-    }
-
-    /// Locks two ids' stripes in a fixed order (once if they share one).
-    fn lock_two(&self, a: FileId, b: FileId) -> (MutexGuard<'_, ()>, Option<MutexGuard<'_, ()>>) {
-        let (sa, sb) = (a % STRIPES as u64, b % STRIPES as u64);
-        if sa == sb {
-            return (self.lock(a), None);
-        }
-        let (first, second) = if sa < sb { (a, b) } else { (b, a) };
-        let g1 = self.lock(first);
-        (g1, Some(self.lock(second)))
     }
 
     /// `attr`, read from the entry `name` of `parent`, with the id it has here.
@@ -319,7 +303,7 @@ impl Filesystem for LocalFs {
         set: &SetAttr,
         guard: Option<Timestamp>,
     ) -> Result<Change> {
-        let _guard = self.lock(id);
+        let _guard = self.stripes.lock(id);
         let (parent, name, before) = if id == self.root_id {
             (
                 self.root.clone(),
@@ -395,7 +379,7 @@ impl Filesystem for LocalFs {
         stable: Stability,
     ) -> Result<(Change, Stability)> {
         let fd = self.file_fd(id)?;
-        let _guard = self.lock(id);
+        let _guard = self.stripes.lock(id);
         let before = self.host.stats.fd(fd.as_fd())?;
         if caller.uid != before.uid && !access::permits(&before, caller, 2) {
             return Err(Error::Access);
@@ -409,7 +393,7 @@ impl Filesystem for LocalFs {
 
     fn commit(&self, id: FileId) -> Result<Change> {
         let fd = self.file_fd(id)?;
-        let _guard = self.lock(id);
+        let _guard = self.stripes.lock(id);
         let before = self.host.stats.fd(fd.as_fd())?;
         hostdir::sync_all(fd.as_fd())?;
         Ok(self.change(id, &fd, &before))
@@ -423,14 +407,14 @@ impl Filesystem for LocalFs {
         how: Create,
     ) -> Result<(Attr, Change)> {
         let cname = creatable(name)?;
-        let _guard = self.lock(dir);
+        let _guard = self.stripes.lock(dir);
         let (fd, before) = self.searchable(caller, dir)?;
         // As a local kernel: an existing name is answered before the
         // directory's write permission is asked for.
         let existing = self.stat_at(dir, &fd, name).ok();
         match (existing, how) {
             (Some(_), Create::Guarded(_)) => return Err(Error::Exist),
-            (None, _) | (Some(_), Create::Exclusive(_)) => writable(caller, &before)?,
+            (None, _) | (Some(_), Create::Exclusive(_)) => may_change_entries(caller, &before)?,
             (Some(_), Create::Unchecked(_)) => {}
         }
         let attr = self.host.create(caller, fd.as_fd(), &before, &cname, how)?;
@@ -448,12 +432,12 @@ impl Filesystem for LocalFs {
         set: &SetAttr,
     ) -> Result<(Attr, Change)> {
         let cname = creatable(name)?;
-        let _guard = self.lock(dir);
+        let _guard = self.stripes.lock(dir);
         let (fd, before) = self.searchable(caller, dir)?;
         if self.stat_at(dir, &fd, name).is_ok() {
             return Err(Error::Exist);
         }
-        writable(caller, &before)?;
+        may_change_entries(caller, &before)?;
         let attr = self
             .host
             .make(caller, fd.as_fd(), &before, &cname, what, set)?;
@@ -464,10 +448,10 @@ impl Filesystem for LocalFs {
 
     fn remove(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<Change> {
         let cname = removable(name)?;
-        let _guard = self.lock(dir);
+        let _guard = self.stripes.lock(dir);
         let (fd, before) = self.searchable(caller, dir)?;
         let victim = self.stat_at(dir, &fd, name)?;
-        writable(caller, &before)?;
+        may_change_entries(caller, &before)?;
         sticky_allows(caller, &before, &victim)?;
         if victim.kind == FileKind::Directory {
             return Err(Error::IsDir);
@@ -482,10 +466,10 @@ impl Filesystem for LocalFs {
             return Err(Error::NotEmpty);
         }
         let cname = removable(name)?;
-        let _guard = self.lock(dir);
+        let _guard = self.stripes.lock(dir);
         let (fd, before) = self.searchable(caller, dir)?;
         let victim = self.stat_at(dir, &fd, name)?;
-        writable(caller, &before)?;
+        may_change_entries(caller, &before)?;
         sticky_allows(caller, &before, &victim)?;
         if victim.kind != FileKind::Directory {
             return Err(Error::NotDir);
@@ -505,12 +489,12 @@ impl Filesystem for LocalFs {
     ) -> Result<(Change, Change)> {
         let from_c = removable(from_name)?;
         let to_c = removable(to_name)?;
-        let _guards = self.lock_two(from, to);
+        let _guards = self.stripes.lock_two(from, to);
         let (from_fd, from_before) = self.searchable(caller, from)?;
         let (to_fd, to_before) = self.searchable(caller, to)?;
         let moving = self.stat_at(from, &from_fd, from_name)?;
         let replaced = self.stat_at(to, &to_fd, to_name).ok();
-        rename_allowed(
+        may_rename(
             caller,
             (&from_before, &moving),
             (&to_before, replaced.as_ref()),
@@ -545,12 +529,12 @@ impl Filesystem for LocalFs {
         if attr.kind == FileKind::Directory {
             return Err(Error::IsDir);
         }
-        let _guard = self.lock(dir);
+        let _guard = self.stripes.lock(dir);
         let (fd, before) = self.searchable(caller, dir)?;
         if self.stat_at(dir, &fd, name).is_ok() {
             return Err(Error::Exist);
         }
-        writable(caller, &before)?;
+        may_change_entries(caller, &before)?;
         rustix::fs::linkat(
             &*src_parent,
             src_name.as_c_str(),
@@ -609,36 +593,6 @@ impl Filesystem for LocalFs {
     fn fsstat(&self, _id: FileId) -> Result<FsStat> {
         hostdir::fsstat(self.root.as_fd())
     }
-}
-
-/// Whether `caller` may add or remove entries of a directory it may search.
-fn writable(caller: &Caller, dir: &Attr) -> Result<()> {
-    match access::permits(dir, caller, 2) {
-        true => Ok(()),
-        false => Err(Error::Access),
-    }
-}
-
-/// The checks a local kernel makes before a rename, in its order: write
-/// permission on both directories, the sticky rule for the entry moved and
-/// the one replaced, and, for a directory moving to another parent, write
-/// permission on the directory itself (its `..` changes).
-fn rename_allowed(
-    caller: &Caller,
-    (from_dir, moving): (&Attr, &Attr),
-    (to_dir, replaced): (&Attr, Option<&Attr>),
-) -> Result<()> {
-    writable(caller, from_dir)?;
-    sticky_allows(caller, from_dir, moving)?;
-    writable(caller, to_dir)?;
-    if let Some(target) = replaced {
-        sticky_allows(caller, to_dir, target)?;
-    }
-    let new_parent = from_dir.fileid != to_dir.fileid;
-    if moving.kind == FileKind::Directory && new_parent && !access::permits(moving, caller, 2) {
-        return Err(Error::Access);
-    }
-    Ok(())
 }
 
 #[cfg(test)]

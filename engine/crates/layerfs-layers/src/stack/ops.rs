@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use layerfs_vfs::access::{self, Caller};
 use layerfs_vfs::hostdir::{
-    self, check_name, check_setattr, creatable, cstr, exclusive_times, name_cookie, removable,
-    sticky_allows,
+    self, check_name, check_setattr, creatable, cstr, exclusive_times, may_change_entries,
+    may_rename, name_cookie, removable, sticky_allows,
 };
 use layerfs_vfs::{
     Attr, Change, Create, DirPage, Error, FileId, FileKind, Filesystem, FsStat, NewEntry,
@@ -73,12 +73,6 @@ pub(super) fn clear_markers(dir: BorrowedFd<'_>) -> Result<()> {
 }
 
 impl StackFs {
-    /// A directory, checked to be one and that `caller` may add and remove
-    /// entries in it.
-    fn dir_for_change(&self, layers: &Layers, caller: &Caller, dir: FileId) -> Result<Found> {
-        self.dir_for(layers, caller, dir, 2 | 1)
-    }
-
     /// A directory, checked to be one and that `caller` has the permission
     /// bits `want` (4 read, 2 write, 1 search) on it.
     fn dir_for(&self, layers: &Layers, caller: &Caller, dir: FileId, want: u32) -> Result<Found> {
@@ -248,12 +242,13 @@ impl StackFs {
         name: &[u8],
     ) -> Result<(Found, Found)> {
         let cname = removable(name)?;
-        let d = self.dir_for_change(layers, caller, dir)?;
+        let d = self.dir_for(layers, caller, dir, 1)?;
         let f = match is_hidden(name) {
             true => None,
             false => layers.lookup(&self.inodes, &d.parts, &cname)?,
         }
         .ok_or(Error::NoEnt)?;
+        may_change_entries(caller, &d.attr)?;
         sticky_allows(caller, &d.attr, &f.attr)?;
         Ok((d, f))
     }
@@ -306,7 +301,7 @@ impl Filesystem for StackFs {
         if guard.is_some_and(|ctime| ctime != before.attr.ctime) {
             return Err(Error::NotSync);
         }
-        check_setattr(caller, &before.attr, set)?;
+        let set = &check_setattr(caller, &before.attr, set)?;
         if set.is_empty() {
             return Ok(change(&before.attr, Some(before.attr)));
         }
@@ -378,12 +373,16 @@ impl Filesystem for StackFs {
         stable: Stability,
     ) -> Result<(Change, Stability)> {
         let layers = self.layers.read().expect("layers");
+        let _changing = self.stripes.lock(id);
         let (fd, before) = self.open_file(&layers, id, true, |attr| {
             if caller.uid != attr.uid && !access::permits(attr, caller, 2) {
                 return Err(Error::Access);
             }
             Ok(())
         })?;
+        if let Some(mode) = hostdir::mode_after_write(caller, &before) {
+            rustix::fs::fchmod(&*fd, rustix::fs::Mode::from_raw_mode(mode))?;
+        }
         hostdir::write_at(fd.as_fd(), offset, data, stable)?;
         let after = layers.all[UPPER].host.stats.fd(fd.as_fd())?;
         let after = Attr {
@@ -411,8 +410,12 @@ impl Filesystem for StackFs {
         let cname = new_name(name)?;
         let layers = self.layers.read().expect("layers");
         let _ns = self.lock_ns();
-        let d = self.dir_for_change(&layers, caller, dir)?;
-        if let Some(f) = layers.lookup(&self.inodes, &d.parts, &cname)? {
+        let d = self.dir_for(&layers, caller, dir, 1)?;
+        let existing = layers.lookup(&self.inodes, &d.parts, &cname)?;
+        if existing.is_none() || matches!(how, Create::Exclusive(_)) {
+            may_change_entries(caller, &d.attr)?;
+        }
+        if let Some(f) = existing {
             self.remember(dir, name, f.attr.fileid);
             match how {
                 Create::Guarded(_) => return Err(Error::Exist),
@@ -464,10 +467,11 @@ impl Filesystem for StackFs {
         let cname = new_name(name)?;
         let layers = self.layers.read().expect("layers");
         let _ns = self.lock_ns();
-        let d = self.dir_for_change(&layers, caller, dir)?;
+        let d = self.dir_for(&layers, caller, dir, 1)?;
         if layers.lookup(&self.inodes, &d.parts, &cname)?.is_some() {
             return Err(Error::Exist);
         }
+        may_change_entries(caller, &d.attr)?;
         let up = self.upper_dir(&layers, dir)?;
         let host = &layers.all[UPPER].host;
         let hidden_below = has_whiteout(up.as_fd(), name)?;
@@ -537,8 +541,10 @@ impl Filesystem for StackFs {
         let layers = self.layers.read().expect("layers");
         let _ns = self.lock_ns();
         let (fd_, src) = self.victim(&layers, caller, from, from_name)?;
-        let td = self.dir_for_change(&layers, caller, to)?;
+        let td = self.dir_for(&layers, caller, to, 1)?;
         let dst = layers.lookup(&self.inodes, &td.parts, &to_c)?;
+        let replaced = dst.as_ref().map(|d| &d.attr);
+        may_rename(caller, (&fd_.attr, &src.attr), (&td.attr, replaced))?;
         let unchanged = || {
             Ok((
                 change(&fd_.attr, Some(fd_.attr)),
@@ -633,10 +639,11 @@ impl Filesystem for StackFs {
         if src.kind() == FileKind::Directory {
             return Err(Error::IsDir);
         }
-        let d = self.dir_for_change(&layers, caller, dir)?;
+        let d = self.dir_for(&layers, caller, dir, 1)?;
         if layers.lookup(&self.inodes, &d.parts, &cname)?.is_some() {
             return Err(Error::Exist);
         }
+        may_change_entries(caller, &d.attr)?;
         self.copy_up(&layers, id)?;
         let src = self.found(&layers, id)?;
         let up = self.upper_dir(&layers, dir)?;

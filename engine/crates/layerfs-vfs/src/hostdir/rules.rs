@@ -175,3 +175,33 @@ pub fn sticky_allows(caller: &Caller, dir: &Attr, entry: &Attr) -> Result<()> {
     }
     Ok(())
 }
+
+/// Whether `caller` may add or remove entries of a directory it may search.
+pub fn may_change_entries(caller: &Caller, dir: &Attr) -> Result<()> {
+    match access::permits(dir, caller, 2) {
+        true => Ok(()),
+        false => Err(Error::Access),
+    }
+}
+
+/// The checks a local kernel makes before a rename, in its order: write
+/// permission on both directories, the sticky rule for the entry moved and
+/// the one replaced, and, for a directory moving to another parent, write
+/// permission on the directory itself (its `..` changes).
+pub fn may_rename(
+    caller: &Caller,
+    (from_dir, moving): (&Attr, &Attr),
+    (to_dir, replaced): (&Attr, Option<&Attr>),
+) -> Result<()> {
+    may_change_entries(caller, from_dir)?;
+    sticky_allows(caller, from_dir, moving)?;
+    may_change_entries(caller, to_dir)?;
+    if let Some(target) = replaced {
+        sticky_allows(caller, to_dir, target)?;
+    }
+    let new_parent = from_dir.fileid != to_dir.fileid;
+    if moving.kind == FileKind::Directory && new_parent && !access::permits(moving, caller, 2) {
+        return Err(Error::Access);
+    }
+    Ok(())
+}
