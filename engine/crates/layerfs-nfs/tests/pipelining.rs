@@ -53,6 +53,37 @@ async fn a_retransmitted_remove_gets_the_original_reply() {
 }
 
 #[tokio::test]
+async fn two_clients_whose_xids_and_first_bytes_coincide_both_run() {
+    let server = TestServer::start();
+    std::fs::write(server.path("shared"), b"").unwrap();
+    let mut c = mount(server.port()).await;
+    let root = c.root_nfs_fh3();
+    let (file, _) = lookup(&mut c, &root, "shared").await.unwrap();
+    // Two processes on 127.0.0.1, each starting its xids at 1, write
+    // different data at the same offset: alike in their first 300 bytes.
+    let mut data = [vec![b'a'; 4096], vec![b'a'; 4096]];
+    data[1][300..].fill(b'b');
+    for (i, bytes) in data.iter().enumerate() {
+        let write = WRITE3args {
+            file: file.clone(),
+            offset: 0,
+            count: bytes.len() as u32,
+            stable: stable_how::FILE_SYNC,
+            data: Opaque::borrowed(bytes),
+        };
+        let mut client = RawClient::connect(server.port());
+        client.send(1, WRITE, &write);
+        let (_, reply) = client.recv();
+        assert_eq!(status_of(&decode::<WRITE3res>(&reply)), nfsstat3::NFS3_OK);
+        assert_eq!(
+            std::fs::read(server.path("shared")).unwrap(),
+            *bytes,
+            "client {i}'s data is what the file holds"
+        );
+    }
+}
+
+#[tokio::test]
 async fn a_retransmitted_exclusive_create_after_a_reconnect_succeeds() {
     let server = TestServer::start();
     let root = root_handle(server.port()).await;
