@@ -53,6 +53,22 @@ impl Export {
     }
 
     /// The file a handle names, with its current attributes.
+    /// Whether the file handle that `args` start with names a file the
+    /// filesystem finds without a walk (a bad handle is answered at once).
+    pub fn knows_handle_in(&self, args: &[u8]) -> bool {
+        let Some(len) = args.get(..4) else {
+            return true;
+        };
+        let len = u32::from_be_bytes(len.try_into().expect("4 bytes")) as usize;
+        match args
+            .get(4..4 + len.min(64))
+            .map(|h| FileHandle::decode(h, self.id))
+        {
+            Some(Ok(h)) => self.fs.knows(h.fileid),
+            _ => true,
+        }
+    }
+
     pub fn resolve(&self, fh: &nfs_fh3) -> Result<(FileId, Attr), Error> {
         let h = FileHandle::decode(fh.data.as_ref(), self.id)?;
         let attr = self.fs.check_generation(h.fileid, h.generation)?;

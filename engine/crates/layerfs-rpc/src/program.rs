@@ -39,10 +39,13 @@ pub trait Program: Send + Sync {
     fn versions(&self) -> (u32, u32);
     /// The procedure's name for logs and counters; `None` if it does not exist.
     fn procedure_name(&self, proc: u32) -> Option<&'static str>;
-    /// Whether `proc` finishes in microseconds without blocking (NULL, a
-    /// GETATTR from cache): such calls run on the connection's reader thread,
-    /// which saves two thread hand-offs per call; the rest go to the workers.
-    fn is_quick(&self, proc: u32) -> bool {
+    /// Whether the call of `proc` with arguments `args` finishes in
+    /// microseconds without blocking (NULL, a GETATTR from cache): such calls
+    /// run on the connection's reader thread, which saves two thread
+    /// hand-offs per call; the rest go to the workers, so that a slow call
+    /// never holds up the calls behind it on its connection.
+    fn is_quick(&self, proc: u32, args: &[u8]) -> bool {
+        let _ = args;
         proc == 0
     }
     /// Runs a call whose version is within `versions()`, appending the
@@ -102,8 +105,11 @@ impl Dispatcher {
         };
         let word =
             |i: usize| u32::from_be_bytes(header[i * 4..i * 4 + 4].try_into().expect("4 bytes"));
-        match self.programs.iter().find(|e| e.program.number() == word(3)) {
-            Some(entry) => entry.program.is_quick(word(5)),
+        let Some(entry) = self.programs.iter().find(|e| e.program.number() == word(3)) else {
+            return true;
+        };
+        match envelope::args_at(record) {
+            Some(at) => entry.program.is_quick(word(5), &record[at..]),
             None => true,
         }
     }

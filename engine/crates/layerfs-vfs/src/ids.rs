@@ -57,6 +57,11 @@ impl IdTable {
         self.places.read().expect("ids poisoned").get(&id).cloned()
     }
 
+    /// Whether `id` is found without a walk: the root, known, or known gone.
+    pub fn knows(&self, id: FileId) -> bool {
+        id == self.root || self.get(id).is_some() || self.is_gone(id)
+    }
+
     /// Whether `id` is known to name no file.
     pub fn is_gone(&self, id: FileId) -> bool {
         self.gone.lock().expect("ids poisoned").contains(&id)

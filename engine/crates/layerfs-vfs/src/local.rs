@@ -286,6 +286,10 @@ impl Filesystem for LocalFs {
         self.root_id
     }
 
+    fn knows(&self, id: FileId) -> bool {
+        self.ids.knows(id)
+    }
+
     fn getattr(&self, id: FileId) -> Result<Attr> {
         if id == self.root_id {
             return self.stat_fd(id, &self.root);

@@ -284,6 +284,10 @@ impl Filesystem for StackFs {
         ROOT
     }
 
+    fn knows(&self, id: FileId) -> bool {
+        self.ids.knows(id)
+    }
+
     fn getattr(&self, id: FileId) -> Result<Attr> {
         Ok(self.found(&self.current(), id)?.attr)
     }
