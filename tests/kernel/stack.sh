@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Serves a three-layer workspace for tests/kernel/layered.sh: makes the
-# layers under /run/ws the first time, then runs `layerfs serve` on them.
-# usage: tests/kernel/stack.sh LAYERFS PORT
+# layers under WS (default /run/ws) the first time, then runs `layerfs serve`
+# on them.
+# usage: tests/kernel/stack.sh LAYERFS PORT [WS]
 set -euo pipefail
 layerfs=$1 port=$2
-ws=/run/ws
+ws=${3:-/run/ws}
 if [[ ! -d $ws ]]; then
 	mkdir -p $ws/l1 $ws/l2 $ws/l3
 	# bottom

@@ -31,7 +31,8 @@ head -c 4096 /dev/urandom >/tmp/4k; cp /tmp/4k sizes/4k
 head -c 1048576 /dev/urandom >/tmp/1m; cp /tmp/1m sizes/1m
 head -c 67108864 /dev/urandom >/tmp/64m; cp /tmp/64m sizes/64m
 drop_caches
-[ "$(stat -c %s sizes/zero)" -eq 0 ] && [ "$(cat sizes/one)" = x ]
+[ "$(stat -c %s sizes/zero)" -eq 0 ]
+[ "$(cat sizes/one)" = x ]
 for f in 4k 1m 64m; do cmp "/tmp/$f" "sizes/$f"; done
 
 step "append, truncate, overwrite in the middle, sparse writes"
@@ -48,20 +49,29 @@ drop_caches
 
 step "renames of files and directories, over each other"
 echo a >ra; echo b >rb
-mv ra rb; [ "$(cat rb)" = a ] && [ ! -e ra ]
+mv ra rb
+[ "$(cat rb)" = a ]
+[ ! -e ra ]
 mkdir -p rd1/sub rd2; echo in >rd1/sub/file
 mv rd1 rd2/moved; [ "$(cat rd2/moved/sub/file)" = in ]
-mkdir empty_target; mv rd2/moved empty_target_new && mv empty_target_new/sub empty_target/
+mkdir empty_target
+mv rd2/moved empty_target_new
+mv empty_target_new/sub empty_target/
 [ -f empty_target/sub/file ]
 mkdir over; expect_fail mv -T over empty_target/sub
 touch e1/marker 2>/dev/null || { mkdir e1 e2; touch e1/marker; }
-mv -T e1 e2; [ -f e2/marker ] && [ ! -e e1 ]
+mv -T e1 e2
+[ -f e2/marker ]
+[ ! -e e1 ]
 
 step "hard links, symlinks, mkfifo"
 echo linked >orig; ln orig hard
-[ "$(stat -c %h orig)" -eq 2 ] && [ "$(stat -c %i orig)" = "$(stat -c %i hard)" ]
+[ "$(stat -c %h orig)" -eq 2 ]
+[ "$(stat -c %i orig)" = "$(stat -c %i hard)" ]
 echo more >>hard; [ "$(cat orig)" = "$(printf 'linked\nmore')" ]
-ln -s orig soft; [ "$(readlink soft)" = orig ] && [ "$(cat soft)" = "$(cat orig)" ]
+ln -s orig soft
+[ "$(readlink soft)" = orig ]
+[ "$(cat soft)" = "$(cat orig)" ]
 ln -s /nonexistent/target dangling; [ "$(readlink dangling)" = /nonexistent/target ]
 mkfifo pipe; [ -p pipe ]
 
@@ -100,8 +110,18 @@ cd "$MNT"
 
 step "checksum after a server restart with the mount kept"
 exec 3<"$MNT/sizes/1m" # a file held open across the restart
-pkill -f 'layerfs serve' && sleep 1
+old=$(pgrep -f 'layerfs serve')
+[ -n "$old" ]
+kill $old
+for _ in $(seq 100); do kill -0 $old 2>/dev/null || break; sleep 0.1; done
+expect_fail kill -0 $old
 (eval "$SERVER" >/dev/null 2>&1 3<&- &) # the server must not hold the file open
+listening() { awk -v p="$(printf ':%04X' "$NFS_PORT")" '$2 ~ p"$" && $4 == "0A" {f=1} END {exit !f}' /proc/net/tcp; }
+for _ in $(seq 100); do listening && break; sleep 0.1; done
+listening
+new=$(pgrep -f 'layerfs serve')
+[ -n "$new" ]
+[ "$new" != "$old" ]
 drop_caches
 [ "$(sum_tree "$MNT")" = "$before" ]
 cmp <(cat <&3) /tmp/1m
@@ -112,7 +132,8 @@ exec 3<&- # closed, or the client keeps it as a .nfs file ("silly rename")
 
 step "rm -rf"
 rm -rf tree untar sizes
-[ ! -e tree ] && [ ! -e sizes ]
+[ ! -e tree ]
+[ ! -e sizes ]
 rm -rf "$MNT"/*
 [ -z "$(ls -A "$MNT")" ]
 

@@ -12,6 +12,8 @@ use layerfs_layers::StackFs;
 use layerfs_vfs::{Caller, Create, Error, FileId, Filesystem, SetAttr, Stability};
 
 const FILES: usize = 40;
+/// A lower file large enough that a kill lands inside its copy-up.
+const BIG: usize = 96 << 20;
 
 fn who() -> Caller {
     Caller::root()
@@ -24,6 +26,60 @@ fn layer(dir: &Path) {
         std::fs::write(l.join(format!("f{i}")), format!("lower {i}\n").repeat(2000)).unwrap();
         std::fs::write(l.join(format!("sub/g{i}")), b"deep").unwrap();
     }
+}
+
+fn big_layer(dir: &Path) {
+    let l = dir.join("lower");
+    std::fs::create_dir_all(&l).unwrap();
+    std::fs::write(l.join("big"), vec![b'L'; BIG]).unwrap();
+}
+
+/// Copies `big` up by a durable write until killed.
+fn big_child(dir: &Path) {
+    let fs = open(dir);
+    let big = id(&fs, "big").unwrap();
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "start").unwrap();
+    out.flush().unwrap();
+    fs.write(&who(), big, 0, b"UPPER", Stability::FileSync)
+        .unwrap();
+    writeln!(out, "ack big").unwrap();
+    out.flush().unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(60));
+}
+
+/// Kills a copy-up of `big` after `delay`: the file shows whole, from the
+/// layer or from the upper, and acknowledged means from the upper.
+fn big_round(me: &Path, delay: std::time::Duration) -> bool {
+    let t = tempfile::tempdir().unwrap();
+    big_layer(t.path());
+    let before = id(&open(t.path()), "big").unwrap();
+    let mut child = Command::new(me)
+        .env("LAYERFS_CRASH_CHILD", t.path())
+        .env("LAYERFS_CRASH_BIG", "1")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "start");
+    std::thread::sleep(delay);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let acked = lines
+        .next()
+        .is_some_and(|l| l.is_ok_and(|l| l == "ack big"));
+    let fs = open(t.path());
+    let big = id(&fs, "big").unwrap();
+    assert_eq!(big, before, "the copied-up file changed id");
+    let mut data = Vec::new();
+    fs.read(&who(), big, 0, BIG, &mut data).unwrap();
+    assert_eq!(data.len(), BIG, "half a copy shows");
+    let upper = data.starts_with(b"UPPER");
+    assert!(upper || !acked, "an acknowledged write is lost");
+    assert!(data[5..].iter().all(|&b| b == b'L'), "data mixed up");
+    let layer = std::fs::read(t.path().join("lower/big")).unwrap();
+    assert!(layer.iter().all(|&b| b == b'L'), "the layer changed");
+    upper
 }
 
 fn open(dir: &Path) -> StackFs {
@@ -142,7 +198,10 @@ fn check(dir: &Path, acked: &[String], lower_ids: &[(String, FileId)]) {
 
 fn main() {
     if let Ok(dir) = std::env::var("LAYERFS_CRASH_CHILD") {
-        child(Path::new(&dir));
+        match std::env::var("LAYERFS_CRASH_BIG") {
+            Ok(_) => big_child(Path::new(&dir)),
+            Err(_) => child(Path::new(&dir)),
+        }
         return;
     }
     let me = std::env::current_exe().unwrap();
@@ -173,6 +232,11 @@ fn main() {
                 None => break,
             }
         }
+        assert_eq!(
+            acked.len(),
+            kill_after,
+            "the child stopped before acknowledging what it was to"
+        );
         child.kill().unwrap();
         child.wait().unwrap();
         check(t.path(), &acked, &lower_ids);
@@ -181,5 +245,13 @@ fn main() {
             acked.len()
         );
     }
-    println!("test result: ok. {rounds} crash rounds");
+    // Kills inside a 96 MiB copy-up, at moments spread over its length.
+    let mut copied = 0;
+    let big_rounds = 6;
+    for round in 0..big_rounds {
+        let delay = std::time::Duration::from_millis(20 + 60 * round);
+        copied += usize::from(big_round(&me, delay));
+        println!("copy-up killed after {delay:?}: consistent");
+    }
+    println!("test result: ok. {rounds} crash rounds, {big_rounds} inside copy-ups ({copied} had finished)");
 }
