@@ -4,7 +4,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use layerfs_layers::{StackFs, STATE_IN_UPPER};
-use layerfs_testkit::{or_skip, Mounted};
+use layerfs_testkit::{largest_allocation_while, or_skip, LargestPerThread, Mounted};
 use layerfs_vfs::{
     Caller, Create, Error, FileId, FileKind, Filesystem, SetAttr, SetTime, Stability, Timestamp,
 };
@@ -281,28 +281,8 @@ fn ids_and_data_survive_a_restart_and_leftover_copies_are_cleared() {
     assert_eq!(read_all(&fs, f), b"upper");
 }
 
-/// Counts bytes allocated, to show a copy-up streams.
-mod counting {
-    use std::alloc::{GlobalAlloc, Layout, System};
-    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-
-    pub static LARGEST: AtomicUsize = AtomicUsize::new(0);
-
-    pub struct Counting;
-
-    unsafe impl GlobalAlloc for Counting {
-        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-            LARGEST.fetch_max(layout.size(), Relaxed);
-            unsafe { System.alloc(layout) }
-        }
-        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-            unsafe { System.dealloc(ptr, layout) }
-        }
-    }
-}
-
 #[global_allocator]
-static ALLOC: counting::Counting = counting::Counting;
+static ALLOC: LargestPerThread = LargestPerThread;
 
 #[test]
 fn a_copy_up_streams_the_file_and_never_holds_it_in_memory() {
@@ -313,10 +293,10 @@ fn a_copy_up_streams_the_file_and_never_holds_it_in_memory() {
     });
     let fs = s.open();
     let big = at(&fs, "big").unwrap();
-    counting::LARGEST.store(0, std::sync::atomic::Ordering::Relaxed);
-    fs.write(&root(), big, SIZE as u64, b"!", Stability::Unstable)
-        .unwrap();
-    let largest = counting::LARGEST.load(std::sync::atomic::Ordering::Relaxed);
+    let largest = largest_allocation_while(|| {
+        fs.write(&root(), big, SIZE as u64, b"!", Stability::Unstable)
+            .unwrap();
+    });
     assert!(
         largest < 1 << 20,
         "an allocation of {largest} bytes during copy-up"

@@ -3,41 +3,14 @@
 
 mod support;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::io::ErrorKind;
 
 use layerfs_rpc::{Records, RECORD_LIMIT};
+use layerfs_testkit::{largest_allocation_while, LargestPerThread};
 use support::{body, fragments, Script};
-
-struct LargestPerThread;
-
-thread_local! {
-    static LARGEST: Cell<usize> = const { Cell::new(0) };
-}
-
-unsafe impl GlobalAlloc for LargestPerThread {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let _ = LARGEST.try_with(|l| l.set(l.get().max(layout.size())));
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let _ = LARGEST.try_with(|l| l.set(l.get().max(new_size)));
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
 
 #[global_allocator]
 static ALLOCATOR: LargestPerThread = LargestPerThread;
-
-fn largest_allocation_while(f: impl FnOnce()) -> usize {
-    LARGEST.with(|l| l.set(0));
-    f();
-    LARGEST.with(|l| l.get())
-}
 
 #[test]
 fn a_2_gib_mark_allocates_nothing_for_its_claim() {

@@ -99,3 +99,35 @@ pub fn or_skip<T>(mounted: Result<T, String>, test: &str) -> Option<T> {
 pub fn drop_caches() -> Result<(), String> {
     std::fs::write("/proc/sys/vm/drop_caches", "2").map_err(|e| format!("drop_caches: {e}"))
 }
+
+/// A global allocator that remembers the largest single request made by
+/// each thread, so a test can show what one call allocates while other
+/// tests run in parallel. Install it in a test binary with
+/// `#[global_allocator] static A: LargestPerThread = LargestPerThread;`.
+pub struct LargestPerThread;
+
+thread_local! {
+    static LARGEST: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+unsafe impl std::alloc::GlobalAlloc for LargestPerThread {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        let _ = LARGEST.try_with(|l| l.set(l.get().max(layout.size())));
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        let _ = LARGEST.try_with(|l| l.set(l.get().max(new_size)));
+        unsafe { std::alloc::System.realloc(ptr, layout, new_size) }
+    }
+}
+
+/// The largest allocation this thread made while running `f` (with
+/// [`LargestPerThread`] installed; 0 without it).
+pub fn largest_allocation_while(f: impl FnOnce()) -> usize {
+    LARGEST.with(|l| l.set(0));
+    f();
+    LARGEST.with(|l| l.get())
+}
