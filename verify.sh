@@ -43,15 +43,29 @@ fi
 
 step "end to end: the Linux kernel NFSv3 client (QEMU)"
 if command -v qemu-system-x86_64 >/dev/null && command -v busybox >/dev/null; then
-	serve="mkdir -p /run/export && exec $PWD/target/release/layerfs serve --listen 127.0.0.1:20490 /run/export"
-	# As Linux mounts by default: 1 MiB transfers, READDIRPLUS.
-	tools/kernel-client/run --server "$serve" --port 20490 --workload tests/kernel/workload.sh --timeout 900
+	kc() { tools/kernel-client/run --port 20490 --timeout 900 "$@"; }
+	serve() { echo "exec $PWD/tests/kernel/serve.sh $PWD/target/release/layerfs 20490 $*"; }
+	# As Linux mounts by default (1 MiB transfers, READDIRPLUS), on a fresh
+	# tmpfs, on the guest's /tmp (an overlay across 9p and tmpfs, which
+	# renumbers directories) and on ext4.
+	for on in tmpfs overlay ext4; do
+		echo "-- workload, export on $on"
+		kc --server "$(serve $on)" --workload tests/kernel/workload.sh
+	done
 	# As macOS mounts: 32 KiB transfers and plain READDIR.
-	tools/kernel-client/run --server "$serve" --port 20490 --workload tests/kernel/workload.sh --timeout 900 \
+	echo "-- workload with macOS' transfer sizes, export on tmpfs"
+	kc --server "$(serve tmpfs)" --workload tests/kernel/workload.sh \
 		--opts rsize=32768,wsize=32768,nordirplus
-	# A three-layer workspace: the layers' own checks, then the same workload.
-	tools/kernel-client/run --server "exec $PWD/tests/kernel/stack.sh $PWD/target/release/layerfs 20490" \
-		--port 20490 --workload tests/kernel/layered.sh --timeout 900
+	# Callers who are not root, against the guest's own tmpfs.
+	echo "-- permissions of non-root callers"
+	kc --server "$(serve tmpfs)" --workload tests/kernel/permissions.sh
+	# A three-layer workspace: the layers' own checks, then the same
+	# workload. (A stack on the guest's /tmp is refused at start: its
+	# filesystem does not keep inode numbers.)
+	for on in tmpfs ext4; do
+		echo "-- three-layer workspace on $on"
+		kc --server "$(serve $on stack)" --workload tests/kernel/layered.sh
+	done
 else
 	echo "SKIPPED: QEMU is not installed (apt-get install qemu-system-x86 busybox-static xz-utils)"
 fi
