@@ -5,8 +5,11 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
+mod support;
+
 use layerfs_rpc::{Dispatcher, Frame, Outcome};
 use layerfs_vfs::LocalFs;
+use support::call_record;
 
 /// A small deterministic generator (xorshift64*), so a failure replays.
 struct Rng(u64);
@@ -21,16 +24,6 @@ impl Rng {
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }
-}
-
-fn call(xid: u32, prog: u32, proc: u32, args: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    // AUTH_SYS as root, empty machine name, no groups.
-    for w in [xid, 0, 2, prog, 3, proc, 1, 20, 0, 0, 0, 0, 0, 0, 0] {
-        out.extend_from_slice(&w.to_be_bytes());
-    }
-    out.extend_from_slice(args);
-    out
 }
 
 /// The accept_stat of a reply, after checking its header.
@@ -64,7 +57,7 @@ fn random_arguments_never_break_the_server() {
     let peer: Option<IpAddr> = Some("127.0.0.1".parse().unwrap());
 
     // A real root handle, so mangled arguments get past the handle check.
-    let mnt = call(1, 100_005, 1, &[0, 0, 0, 1, b'/', 0, 0, 0]);
+    let mnt = call_record(1, 100_005, 1, &[0, 0, 0, 1, b'/', 0, 0, 0]);
     let Outcome::Reply(reply) = dispatcher.handle(&mnt, peer) else {
         panic!("MNT dropped")
     };
@@ -89,7 +82,7 @@ fn random_arguments_never_break_the_server() {
             _ => rng.next() as u8,
         }));
         xid += 1;
-        match dispatcher.handle(&call(xid, prog, proc, &args), peer) {
+        match dispatcher.handle(&call_record(xid, prog, proc, &args), peer) {
             Outcome::Reply(reply) => {
                 let stat = accept_stat(&reply, xid);
                 assert!(matches!(stat, 0 | 3 | 4), "proc {proc}: accept_stat {stat}");
@@ -110,7 +103,8 @@ fn random_arguments_never_break_the_server() {
     let mut getattr = 25u32.to_be_bytes().to_vec();
     getattr.extend_from_slice(&root_fh);
     getattr.extend_from_slice(&[0, 0, 0]);
-    let Outcome::Reply(reply) = dispatcher.handle(&call(1, 100_003, 1, &getattr), peer) else {
+    let Outcome::Reply(reply) = dispatcher.handle(&call_record(1, 100_003, 1, &getattr), peer)
+    else {
         panic!()
     };
     assert_eq!(accept_stat(&reply, 1), 0);

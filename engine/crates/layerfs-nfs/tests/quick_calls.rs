@@ -6,21 +6,14 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
+mod support;
+
 use layerfs_rpc::{Dispatcher, Outcome};
 use layerfs_vfs::LocalFs;
+use support::call_record;
 
 const NFS: u32 = 100_003;
 const MOUNT: u32 = 100_005;
-
-fn call(xid: u32, prog: u32, proc: u32, args: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    // AUTH_SYS as root, empty machine name, no groups.
-    for w in [xid, 0, 2, prog, 3, proc, 1, 20, 0, 0, 0, 0, 0, 0, 0] {
-        out.extend_from_slice(&w.to_be_bytes());
-    }
-    out.extend_from_slice(args);
-    out
-}
 
 fn xdr_opaque(bytes: &[u8]) -> Vec<u8> {
     let mut out = (bytes.len() as u32).to_be_bytes().to_vec();
@@ -52,26 +45,29 @@ fn a_call_on_a_handle_not_yet_known_goes_to_a_worker() {
     std::fs::create_dir(export.path().join("d")).unwrap();
     std::fs::write(export.path().join("d/f"), b"data").unwrap();
     let d = dispatcher(export.path());
-    let root = handle_in(&d, &call(1, MOUNT, 1, &xdr_opaque(b"/")));
+    let root = handle_in(&d, &call_record(1, MOUNT, 1, &xdr_opaque(b"/")));
     let mut lookup = xdr_opaque(&root);
     lookup.extend(xdr_opaque(b"d"));
-    let dir = handle_in(&d, &call(2, NFS, 3, &lookup));
+    let dir = handle_in(&d, &call_record(2, NFS, 3, &lookup));
     let mut lookup = xdr_opaque(&dir);
     lookup.extend(xdr_opaque(b"f"));
-    let file = handle_in(&d, &call(3, NFS, 3, &lookup));
-    let getattr = |fh: &[u8]| call(4, NFS, 1, &xdr_opaque(fh));
-    assert!(d.is_quick(&call(5, NFS, 0, &[])), "NULL");
+    let file = handle_in(&d, &call_record(3, NFS, 3, &lookup));
+    let getattr = |fh: &[u8]| call_record(4, NFS, 1, &xdr_opaque(fh));
+    assert!(d.is_quick(&call_record(5, NFS, 0, &[])), "NULL");
     assert!(d.is_quick(&getattr(&root)));
     assert!(d.is_quick(&getattr(&file)));
     let mut write = xdr_opaque(&file);
     write.extend([0; 8].iter().chain(&[0, 0, 0, 1, 0, 0, 0, 2]));
     write.extend(xdr_opaque(b"x"));
-    assert!(!d.is_quick(&call(6, NFS, 7, &write)), "WRITE");
+    assert!(!d.is_quick(&call_record(6, NFS, 7, &write)), "WRITE");
     // A restart: the file's handle is unknown until a walk finds it.
     let d = dispatcher(export.path());
     assert!(d.is_quick(&getattr(&root)));
     assert!(!d.is_quick(&getattr(&file)));
-    assert!(!d.is_quick(&call(7, NFS, 4, &xdr_opaque(&dir))), "ACCESS");
+    assert!(
+        !d.is_quick(&call_record(7, NFS, 4, &xdr_opaque(&dir))),
+        "ACCESS"
+    );
     let peer: Option<IpAddr> = Some("127.0.0.1".parse().unwrap());
     d.handle(&getattr(&file), peer);
     assert!(d.is_quick(&getattr(&file)), "found by the walk");

@@ -282,3 +282,14 @@ pub fn decode<T: nfs3_types::xdr_codec::Unpack>(bytes: &[u8]) -> T {
     let mut r = bytes;
     T::unpack(&mut r).unwrap().0
 }
+
+/// A call record (no record mark) as root over AUTH_SYS with an empty
+/// machine name and no groups, for driving a `Dispatcher` directly.
+pub fn call_record(xid: u32, prog: u32, proc: u32, args: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for w in [xid, 0, 2, prog, 3, proc, 1, 20, 0, 0, 0, 0, 0, 0, 0] {
+        out.extend_from_slice(&w.to_be_bytes());
+    }
+    out.extend_from_slice(args);
+    out
+}
