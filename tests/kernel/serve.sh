@@ -18,7 +18,9 @@ ext4)
 		mkdir -p $base
 		truncate -s 768M /run/ext4.img
 		mkfs.ext4 -q -F /run/ext4.img
-		mount -o loop /run/ext4.img $base
+		dev=$(losetup -f --show /run/ext4.img)
+		for _ in $(seq 50); do [ -b "$dev" ] && break; sleep 0.1; done
+		mount -t ext4 "$dev" $base
 	fi
 	;;
 *) echo "serve.sh: unknown filesystem $on" >&2; exit 2 ;;
