@@ -8,7 +8,10 @@ cd "$MNT"
 step() { printf '== %s\n' "$*"; }
 drop_caches() { sync; echo 3 >/proc/sys/vm/drop_caches; }
 expect_fail() { if "$@" 2>/dev/null; then echo "expected to fail: $*"; exit 1; fi; }
-ws=$(ls -d /run/ws /run/on-*/ws /tmp/on-*/ws 2>/dev/null | head -n 1)
+ws=
+for dir in /run/ws /run/on-*/ws /tmp/on-*/ws; do
+	if [ -d "$dir" ]; then ws=$dir; fi
+done
 [ -d "$ws" ]
 
 step "the layers merged: replaced, whited out, opaque, added"
