@@ -3,6 +3,7 @@
 
 use std::io::{self, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -18,6 +19,9 @@ pub struct LoadResult {
     /// Latency percentiles in microseconds.
     pub p50_us: f64,
     pub p99_us: f64,
+    /// Replies that were not a success: refused by RPC, or an NFS status
+    /// other than NFS3_OK.
+    pub errors: u64,
 }
 
 impl LoadResult {
@@ -26,17 +30,47 @@ impl LoadResult {
     }
 }
 
+/// An xid no earlier run of this process, and most likely no other process,
+/// started from: servers keep replies to changing calls by xid, and a run
+/// whose xids and arguments repeat an earlier run's would be answered from
+/// that cache instead of being run.
+pub fn xid_base() -> u32 {
+    static RUNS: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .subsec_nanos();
+    let run = RUNS.fetch_add(1, Relaxed);
+    (nanos ^ std::process::id().rotate_left(16)).wrapping_add(run.wrapping_mul(0x9E37_79B9))
+}
+
+/// Whether an RPC reply (from its xid on) is a success: accepted, and for a
+/// procedure with results, NFS3_OK (the first word of every NFSv3 result).
+/// Expects an AUTH_NONE verifier, as every server measured here sends.
+pub fn reply_ok(reply: &[u8]) -> bool {
+    let word = |i: usize| {
+        reply
+            .get(i * 4..i * 4 + 4)
+            .map(|w| u32::from_be_bytes(w.try_into().expect("4 bytes")))
+    };
+    let accepted = word(2) == Some(0) && word(4) == Some(0) && word(5) == Some(0);
+    accepted && word(6).is_none_or(|status| status == 0)
+}
+
 /// Drives one connection with `depth` calls in flight for `duration` (after
-/// `warmup` calls), each call framed by `call(xid)`. Stops early at
-/// `max_calls`. Like the Linux client, which corks its socket while calls are
-/// queued, calls issued for replies that arrived together leave in one write.
+/// `warmup` calls), each call framed by `call(xid, seq)`: `xid` goes on the
+/// wire (from a fresh [`xid_base`] each run), `seq` counts the run's calls
+/// from 0 for names and offsets. Stops early at `max_calls`. Like the Linux
+/// client, which corks its socket while calls are queued, calls issued for
+/// replies that arrived together leave in one write. Every reply's status
+/// is checked ([`LoadResult::errors`]).
 pub fn run_load(
     addr: SocketAddr,
     depth: usize,
     warmup: u32,
     duration: Duration,
     max_calls: u32,
-    call: impl Fn(u32) -> Vec<u8>,
+    call: impl Fn(u32, u32) -> Vec<u8>,
 ) -> io::Result<LoadResult> {
     let stream = TcpStream::connect(addr)?;
     stream.set_nodelay(true)?;
@@ -47,14 +81,16 @@ pub fn run_load(
     let mut sent_at = vec![Instant::now(); total as usize + depth];
     let mut latencies_ns = Vec::with_capacity(total as usize);
     let mut outgoing = Vec::new();
-    let mut next_xid = 0u32;
-    let issue = |outgoing: &mut Vec<u8>, next_xid: &mut u32| {
-        outgoing.extend_from_slice(&call(*next_xid));
-        *next_xid += 1;
+    let base = xid_base();
+    let mut next_seq = 0u32;
+    let issue = |outgoing: &mut Vec<u8>, next_seq: &mut u32| {
+        outgoing.extend_from_slice(&call(base.wrapping_add(*next_seq), *next_seq));
+        *next_seq += 1;
     };
-    while (next_xid as usize) < depth {
-        issue(&mut outgoing, &mut next_xid);
+    while (next_seq as usize) < depth {
+        issue(&mut outgoing, &mut next_seq);
     }
+    let mut errors = 0u64;
     let mut done = 0u32;
     let mut started = Instant::now();
     let mut measured = 0u64;
@@ -62,30 +98,37 @@ pub fn run_load(
     loop {
         if !outgoing.is_empty() && !replies.has_buffered_record() {
             let now = Instant::now();
-            for xid in unsent_from..next_xid {
-                sent_at[xid as usize] = now;
+            for seq in unsent_from..next_seq {
+                sent_at[seq as usize] = now;
             }
             sender.write_all(&outgoing)?;
             outgoing.clear();
-            unsent_from = next_xid;
+            unsent_from = next_seq;
         }
         let Some(reply) = replies.next_record()? else {
             return Err(io::ErrorKind::UnexpectedEof.into());
         };
         let xid = u32::from_be_bytes(reply.as_bytes()[..4].try_into().expect("xid"));
+        let seq = xid.wrapping_sub(base);
+        if seq >= next_seq {
+            return Err(io::Error::other(format!(
+                "a reply to xid {xid}, never sent"
+            )));
+        }
+        errors += u64::from(!reply_ok(reply.as_bytes()));
         let now = Instant::now();
         done += 1;
         if done == warmup {
             started = now;
         } else if done > warmup {
             measured += 1;
-            latencies_ns.push(now.duration_since(sent_at[xid as usize]).as_nanos() as u64);
+            latencies_ns.push(now.duration_since(sent_at[seq as usize]).as_nanos() as u64);
         }
         let over = done > warmup && (now.duration_since(started) >= duration || done >= total);
-        if !over && next_xid < total {
-            issue(&mut outgoing, &mut next_xid);
+        if !over && next_seq < total {
+            issue(&mut outgoing, &mut next_seq);
         }
-        if done == next_xid {
+        if done == next_seq {
             break;
         }
     }
@@ -100,6 +143,7 @@ pub fn run_load(
         elapsed,
         p50_us: pct(0.50),
         p99_us: pct(0.99),
+        errors,
     })
 }
 

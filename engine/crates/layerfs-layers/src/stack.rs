@@ -119,6 +119,16 @@ impl StackFs {
             io::Error::other(format!("{}: {e}", what.display()))
         };
         std::fs::create_dir_all(upper).map_err(|e| at(upper, &e))?;
+        // Ids are derived from host inode numbers: a filesystem that
+        // renumbers files (overlayfs across filesystems, 9p, most FUSE
+        // filesystems) would turn handles stale under clients. Refused
+        // before any state is made.
+        for path in lowers.iter().map(PathBuf::as_path).chain([upper]) {
+            let root = open_root(path).map_err(|e| at(path, &e))?;
+            if !hostdir::keeps_inode_numbers(root.as_fd()) {
+                return Err(at(path, &UNSTABLE_INODES));
+            }
+        }
         std::fs::create_dir_all(state).map_err(|e| at(state, &e))?;
         let work_path = state.join("work");
         // Copies a crash left half made: never renamed into place, so unseen.
@@ -134,14 +144,6 @@ impl StackFs {
             paths.push(lower.canonicalize().map_err(|e| at(lower, &e))?);
         }
         let layers = Self::layers_at(&inodes, &paths, 0).map_err(|e| at(upper, &e))?;
-        // Ids are derived from host inode numbers: a filesystem that
-        // renumbers files (overlayfs across filesystems, 9p, most FUSE
-        // filesystems) would turn handles stale under clients.
-        for (layer, path) in layers.all.iter().zip(&paths) {
-            if !layer.host.stats.keeps_inode_numbers() {
-                return Err(at(path, &UNSTABLE_INODES));
-            }
-        }
         let upper_dev = rustix::fs::fstat(&*layers.all[UPPER].root)?.st_dev;
         if rustix::fs::fstat(&work)?.st_dev != upper_dev {
             return Err(at(state, &"not on the upper's filesystem"));

@@ -4,7 +4,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use layerfs_layers::{StackFs, STATE_IN_UPPER};
-use layerfs_testkit::{largest_allocation_while, or_skip, LargestPerThread, Mounted};
+use layerfs_testkit::{largest_allocation_while, or_skip, CrossOverlay, LargestPerThread, Mounted};
 use layerfs_vfs::{
     Caller, Create, Error, FileId, FileKind, Filesystem, SetAttr, SetTime, Stability, Timestamp,
 };
@@ -359,23 +359,13 @@ fn a_copy_up_that_fills_the_disk_is_nospc_and_leaves_nothing_behind() {
 
 #[test]
 fn layers_on_a_filesystem_that_renumbers_files_are_refused() {
-    let t = tempfile::tempdir().unwrap();
-    let d = |n: &str| {
-        let p = t.path().join(n);
-        std::fs::create_dir_all(&p).unwrap();
-        p
-    };
-    let (lower, m, merged) = (d("lower"), d("m"), d("merged"));
-    let Some(_tmpfs) = or_skip(Mounted::tmpfs(&m, "8m"), "a tmpfs upper") else {
+    let ov = CrossOverlay::new(|_| {});
+    let Some(ov) = or_skip(ov, "an overlay across filesystems") else {
         return;
     };
-    let (up, work) = (d("m/up"), d("m/work"));
-    let overlay = Mounted::overlay(&[lower], &up, &work, &merged, "");
-    let Some(_overlay) = or_skip(overlay, "an overlay across filesystems") else {
-        return;
-    };
+    let (merged, beside) = (ov.merged(), ov.beside());
     std::fs::create_dir(merged.join("layer")).unwrap();
-    let fresh = t.path().join("upper");
+    let fresh = beside.join("upper");
     let err = StackFs::open_in_upper(&[merged.join("layer")], &fresh)
         .err()
         .expect("a layer whose directories are renumbered was accepted");
@@ -383,8 +373,13 @@ fn layers_on_a_filesystem_that_renumbers_files_are_refused() {
         err.to_string().contains("does not keep inode numbers"),
         "{err}"
     );
-    let err = StackFs::open_in_upper(&[t.path().join("lower")], &merged.join("upper"))
+    assert!(
+        !fresh.join(STATE_IN_UPPER).exists(),
+        "state was made before the refusal"
+    );
+    let err = StackFs::open_in_upper(&[beside.join("lower")], &merged.join("upper"))
         .err()
         .expect("an upper whose directories are renumbered was accepted");
     assert!(err.to_string().contains("merged/upper"), "{err}");
+    assert!(!merged.join("upper").join(STATE_IN_UPPER).exists());
 }

@@ -9,8 +9,8 @@
 //! client process shares one address and xids coincide, so two WRITEs of
 //! different data at the same offset of one file would match there and the
 //! second would be answered without running. xxh3 hashes a 1 MiB WRITE in
-//! tens of microseconds. Bounded: the oldest entries are evicted first;
-//! lookups are O(1).
+//! about 39 us here, FNV-1a byte by byte in 1.1 ms (`examples/reply_cache_hash.rs`).
+//! Bounded: the oldest entries are evicted first; lookups are O(1).
 
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;

@@ -131,3 +131,48 @@ pub fn largest_allocation_while(f: impl FnOnce()) -> usize {
     f();
     LARGEST.with(|l| l.get())
 }
+
+/// An overlay whose lower is a directory on the disk holding the system's
+/// temporary directory and whose upper is on a fresh tmpfs: layers on two
+/// filesystems, without `xino`, as a container's or a VM's root often is.
+/// There a directory's inode number changes whenever the kernel evicts its
+/// cache entry ([`drop_caches`]).
+pub struct CrossOverlay {
+    // Unmounted in this order: the overlay, then the tmpfs under it.
+    _overlay: Mounted,
+    _tmpfs: Mounted,
+    t: tempfile::TempDir,
+}
+
+impl CrossOverlay {
+    /// Mounts it; `fill` makes the lower layer's content first.
+    pub fn new(fill: impl FnOnce(&Path)) -> Result<CrossOverlay, String> {
+        let t = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let dir = |n: &str| {
+            let p = t.path().join(n);
+            std::fs::create_dir_all(&p)
+                .map(|()| p)
+                .map_err(|e| e.to_string())
+        };
+        let lower = dir("lower")?;
+        fill(&lower);
+        let tmpfs = Mounted::tmpfs(&dir("m")?, "64m")?;
+        let (upper, work) = (dir("m/up")?, dir("m/work")?);
+        let overlay = Mounted::overlay(&[lower], &upper, &work, &dir("merged")?, "")?;
+        Ok(CrossOverlay {
+            _overlay: overlay,
+            _tmpfs: tmpfs,
+            t,
+        })
+    }
+
+    /// Where the overlay is mounted.
+    pub fn merged(&self) -> PathBuf {
+        self.t.path().join("merged")
+    }
+
+    /// A directory beside the overlay, on the disk.
+    pub fn beside(&self) -> &Path {
+        self.t.path()
+    }
+}

@@ -25,7 +25,7 @@ pub use rules::{
     apply, check_name, check_setattr, creatable, cstr, exclusive_times, may_change_entries,
     may_rename, mode_after_write, mode_of_new, removable, sticky_allows,
 };
-pub use stat::Stats;
+pub use stat::{keeps_inode_numbers, Stats};
 pub use sys::{sync_all, sync_data};
 
 /// How entries are made and changed in one host filesystem.

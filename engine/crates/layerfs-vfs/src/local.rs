@@ -509,10 +509,6 @@ impl Filesystem for LocalFs {
         }
         if let (Some(places), FileKind::Directory) = (&self.places, moving.kind) {
             places.moved((from, from_name), (to, to_name), moving.fileid);
-            self.dirs
-                .lock()
-                .expect("dirs poisoned")
-                .remove(&moving.fileid);
         }
         self.remember(to, to_name, &moving);
         Ok((

@@ -4,44 +4,13 @@
 //! neither collide nor go stale there, within a run and across a restart.
 
 use std::collections::{BTreeMap, HashSet};
-use std::path::{Path, PathBuf};
 
-use layerfs_testkit::{drop_caches, or_skip, Mounted};
+use layerfs_testkit::{drop_caches, or_skip, CrossOverlay, Mounted};
 use layerfs_vfs::hostdir::Stats;
 use layerfs_vfs::{Caller, Create, Error, FileId, FileKind, Filesystem, LocalFs, SetAttr};
 
 const FILES: usize = 300;
 const DIRS: usize = 20;
-
-struct CrossOverlay {
-    _overlay: Mounted,
-    _tmpfs: Mounted,
-    merged: PathBuf,
-    _t: tempfile::TempDir,
-}
-
-/// An overlay whose lower is on this machine's disk and whose upper is on a
-/// fresh tmpfs, with a lower directory `old` holding `kept`.
-fn cross_overlay() -> Result<CrossOverlay, String> {
-    let t = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let d = |n: &str| {
-        let p = t.path().join(n);
-        std::fs::create_dir_all(&p).unwrap();
-        p
-    };
-    let (lower, m, merged) = (d("lower"), d("m"), d("merged"));
-    std::fs::create_dir(lower.join("old")).unwrap();
-    std::fs::write(lower.join("old/kept"), b"kept").unwrap();
-    let tmpfs = Mounted::tmpfs(&m, "64m")?;
-    let (up, work) = (d("m/up"), d("m/work"));
-    let overlay = Mounted::overlay(&[lower], &up, &work, &merged, "")?;
-    Ok(CrossOverlay {
-        _overlay: overlay,
-        _tmpfs: tmpfs,
-        merged,
-        _t: t,
-    })
-}
 
 fn root() -> Caller {
     Caller::root()
@@ -80,10 +49,15 @@ fn listing(fs: &LocalFs, dir: FileId) -> BTreeMap<Vec<u8>, (FileId, FileKind)> {
 
 #[test]
 fn ids_neither_collide_nor_go_stale_on_an_overlay_across_filesystems() {
-    let Some(ov) = or_skip(cross_overlay(), "overlay across filesystems") else {
+    // The lower holds a directory `old` with a file.
+    let ov = CrossOverlay::new(|lower| {
+        std::fs::create_dir(lower.join("old")).unwrap();
+        std::fs::write(lower.join("old/kept"), b"kept").unwrap();
+    });
+    let Some(ov) = or_skip(ov, "overlay across filesystems") else {
         return;
     };
-    let merged = ov.merged.clone();
+    let merged = ov.merged();
     let root_dir = std::fs::File::open(&merged).unwrap();
     assert!(
         !Stats::for_export(std::os::fd::AsFd::as_fd(&root_dir)).keeps_inode_numbers(),
@@ -172,11 +146,7 @@ fn an_overlay_on_one_filesystem_keeps_inode_numbers() {
 #[test]
 fn a_hard_linked_file_keeps_its_id_while_it_has_a_name() {
     let t = tempfile::tempdir().unwrap();
-    hard_links_on(t.path());
-}
-
-fn hard_links_on(dir: &Path) {
-    let fs = LocalFs::open(dir).unwrap();
+    let fs = LocalFs::open(t.path()).unwrap();
     let top = fs.root();
     let a = fs.create(&root(), top, b"a", unchecked()).unwrap().0.fileid;
     fs.write(&root(), a, 0, b"data", layerfs_vfs::Stability::Unstable)

@@ -142,10 +142,18 @@ fn main() {
                     };
                     // CREATE names restart each round; REMOVE follows CREATE.
                     let base = 100_000 * round as u32 + if depth == 32 { 50_000 } else { 0 };
-                    let load = run_load(t.addr, depth, warmup, duration, max, |xid| {
-                        w.call(h, &payload, xid, base)
+                    let load = run_load(t.addr, depth, warmup, duration, max, |xid, seq| {
+                        w.call(h, &payload, xid, seq, base)
                     })
                     .unwrap_or_else(|e| panic!("{} {}: {e}", t.name, w.name()));
+                    if load.errors > 0 {
+                        eprintln!(
+                            "  {}: {} of its {} replies were errors (its numbers measure them)",
+                            t.name,
+                            load.errors,
+                            w.name()
+                        );
+                    }
                     thread::sleep(Duration::from_millis(50));
                     let transport = before.map(|b| report::delta(&layerfs.stats(), &b));
                     runs.push(Row {
@@ -162,8 +170,8 @@ fn main() {
                     _ => None,
                 };
                 if let Some(addr) = floor {
-                    let load = run_load(addr, depth, 20, duration, 5_000_000, |xid| {
-                        w.call(targets[0].handles.as_ref().unwrap(), &payload, xid, 0)
+                    let load = run_load(addr, depth, 20, duration, 5_000_000, |xid, seq| {
+                        w.call(targets[0].handles.as_ref().unwrap(), &payload, xid, seq, 0)
                     })
                     .expect("floor run");
                     runs.push(Row {

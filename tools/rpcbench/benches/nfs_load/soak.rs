@@ -24,7 +24,13 @@ fn rss_kib() -> u64 {
 
 /// Calls in rotation on one connection: small calls, a listing, 1 MiB READ
 /// and WRITE, and a CREATE followed by a REMOVE of the same name.
-fn client(addr: SocketAddr, handles: &Handles, id: u32, stop: &AtomicBool, calls: &AtomicU64) {
+fn client(
+    addr: SocketAddr,
+    handles: &Handles,
+    id: u32,
+    stop: &AtomicBool,
+    (calls, errors): (&AtomicU64, &AtomicU64),
+) {
     let mix = [
         Workload::Getattr,
         Workload::Lookup,
@@ -39,14 +45,26 @@ fn client(addr: SocketAddr, handles: &Handles, id: u32, stop: &AtomicBool, calls
     let stream = TcpStream::connect(addr).expect("connect");
     let mut out = &stream;
     let mut replies = Records::new(&stream);
+    // Each connection its own xids, never repeated: a repeated xid with the
+    // same arguments would be answered from the reply cache.
+    let base = rpcbench::xid_base();
     let mut n = 0u32;
     while !stop.load(Relaxed) {
         let w = mix[n as usize % mix.len()];
         // CREATE and REMOVE of one round share a name; rounds reuse names.
         let name_round = (n / mix.len() as u32) % 1000;
-        let frame = w.call(handles, &payload, name_round, id * 1000);
+        let frame = w.call(
+            handles,
+            &payload,
+            base.wrapping_add(n),
+            name_round,
+            id * 1000,
+        );
         out.write_all(&frame).expect("send");
-        replies.next_record().expect("reply").expect("open");
+        let reply = replies.next_record().expect("reply").expect("open");
+        if !rpcbench::reply_ok(reply.as_bytes()) {
+            errors.fetch_add(1, Relaxed);
+        }
         calls.fetch_add(1, Relaxed);
         n = n.wrapping_add(1);
     }
@@ -55,10 +73,12 @@ fn client(addr: SocketAddr, handles: &Handles, id: u32, stop: &AtomicBool, calls
 pub fn run(addr: SocketAddr, handles: Arc<Handles>, seconds: u64, connections: u32) {
     let stop = Arc::new(AtomicBool::new(false));
     let calls = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
     let workers: Vec<_> = (0..connections)
         .map(|id| {
-            let (stop, calls, handles) = (stop.clone(), calls.clone(), handles.clone());
-            thread::spawn(move || client(addr, &handles, id, &stop, &calls))
+            let (stop, handles) = (stop.clone(), handles.clone());
+            let (calls, errors) = (calls.clone(), errors.clone());
+            thread::spawn(move || client(addr, &handles, id, &stop, (&calls, &errors)))
         })
         .collect();
     let start = Instant::now();
@@ -88,11 +108,12 @@ pub fn run(addr: SocketAddr, handles: Arc<Handles>, seconds: u64, connections: u
         samples.iter().max().copied().unwrap_or(0),
     );
     println!(
-        "\nafter a {}s warm-up: RSS between {:.1} and {:.1} MiB (spread {:.1} MiB) over {} calls on {connections} connections",
+        "\nafter a {}s warm-up: RSS between {:.1} and {:.1} MiB (spread {:.1} MiB) over {} calls on {connections} connections, {} of them errors",
         warmup.as_secs(),
         lo as f64 / 1024.0,
         hi as f64 / 1024.0,
         (hi - lo) as f64 / 1024.0,
-        calls.load(Relaxed)
+        calls.load(Relaxed),
+        errors.load(Relaxed)
     );
 }

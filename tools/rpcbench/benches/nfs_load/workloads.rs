@@ -112,10 +112,11 @@ impl Workload {
         matches!(self, Workload::Create | Workload::Remove).then_some(2000)
     }
 
-    /// Call `xid`; CREATE and REMOVE name their file `c<names + xid>`.
-    pub fn call(self, h: &Handles, payload: &[u8], xid: u32, names: u32) -> Vec<u8> {
-        let offset = (xid as usize % (crate::peers::DATA_LEN / MIB) * MIB) as u64;
-        let name = format!("c{:06}", names + xid);
+    /// Call number `seq` of a run, sent as `xid`; CREATE and REMOVE name
+    /// their file `c<names + seq>`, READ and WRITE move on a MiB per call.
+    pub fn call(self, h: &Handles, payload: &[u8], xid: u32, seq: u32, names: u32) -> Vec<u8> {
+        let offset = (seq as usize % (crate::peers::DATA_LEN / MIB) * MIB) as u64;
+        let name = format!("c{:06}", names + seq);
         match self {
             Workload::Null => frame_call(xid, NFS, 3, 0, &nfs3_types::xdr_codec::Void),
             Workload::Getattr => frame_call(
@@ -209,21 +210,14 @@ impl Workload {
         if matches!(self, Workload::Create | Workload::Remove) {
             return Ok(());
         }
-        let frame = self.call(h, &vec![1; MIB], 0, 0);
+        let frame = self.call(h, &vec![1; MIB], rpcbench::xid_base(), 0, 0);
         let mut stream = std::net::TcpStream::connect(addr)?;
         std::io::Write::write_all(&mut stream, &frame)?;
         let mut records = layerfs_rpc::Records::new(&stream);
         let reply = records.next_record()?.ok_or(io::ErrorKind::UnexpectedEof)?;
-        let status = reply
-            .as_bytes()
-            .get(24..28)
-            .map(|w| u32::from_be_bytes(w.try_into().unwrap()));
-        match (self, status) {
-            (Workload::Null, _) | (_, Some(0)) => Ok(()),
-            (_, s) => Err(io::Error::other(format!(
-                "{} answered status {s:?}",
-                self.name()
-            ))),
+        match rpcbench::reply_ok(reply.as_bytes()) {
+            true => Ok(()),
+            false => Err(io::Error::other(format!("{} failed", self.name()))),
         }
     }
 }

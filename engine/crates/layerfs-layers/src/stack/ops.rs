@@ -86,6 +86,17 @@ impl StackFs {
         Ok(d)
     }
 
+    /// The entry just made as `name` in `dir`: directories' entries have
+    /// changed, and the new one is found and remembered.
+    fn made(&self, layers: &Layers, dir: FileId, name: &[u8], cname: &CStr) -> Result<Found> {
+        self.changed_entries();
+        let f = layers
+            .lookup(&self.inodes, &self.dir_parts(layers, dir)?, cname)?
+            .ok_or(Error::Io)?;
+        self.remember(dir, name, f.attr.fileid);
+        Ok(f)
+    }
+
     fn dir_after(&self, layers: &Layers, dir: FileId) -> Option<Attr> {
         self.found(layers, dir).ok().map(|f| f.attr)
     }
@@ -451,11 +462,7 @@ impl Filesystem for StackFs {
             .host
             .create(caller, up.as_fd(), &d.attr, &cname, how)?;
         clear_whiteout(up.as_fd(), name)?;
-        self.changed_entries();
-        let f = layers
-            .lookup(&self.inodes, &self.dir_parts(&layers, dir)?, &cname)?
-            .ok_or(Error::Io)?;
-        self.remember(dir, name, f.attr.fileid);
+        let f = self.made(&layers, dir, name, &cname)?;
         self.dropped_file(f.attr.fileid);
         Ok((f.attr, change(&d.attr, self.dir_after(&layers, dir))))
     }
@@ -493,11 +500,7 @@ impl Filesystem for StackFs {
         if hidden_below {
             clear_whiteout(up.as_fd(), name)?;
         }
-        self.changed_entries();
-        let f = layers
-            .lookup(&self.inodes, &self.dir_parts(&layers, dir)?, &cname)?
-            .ok_or(Error::Io)?;
-        self.remember(dir, name, f.attr.fileid);
+        let f = self.made(&layers, dir, name, &cname)?;
         Ok((f.attr, change(&d.attr, self.dir_after(&layers, dir))))
     }
 

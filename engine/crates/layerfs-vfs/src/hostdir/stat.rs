@@ -268,6 +268,8 @@ fn overlay_on_one_filesystem(fd: BorrowedFd<'_>) -> bool {
     !devs.is_empty() && devs.iter().all(|&d| d == devs[0])
 }
 
+/// Elsewhere (macOS: APFS and HFS+ keep inode numbers) every export is
+/// taken to keep them; a network or FUSE export there is not told apart.
 #[cfg(not(target_os = "linux"))]
 pub fn keeps_inode_numbers(_fd: BorrowedFd<'_>) -> bool {
     true
