@@ -1,38 +1,10 @@
 //! Between the filesystem's types and NFSv3's wire types.
 
-use layerfs_vfs::{Attr, Change, Error, FileKind, SetAttr, SetTime, Timestamp};
+use layerfs_vfs::{Attr, Change, FileKind, SetAttr, SetTime, Timestamp};
 use nfs3_types::nfs3::{
-    fattr3, ftype3, nfsstat3, nfstime3, post_op_attr, pre_op_attr, sattr3, set_atime, set_mtime,
-    specdata3, wcc_attr, wcc_data, Nfs3Option,
+    fattr3, ftype3, nfstime3, post_op_attr, pre_op_attr, sattr3, set_atime, set_mtime, specdata3,
+    wcc_attr, wcc_data, Nfs3Option,
 };
-
-pub fn status(e: Error) -> nfsstat3 {
-    match e {
-        Error::Perm => nfsstat3::NFS3ERR_PERM,
-        Error::NoEnt => nfsstat3::NFS3ERR_NOENT,
-        Error::Io => nfsstat3::NFS3ERR_IO,
-        Error::Access => nfsstat3::NFS3ERR_ACCES,
-        Error::Exist => nfsstat3::NFS3ERR_EXIST,
-        Error::XDev => nfsstat3::NFS3ERR_XDEV,
-        Error::NotDir => nfsstat3::NFS3ERR_NOTDIR,
-        Error::IsDir => nfsstat3::NFS3ERR_ISDIR,
-        Error::Inval => nfsstat3::NFS3ERR_INVAL,
-        Error::FBig => nfsstat3::NFS3ERR_FBIG,
-        Error::NoSpc => nfsstat3::NFS3ERR_NOSPC,
-        Error::RoFs => nfsstat3::NFS3ERR_ROFS,
-        Error::MLink => nfsstat3::NFS3ERR_MLINK,
-        Error::NameTooLong => nfsstat3::NFS3ERR_NAMETOOLONG,
-        Error::NotEmpty => nfsstat3::NFS3ERR_NOTEMPTY,
-        Error::DQuot => nfsstat3::NFS3ERR_DQUOT,
-        Error::Stale => nfsstat3::NFS3ERR_STALE,
-        Error::BadHandle => nfsstat3::NFS3ERR_BADHANDLE,
-        Error::NotSync => nfsstat3::NFS3ERR_NOT_SYNC,
-        Error::BadCookie => nfsstat3::NFS3ERR_BAD_COOKIE,
-        Error::NotSupp => nfsstat3::NFS3ERR_NOTSUPP,
-        Error::TooSmall => nfsstat3::NFS3ERR_TOOSMALL,
-        Error::ServerFault => nfsstat3::NFS3ERR_SERVERFAULT,
-    }
-}
 
 /// NFSv3 times are unsigned 32-bit seconds: earlier clamps to the epoch,
 /// later than 2106 to its last second.

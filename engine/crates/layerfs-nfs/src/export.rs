@@ -4,7 +4,9 @@
 use std::sync::Arc;
 
 use layerfs_rpc::Credentials;
-use layerfs_vfs::{Attr, Caller, Error, FileId, Filesystem};
+use layerfs_vfs::{Attr, Caller, FileId, Filesystem};
+
+use crate::Error;
 use nfs3_types::nfs3::nfs_fh3;
 use nfs3_types::xdr_codec::Opaque;
 
@@ -20,7 +22,7 @@ pub struct Export {
 }
 
 impl Export {
-    pub fn new(fs: Arc<dyn Filesystem>, host_path: &[u8]) -> Result<Export, Error> {
+    pub fn new(fs: Arc<dyn Filesystem>, host_path: &[u8]) -> layerfs_vfs::Result<Export> {
         let root = fs.getattr(fs.root())?;
         // From the root's identity, not its path or the start time, so
         // handles stay valid across restarts and a moved export.
@@ -67,6 +69,16 @@ impl Export {
             Some(Ok(h)) => self.fs.knows(h.fileid),
             _ => true,
         }
+    }
+
+    /// Runs `op` on the file a handle names, with its current attributes.
+    pub fn on<T>(
+        &self,
+        fh: &nfs_fh3,
+        op: impl FnOnce(FileId, Attr) -> layerfs_vfs::Result<T>,
+    ) -> Result<T, Error> {
+        let (id, attr) = self.resolve(fh)?;
+        Ok(op(id, attr)?)
     }
 
     pub fn resolve(&self, fh: &nfs_fh3) -> Result<(FileId, Attr), Error> {

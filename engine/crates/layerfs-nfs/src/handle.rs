@@ -6,7 +6,9 @@
 //! file exists, and a file deleted and replaced under the same id is told
 //! apart (STALE) by its generation.
 
-use layerfs_vfs::{Error, FileId};
+use layerfs_vfs::FileId;
+
+use crate::Error;
 
 const VERSION: u8 = 1;
 /// Bytes in a handle.
@@ -46,7 +48,7 @@ impl FileHandle {
             generation: word(17),
         };
         if handle.export != export {
-            return Err(Error::Stale);
+            return Err(Error::Fs(layerfs_vfs::Error::Stale));
         }
         Ok(handle)
     }
@@ -81,6 +83,9 @@ mod tests {
         let mut wrong_version = bytes.clone();
         wrong_version[0] = 2;
         assert_eq!(FileHandle::decode(&wrong_version, 7), Err(Error::BadHandle));
-        assert_eq!(FileHandle::decode(&bytes, 8), Err(Error::Stale));
+        assert_eq!(
+            FileHandle::decode(&bytes, 8),
+            Err(Error::Fs(layerfs_vfs::Error::Stale))
+        );
     }
 }

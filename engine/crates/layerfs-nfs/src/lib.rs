@@ -1,8 +1,10 @@
 //! The NFSv3 (RFC 1813) and MOUNT v3 programs served by layerfs, over the
 //! [`layerfs_vfs::Filesystem`] trait.
 
+mod access;
 mod convert;
 mod drc;
+mod error;
 mod export;
 mod handle;
 mod mount;
@@ -11,7 +13,9 @@ mod nfs;
 use std::sync::Arc;
 
 use layerfs_rpc::Program;
-use layerfs_vfs::{Error, Filesystem};
+use layerfs_vfs::Filesystem;
+
+pub use error::Error;
 
 pub use export::Export;
 pub use handle::FileHandle;
@@ -27,7 +31,10 @@ pub const MOUNT_VERSION: u32 = 3;
 /// The NFS and MOUNT programs for one exported filesystem, ready for a
 /// [`layerfs_rpc::Dispatcher`]. `host_path` is the path clients may mount
 /// besides `/`.
-pub fn programs(fs: Arc<dyn Filesystem>, host_path: &[u8]) -> Result<Vec<Box<dyn Program>>, Error> {
+pub fn programs(
+    fs: Arc<dyn Filesystem>,
+    host_path: &[u8],
+) -> layerfs_vfs::Result<Vec<Box<dyn Program>>> {
     let export = Arc::new(Export::new(fs, host_path)?);
     Ok(vec![
         Box::new(NfsProgram::new(export.clone())),

@@ -3,14 +3,15 @@
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::access::granted;
 use layerfs_rpc::{Call, FileTail, Program, Refusal, ReplyBuf};
-use layerfs_vfs::access::granted;
-use layerfs_vfs::{Attr, Caller, Change, Create, Error, FileId, FileKind, Stability};
+use layerfs_vfs::{Attr, Caller, Change, Create, FileId, FileKind, Stability};
 use nfs3_types::nfs3::*;
 use nfs3_types::xdr_codec::{Opaque, Pack, Unpack};
 
-use crate::convert::{fattr, from_time, post_op, set_attr, status, wcc, wcc_after};
+use crate::convert::{fattr, from_time, post_op, set_attr, wcc, wcc_after};
 use crate::drc::{Key, ReplyCache};
+use crate::error::{status, Error};
 use crate::export::{caller, Export};
 use crate::{NFS_PROGRAM, NFS_VERSION};
 
@@ -130,7 +131,7 @@ impl NfsProgram {
             Nfs3Option::Some(ctime) => Some(from_time(ctime)),
             Nfs3Option::None => None,
         };
-        let result = self.export.resolve(&a.object).and_then(|(id, _)| {
+        let result = self.export.on(&a.object, |id, _| {
             self.export
                 .fs
                 .setattr(who, id, &set_attr(&a.new_attributes), guard)
@@ -158,13 +159,10 @@ impl NfsProgram {
         a: LOOKUP3args<'static>,
         reply: &mut ReplyBuf,
     ) -> Result<(), Refusal> {
-        let found = self
-            .export
-            .resolve(&a.what.dir)
-            .and_then(|(dir, dir_attr)| {
-                let attr = self.export.fs.lookup(who, dir, a.what.name.as_ref())?;
-                Ok((attr, dir_attr))
-            });
+        let found = self.export.on(&a.what.dir, |dir, dir_attr| {
+            let attr = self.export.fs.lookup(who, dir, a.what.name.as_ref())?;
+            Ok((attr, dir_attr))
+        });
         let res: LOOKUP3res = match found {
             Ok((attr, dir_attr)) => Nfs3Result::Ok(LOOKUP3resok {
                 object: self.export.handle(&attr),
@@ -206,7 +204,7 @@ impl NfsProgram {
         a: READLINK3args,
         reply: &mut ReplyBuf,
     ) -> Result<(), Refusal> {
-        let result = self.export.resolve(&a.symlink).and_then(|(id, attr)| {
+        let result = self.export.on(&a.symlink, |id, attr| {
             self.export
                 .fs
                 .readlink(who, id)
@@ -290,10 +288,9 @@ impl NfsProgram {
 
     fn write(&self, who: &Caller, a: WriteArgs<'_>, reply: &mut ReplyBuf) -> Result<(), Refusal> {
         let data = a.data;
-        let result = self
-            .export
-            .resolve(&a.file)
-            .and_then(|(id, _)| self.export.fs.write(who, id, a.offset, data, a.stable));
+        let result = self.export.on(&a.file, |id, _| {
+            self.export.fs.write(who, id, a.offset, data, a.stable)
+        });
         let res: WRITE3res = match result {
             Ok((change, done)) => Nfs3Result::Ok(WRITE3resok {
                 file_wcc: wcc(&change, self.fsid()),
@@ -355,10 +352,9 @@ impl NfsProgram {
             createhow3::GUARDED(s) => Create::Guarded(set_attr(s)),
             createhow3::EXCLUSIVE(v) => Create::Exclusive(v.0),
         };
-        let result = self
-            .export
-            .resolve(&a.where_.dir)
-            .and_then(|(dir, _)| self.export.fs.create(who, dir, a.where_.name.as_ref(), how));
+        let result = self.export.on(&a.where_.dir, |dir, _| {
+            self.export.fs.create(who, dir, a.where_.name.as_ref(), how)
+        });
         self.made(&a.where_.dir, result, reply)
     }
 
@@ -368,7 +364,7 @@ impl NfsProgram {
         a: MKDIR3args<'static>,
         reply: &mut ReplyBuf,
     ) -> Result<(), Refusal> {
-        let result = self.export.resolve(&a.where_.dir).and_then(|(dir, _)| {
+        let result = self.export.on(&a.where_.dir, |dir, _| {
             self.export
                 .fs
                 .mkdir(who, dir, a.where_.name.as_ref(), &set_attr(&a.attributes))
@@ -382,7 +378,7 @@ impl NfsProgram {
         a: SYMLINK3args<'static>,
         reply: &mut ReplyBuf,
     ) -> Result<(), Refusal> {
-        let result = self.export.resolve(&a.where_.dir).and_then(|(dir, _)| {
+        let result = self.export.on(&a.where_.dir, |dir, _| {
             let set = set_attr(&a.symlink.symlink_attributes);
             self.export.fs.symlink(
                 who,
@@ -424,7 +420,7 @@ impl NfsProgram {
                 return put(reply, &wcc_after(after.as_ref(), self.fsid()));
             }
         };
-        let result = self.export.resolve(&a.where_.dir).and_then(|(dir, _)| {
+        let result = self.export.on(&a.where_.dir, |dir, _| {
             self.export
                 .fs
                 .mknod(who, dir, a.where_.name.as_ref(), kind, rdev, &set)
@@ -439,7 +435,7 @@ impl NfsProgram {
         reply: &mut ReplyBuf,
         dir_only: bool,
     ) -> Result<(), Refusal> {
-        let result = self.export.resolve(&a.object.dir).and_then(|(dir, _)| {
+        let result = self.export.on(&a.object.dir, |dir, _| {
             let name = a.object.name.as_ref();
             if dir_only {
                 self.export.fs.rmdir(who, dir, name)
@@ -462,12 +458,14 @@ impl NfsProgram {
         a: RENAME3args<'static, 'static>,
         reply: &mut ReplyBuf,
     ) -> Result<(), Refusal> {
-        let result = self.export.resolve(&a.from.dir).and_then(|(from, _)| {
+        let result = (|| -> Result<_, Error> {
+            let (from, _) = self.export.resolve(&a.from.dir)?;
             let (to, _) = self.export.resolve(&a.to.dir)?;
-            self.export
+            Ok(self
+                .export
                 .fs
-                .rename(who, from, a.from.name.as_ref(), to, a.to.name.as_ref())
-        });
+                .rename(who, from, a.from.name.as_ref(), to, a.to.name.as_ref())?)
+        })();
         match result {
             Ok((from, to)) => {
                 put(reply, &nfsstat3::NFS3_OK)?;
@@ -490,10 +488,11 @@ impl NfsProgram {
         a: LINK3args<'static>,
         reply: &mut ReplyBuf,
     ) -> Result<(), Refusal> {
-        let result = self.export.resolve(&a.file).and_then(|(id, _)| {
+        let result = (|| -> Result<_, Error> {
+            let (id, _) = self.export.resolve(&a.file)?;
             let (dir, _) = self.export.resolve(&a.link.dir)?;
-            self.export.fs.link(who, id, dir, a.link.name.as_ref())
-        });
+            Ok(self.export.fs.link(who, id, dir, a.link.name.as_ref())?)
+        })();
         match result {
             Ok((attr, change)) => put(
                 reply,
@@ -520,10 +519,9 @@ impl NfsProgram {
     }
 
     fn fsstat(&self, a: FSSTAT3args, reply: &mut ReplyBuf) -> Result<(), Refusal> {
-        let result = self
-            .export
-            .resolve(&a.fsroot)
-            .and_then(|(id, attr)| self.export.fs.fsstat(id).map(|s| (s, attr)));
+        let result = self.export.on(&a.fsroot, |id, attr| {
+            self.export.fs.fsstat(id).map(|s| (s, attr))
+        });
         let res: FSSTAT3res = match result {
             Ok((s, attr)) => Nfs3Result::Ok(FSSTAT3resok {
                 obj_attributes: post_op(Some(&attr), self.fsid()),
@@ -595,10 +593,7 @@ impl NfsProgram {
     }
 
     fn commit(&self, a: COMMIT3args, reply: &mut ReplyBuf) -> Result<(), Refusal> {
-        let result = self
-            .export
-            .resolve(&a.file)
-            .and_then(|(id, _)| self.export.fs.commit(id));
+        let result = self.export.on(&a.file, |id, _| self.export.fs.commit(id));
         let res: COMMIT3res = match result {
             Ok(change) => Nfs3Result::Ok(COMMIT3resok {
                 file_wcc: wcc(&change, self.fsid()),
@@ -622,7 +617,7 @@ impl NfsProgram {
     }
 }
 
-fn read_fail(e: Error, attr: Option<&Attr>, fsid: u64) -> READ3res<'static> {
+fn read_fail(e: impl Into<Error>, attr: Option<&Attr>, fsid: u64) -> READ3res<'static> {
     Nfs3Result::Err((
         status(e),
         READ3resfail {

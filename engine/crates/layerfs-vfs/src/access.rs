@@ -1,11 +1,12 @@
-//! Permission checks from mode bits and the caller's AUTH_SYS identity.
+//! Permission checks from mode bits and the caller's identity.
 //!
-//! The server usually runs as root, so the host does not check for it: every
+//! A door usually runs as root, so the host does not check for it: every
 //! operation checks here first, the way a local kernel would for the caller.
 
 use crate::attr::{Attr, FileKind};
 
-/// Who is asking: the uid and groups the client sent.
+/// Who is asking: the uid and groups a door was given (AUTH_SYS over NFS,
+/// the request and `/proc` over FUSE).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Caller {
     pub uid: u32,
@@ -41,19 +42,6 @@ impl Caller {
     }
 }
 
-/// NFSv3 ACCESS bits (RFC 1813 §3.3.4).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Access(pub u32);
-
-impl Access {
-    pub const READ: u32 = 0x01;
-    pub const LOOKUP: u32 = 0x02;
-    pub const MODIFY: u32 = 0x04;
-    pub const EXTEND: u32 = 0x08;
-    pub const DELETE: u32 = 0x10;
-    pub const EXECUTE: u32 = 0x20;
-}
-
 /// The rwx bits (4, 2, 1) that apply to `caller` on a file with `attr`.
 pub fn mode_class(attr: &Attr, caller: &Caller) -> u32 {
     if caller.uid == attr.uid {
@@ -73,33 +61,6 @@ pub fn permits(attr: &Attr, caller: &Caller, want: u32) -> bool {
         return exec_ok;
     }
     mode_class(attr, caller) & want == want
-}
-
-/// The ACCESS bits among `asked` that `caller` holds on a file with `attr`.
-pub fn granted(attr: &Attr, caller: &Caller, asked: u32) -> u32 {
-    let mut out = 0;
-    let r = permits(attr, caller, 4);
-    let w = permits(attr, caller, 2);
-    let x = permits(attr, caller, 1);
-    if r {
-        out |= Access::READ;
-    }
-    if attr.kind == FileKind::Directory {
-        if x {
-            out |= Access::LOOKUP;
-        }
-        if w && x {
-            out |= Access::MODIFY | Access::EXTEND | Access::DELETE;
-        }
-    } else {
-        if w {
-            out |= Access::MODIFY | Access::EXTEND;
-        }
-        if x {
-            out |= Access::EXECUTE;
-        }
-    }
-    out & asked
 }
 
 #[cfg(test)]
@@ -152,22 +113,5 @@ mod tests {
         assert!(!permits(&f, &Caller::root(), 1));
         let d = attr(FileKind::Directory, 0o000, 10, 20);
         assert!(permits(&d, &Caller::root(), 1));
-    }
-
-    #[test]
-    fn access_bits_for_files_and_directories() {
-        let all = 0x3f;
-        let d = attr(FileKind::Directory, 0o755, 10, 20);
-        assert_eq!(granted(&d, &user(10, 20, &[]), all), 0x1f);
-        assert_eq!(
-            granted(&d, &user(11, 21, &[]), all),
-            Access::READ | Access::LOOKUP
-        );
-        let f = attr(FileKind::Regular, 0o754, 10, 20);
-        assert_eq!(
-            granted(&f, &user(11, 20, &[]), all),
-            Access::READ | Access::EXECUTE
-        );
-        assert_eq!(granted(&f, &user(12, 21, &[]), Access::MODIFY), 0);
     }
 }

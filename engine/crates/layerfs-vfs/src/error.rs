@@ -1,7 +1,10 @@
 use std::fmt;
 use std::io;
 
-/// Why an operation failed, in the terms NFS and FUSE both answer with.
+/// Why an operation on a [`Filesystem`](crate::Filesystem) failed, in terms
+/// both doors answer with: NFS maps each to an `nfsstat3`, FUSE to the errno
+/// of [`Error::errno`]. Errors only a door can have (a malformed handle, a
+/// reply too small) belong to that door.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Error {
     Perm,
@@ -20,18 +23,11 @@ pub enum Error {
     NameTooLong,
     NotEmpty,
     DQuot,
-    /// The file the handle named is gone.
+    /// The file the id named is gone.
     Stale,
-    /// The handle is not one this server made.
-    BadHandle,
-    /// A guarded SETATTR whose guard no longer matches the file's ctime.
+    /// A guarded change whose guard no longer matches the file's ctime.
     NotSync,
-    /// A READDIR cookie or its verifier no longer applies.
-    BadCookie,
     NotSupp,
-    /// The reply would not fit in what the client allows.
-    TooSmall,
-    ServerFault,
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -62,6 +58,34 @@ impl Error {
             _ => Error::Io,
         }
     }
+
+    /// The errno a local filesystem would fail with.
+    pub fn errno(self) -> i32 {
+        use rustix::io::Errno;
+        let e = match self {
+            Error::Perm => Errno::PERM,
+            Error::NoEnt => Errno::NOENT,
+            Error::Io => Errno::IO,
+            Error::Access => Errno::ACCESS,
+            Error::Exist => Errno::EXIST,
+            Error::XDev => Errno::XDEV,
+            Error::NotDir => Errno::NOTDIR,
+            Error::IsDir => Errno::ISDIR,
+            Error::Inval => Errno::INVAL,
+            Error::FBig => Errno::FBIG,
+            Error::NoSpc => Errno::NOSPC,
+            Error::RoFs => Errno::ROFS,
+            Error::MLink => Errno::MLINK,
+            Error::NameTooLong => Errno::NAMETOOLONG,
+            Error::NotEmpty => Errno::NOTEMPTY,
+            Error::DQuot => Errno::DQUOT,
+            Error::Stale => Errno::STALE,
+            // A change raced another one; trying again may succeed.
+            Error::NotSync => Errno::AGAIN,
+            Error::NotSupp => Errno::OPNOTSUPP,
+        };
+        e.raw_os_error()
+    }
 }
 
 impl From<rustix::io::Errno> for Error {
@@ -87,3 +111,41 @@ impl fmt::Display for Error {
 }
 
 impl std::error::Error for Error {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_maps_to_an_errno_that_maps_back() {
+        use Error::*;
+        let all = [
+            Perm,
+            NoEnt,
+            Io,
+            Access,
+            Exist,
+            XDev,
+            NotDir,
+            IsDir,
+            Inval,
+            FBig,
+            NoSpc,
+            RoFs,
+            MLink,
+            NameTooLong,
+            NotEmpty,
+            DQuot,
+            Stale,
+            NotSupp,
+        ];
+        for e in all {
+            assert_eq!(Error::from_errno(e.errno()), e, "{e:?}");
+        }
+        assert_eq!(NotSync.errno(), libc_eagain());
+    }
+
+    fn libc_eagain() -> i32 {
+        rustix::io::Errno::AGAIN.raw_os_error()
+    }
+}

@@ -14,7 +14,7 @@ pub mod ids;
 mod local;
 pub mod stripes;
 
-pub use access::{Access, Caller};
+pub use access::Caller;
 pub use attr::{Attr, Change, FileKind, SetAttr, SetTime, Timestamp, WccAttr};
 pub use error::{Error, Result};
 pub use fs::{Create, DirEntry, DirPage, Filesystem, FsStat, NewEntry, ReadSource, Stability};

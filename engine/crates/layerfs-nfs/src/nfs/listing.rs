@@ -1,12 +1,13 @@
 //! READDIR and READDIRPLUS: pages of a directory within the client's byte budgets.
 
 use layerfs_rpc::{Refusal, ReplyBuf};
-use layerfs_vfs::{Attr, Caller, Error, FileId, FileKind};
+use layerfs_vfs::{Attr, Caller, FileId, FileKind};
 use nfs3_types::nfs3::*;
 use nfs3_types::xdr_codec::{List, Opaque};
 
 use super::{padded, put, NfsProgram};
-use crate::convert::{post_op, status};
+use crate::convert::post_op;
+use crate::error::{status, Error};
 
 impl NfsProgram {
     /// The start of a READDIR(PLUS) that passed its checks: the directory's
@@ -19,7 +20,7 @@ impl NfsProgram {
     ) -> Result<(FileId, Attr, cookieverf3), (Error, Option<Attr>)> {
         let (id, attr) = self.export.resolve(dir).map_err(|e| (e, None))?;
         if attr.kind != FileKind::Directory {
-            return Err((Error::NotDir, Some(attr)));
+            return Err((Error::Fs(layerfs_vfs::Error::NotDir), Some(attr)));
         }
         // Stable per directory and across restarts: cookies are name
         // hashes, valid as long as the directory is the same one.
@@ -145,7 +146,7 @@ impl NfsProgram {
         }) + 2;
         let page = match self.export.fs.readdir(who, dir, a.cookie, most, true) {
             Ok(page) => page,
-            Err(e) => return fail(e, Some(&attr), reply),
+            Err(e) => return fail(e.into(), Some(&attr), reply),
         };
         // Count what fits, then encode it straight into the reply: no
         // per-entry buffers for a listing of thousands.
