@@ -53,6 +53,10 @@ impl Caps {
     }
 }
 
+/// Why a second `StackFs` cannot serve an upper that one already serves.
+pub const IN_USE: &str = "already served by another layerfs (over NFS or FUSE); \
+                          one door at a time may serve a workspace";
+
 /// Why a layer or upper on a filesystem without stable inode numbers is refused.
 pub const UNSTABLE_INODES: &str = "its filesystem does not keep inode numbers (an overlay \
 across filesystems, 9p, FUSE?); put the layers and the upper on ext4, xfs, btrfs or tmpfs";
@@ -91,6 +95,8 @@ pub struct StackFs {
     epoch: AtomicU64,
     /// Where copies are staged, on the upper's filesystem.
     work: OwnedFd,
+    /// Held while this `StackFs` serves the upper: see [`IN_USE`].
+    _serving: OwnedFd,
     staged: AtomicU64,
     /// Per layer tag: host inode → paths, for files with several names.
     links: Mutex<HashMap<u16, Arc<LinkIndex>>>,
@@ -130,6 +136,7 @@ impl StackFs {
             }
         }
         std::fs::create_dir_all(state).map_err(|e| at(state, &e))?;
+        let serving = Self::claim(state).map_err(|e| at(upper, &e))?;
         let work_path = state.join("work");
         // Copies a crash left half made: never renamed into place, so unseen.
         if work_path.exists() {
@@ -161,10 +168,29 @@ impl StackFs {
             located: Mutex::new(HashMap::new()),
             epoch: AtomicU64::new(0),
             work,
+            _serving: serving,
             staged: AtomicU64::new(0),
             links: Mutex::new(HashMap::new()),
             paths: Mutex::new(paths),
         })
+    }
+
+    /// Takes the lock that lets one `StackFs` at a time, in any process,
+    /// serve the upper kept by `state`: two would each trust caches the other
+    /// makes stale, and each would clear the other's half-made copies. The
+    /// kernel drops the lock with its holder, so a crash leaves none behind.
+    fn claim(state: &Path) -> io::Result<OwnedFd> {
+        let path = state.join("serving.lock");
+        let fd = rustix::fs::open(
+            &path,
+            OFlags::RDWR | OFlags::CREATE | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )?;
+        match rustix::fs::flock(&fd, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => Ok(fd),
+            Err(rustix::io::Errno::WOULDBLOCK) => Err(io::Error::other(IN_USE)),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Serves `lowers` under `upper` with the state kept inside the upper,

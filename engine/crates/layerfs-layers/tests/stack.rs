@@ -383,3 +383,35 @@ fn layers_on_a_filesystem_that_renumbers_files_are_refused() {
     assert!(err.to_string().contains("merged/upper"), "{err}");
     assert!(!merged.join("upper").join(STATE_IN_UPPER).exists());
 }
+
+#[test]
+fn a_second_stack_on_a_served_upper_is_refused_and_touches_nothing() {
+    let s = Stack::new(1, |_, d| std::fs::write(d.join("a"), b"lower").unwrap());
+    let first = s.open();
+    let (a, _) = first
+        .create(
+            &root(),
+            first.root(),
+            b"new",
+            Create::Unchecked(SetAttr::default()),
+        )
+        .unwrap();
+    let work = s.upper().join(STATE_IN_UPPER).join("work");
+    std::fs::write(work.join("half-made"), b"a copy in progress").unwrap();
+
+    let second = StackFs::open_in_upper(&s.lowers, &s.upper());
+    let message = second.err().expect("refused").to_string();
+    assert!(message.contains("already served"), "{message}");
+    assert!(
+        work.join("half-made").exists(),
+        "the server's staging area was cleared"
+    );
+    assert_eq!(first.getattr(a.fileid).unwrap().fileid, a.fileid);
+
+    drop(first);
+    let third = s.open();
+    assert_eq!(
+        third.lookup(&root(), third.root(), b"new").unwrap().fileid,
+        a.fileid
+    );
+}
