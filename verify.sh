@@ -41,6 +41,13 @@ else
 	echo "SKIPPED: libnfs-utils is not installed (apt-get install libnfs-utils)"
 fi
 
+step "end to end: the Linux kernel FUSE client (native)"
+# Needs root and /dev/fuse; each run says SKIPPED where they are missing.
+for what in flat stack; do
+	echo "-- workload through FUSE, $what"
+	tests/fuse/run.sh target/release/layerfs $what
+done
+
 step "end to end: the Linux kernel NFSv3 client (QEMU)"
 if command -v qemu-system-x86_64 >/dev/null && command -v busybox >/dev/null; then
 	kc() { tools/kernel-client/run --port 20490 --timeout 900 "$@"; }

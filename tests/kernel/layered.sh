@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A three-layer workspace (tests/kernel/stack.sh) through the Linux kernel
-# NFSv3 client: what the layers show, changes to lower files (also while
+# NFSv3 client or FUSE (WS names the workspace directory where it is not
+# one of the places searched below): what the layers show, changes to lower files (also while
 # other processes hold them open), then the whole of workload.sh on top.
 set -euo pipefail
 repo=$PWD
@@ -8,8 +9,8 @@ cd "$MNT"
 step() { printf '== %s\n' "$*"; }
 drop_caches() { sync; echo 3 >/proc/sys/vm/drop_caches; }
 expect_fail() { if "$@" 2>/dev/null; then echo "expected to fail: $*"; exit 1; fi; }
-ws=
-for dir in /run/ws /run/on-*/ws /tmp/on-*/ws; do
+ws=${WS:-}
+[ -n "$ws" ] || for dir in /run/ws /run/on-*/ws /tmp/on-*/ws; do
 	if [ -d "$dir" ]; then ws=$dir; fi
 done
 [ -d "$ws" ]
@@ -74,5 +75,5 @@ mkdir base/dir
 step "the layers themselves never changed"
 (cd $ws && md5sum --quiet -c sums)
 
-step "the NFS workload on top of the layers"
+step "the whole workload on top of the layers"
 exec bash "$repo/tests/kernel/workload.sh"

@@ -2,9 +2,15 @@
 # Serves a three-layer workspace for tests/kernel/layered.sh: makes the
 # layers under WS (default /run/ws) the first time, then runs `layerfs serve`
 # on them.
-# usage: tests/kernel/stack.sh LAYERFS PORT [WS]
+# usage: tests/kernel/stack.sh LAYERFS (PORT | --fuse MOUNTPOINT) [WS]
 set -euo pipefail
-layerfs=$1 port=$2
+layerfs=$1
+if [[ $2 == --fuse ]]; then
+	door=(--fuse "$3")
+	shift
+else
+	door=(--listen "127.0.0.1:$2")
+fi
 ws=${3:-/run/ws}
 if [[ ! -d $ws ]]; then
 	mkdir -p $ws/l1 $ws/l2 $ws/l3
@@ -38,5 +44,5 @@ if [[ ! -d $ws ]]; then
 	echo d >$l/base/dir/d
 	(cd $ws && find l1 l2 l3 -type f -print0 | LC_ALL=C sort -z | xargs -0 md5sum >sums)
 fi
-exec "$layerfs" serve --listen "127.0.0.1:$port" \
+exec "$layerfs" serve "${door[@]}" \
 	--layer $ws/l1 --layer $ws/l2 --layer $ws/l3 --upper $ws/upper

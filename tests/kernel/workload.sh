@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# What people do on a mounted workspace, through the Linux kernel NFSv3 client.
-# Runs in the guest of tools/kernel-client/run, which sets MNT, SERVER and
-# NFS_OPTS. Every step checks its result; the first failure ends the run.
+# What people do on a mounted workspace, through the Linux kernel NFSv3 client
+# (in the guest of tools/kernel-client/run, which sets MNT, SERVER, NFS_PORT and
+# NFS_OPTS) or through FUSE (tests/fuse/run.sh sets DOOR=fuse, MNT and SERVER,
+# the command that mounts MNT in the foreground). Every step checks its result;
+# the first failure ends the run.
 set -euo pipefail
+DOOR=${DOOR:-nfs}
 cd "$MNT"
 started=$(date +%s)
 step() { printf '== [%3ss] %s\n' "$(($(date +%s) - started))" "$*"; }
@@ -100,6 +103,7 @@ expect_fail rm sizes
 expect_fail cat no-such-file
 expect_fail ln tree tree-hardlink
 
+if [ "$DOOR" = nfs ]; then
 step "checksum after a remount"
 before=$(sum_tree "$MNT")
 cd /
@@ -129,6 +133,43 @@ echo "after restart" >>orig
 [ "$(tail -n 1 orig)" = "after restart" ]
 
 exec 3<&- # closed, or the client keeps it as a .nfs file ("silly rename")
+else
+step "checksum after the door is unmounted and mounted again"
+before=$(sum_tree "$MNT")
+cd /
+door_pid() { pgrep -f -- "serve --fuse $MNT" || true; }
+mounted() { awk -v m="$MNT" '$2 == m {f=1} END {exit !f}' /proc/mounts; }
+old=$(door_pid)
+[ -n "$old" ]
+umount "$MNT" # the door sees its mount go and exits
+for _ in $(seq 100); do kill -0 $old 2>/dev/null || break; sleep 0.1; done
+expect_fail kill -0 $old
+start_door() {
+	(eval "$SERVER" >/dev/null 2>&1 &)
+	for _ in $(seq 100); do mounted && break; sleep 0.1; done
+	mounted
+}
+start_door
+cd "$MNT"
+[ "$(sum_tree "$MNT")" = "$before" ]
+
+step "checksum after the door is stopped (SIGTERM unmounts) and started again"
+old=$(door_pid)
+cd /
+kill $old
+for _ in $(seq 100); do kill -0 $old 2>/dev/null || break; sleep 0.1; done
+expect_fail kill -0 $old
+expect_fail mounted
+start_door
+new=$(door_pid)
+[ -n "$new" ]
+[ "$new" != "$old" ]
+cd "$MNT"
+drop_caches
+[ "$(sum_tree "$MNT")" = "$before" ]
+echo "after restart" >>orig
+[ "$(tail -n 1 orig)" = "after restart" ]
+fi
 
 step "rm -rf"
 rm -rf tree untar sizes
@@ -137,6 +178,8 @@ rm -rf tree untar sizes
 rm -rf "$MNT"/*
 [ -z "$(ls -A "$MNT")" ]
 
-grep -E '^\s+(GETATTR|LOOKUP|READ|WRITE|CREATE|READDIRPLUS|COMMIT):' /proc/self/mountstats | awk '{print $1, $2}' | tr '\n' ' '
-echo
+if [ "$DOOR" = nfs ]; then
+	grep -E '^\s+(GETATTR|LOOKUP|READ|WRITE|CREATE|READDIRPLUS|COMMIT):' /proc/self/mountstats | awk '{print $1, $2}' | tr '\n' ' '
+	echo
+fi
 echo "workload passed"

@@ -25,12 +25,15 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve DIR, or a stack of --layer directories under an --upper one,
-    /// over NFSv3 in the foreground until interrupted (SIGINT or SIGTERM).
+    /// Serve DIR, or a stack of --layer directories under an --upper one, in
+    /// the foreground until interrupted (SIGINT or SIGTERM): over NFSv3
+    /// (the default, or --listen), or mounted through FUSE (--fuse, Linux).
     ///
-    /// The first line printed is `listening on ADDR:PORT`; the lines after it
-    /// show how to mount the export from Linux and macOS. Logs go to stderr;
-    /// set RUST_LOG (e.g. RUST_LOG=debug or RUST_LOG=layerfs_rpc=trace) to see more.
+    /// Over NFS the first line printed is `listening on ADDR:PORT`; the lines
+    /// after it show how to mount the export from Linux and macOS. With
+    /// --fuse the first line is `mounted on PATH`, and an interrupt
+    /// unmounts. Logs go to stderr; set RUST_LOG (e.g. RUST_LOG=debug or
+    /// RUST_LOG=layerfs_rpc=trace) to see more.
     Serve(ServeArgs),
 }
 
@@ -38,8 +41,24 @@ enum Command {
 struct ServeArgs {
     /// Address to listen on. Port 0 lets the OS pick a free port. Serve on
     /// loopback only: NFSv3 with AUTH_SYS trusts whatever uid a client claims.
-    #[arg(long, default_value = "127.0.0.1:0", value_name = "ADDR")]
+    #[arg(
+        long,
+        default_value = "127.0.0.1:0",
+        value_name = "ADDR",
+        conflicts_with = "fuse"
+    )]
     listen: SocketAddr,
+    /// Mount through FUSE at PATH (an empty directory) instead of serving
+    /// NFS. Root mounts directly; other users need fusermount3 (Debian: the
+    /// fuse3 package). Only the user who mounts can reach the mount unless
+    /// --allow-other is given.
+    #[arg(long, value_name = "PATH")]
+    fuse: Option<PathBuf>,
+    /// With --fuse: let every user reach the mount (FUSE's allow_other;
+    /// a user who is not root needs user_allow_other in /etc/fuse.conf).
+    /// Permissions are still checked per caller.
+    #[arg(long, requires = "fuse")]
+    allow_other: bool,
     /// Calls in flight per connection before the server stops reading more from it.
     #[arg(long, default_value_t = ServerConfig::default().window, value_name = "N")]
     window: usize,
@@ -70,6 +89,7 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Serve(args) if args.fuse.is_some() => serve_fuse(args),
         Command::Serve(args) => serve(args),
     };
     match result {
@@ -117,6 +137,64 @@ fn filesystem(args: &ServeArgs) -> Result<(Arc<dyn Filesystem>, PathBuf, String)
     Ok((Arc::new(fs), dir, what))
 }
 
+/// A channel that receives once SIGINT or SIGTERM arrives.
+fn interrupted() -> Result<std::sync::mpsc::Receiver<()>, String> {
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel();
+    ctrlc::set_handler(move || {
+        let _ = stop_tx.send(());
+    })
+    .map_err(|e| format!("cannot install the signal handler: {e}"))?;
+    Ok(stop_rx)
+}
+
+#[cfg(target_os = "linux")]
+fn serve_fuse(args: ServeArgs) -> Result<(), String> {
+    use layerfs_fuse::{Caching, Options};
+    let mountpoint = args.fuse.clone().expect("serve_fuse needs --fuse");
+    let (fs, _dir, what) = filesystem(&args)?;
+    let options = Options {
+        // A stack's layers never change and its upper is served by this
+        // process alone; a plain directory may be changed by anyone.
+        caching: if args.upper.is_some() {
+            Caching::Exclusive
+        } else {
+            Caching::Shared
+        },
+        allow_other: args.allow_other,
+        // One per core.
+        threads: 0,
+        source: "layerfs".into(),
+    };
+    let stop = interrupted()?;
+    let mounted = layerfs_fuse::mount(fs, &mountpoint, &options).map_err(|e| e.to_string())?;
+    let mut out = std::io::stdout().lock();
+    let banner = format!(
+        "mounted on {}\nserving {what}\nstop with Ctrl-C (or fusermount3 -u {})\n",
+        mounted.mountpoint().display(),
+        mounted.mountpoint().display(),
+    );
+    out.write_all(banner.as_bytes())
+        .and_then(|()| out.flush())
+        .map_err(|e| format!("cannot write to stdout: {e}"))?;
+    drop(out);
+    // Ends on a signal, or when the mount is taken away from outside.
+    while mounted.is_serving() {
+        match stop.recv_timeout(std::time::Duration::from_millis(250)) {
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            _ => break,
+        }
+    }
+    tracing::info!("unmounting");
+    mounted
+        .unmount()
+        .map_err(|e| format!("cannot unmount: {e}"))
+}
+
+#[cfg(not(target_os = "linux"))]
+fn serve_fuse(_args: ServeArgs) -> Result<(), String> {
+    Err("--fuse is available on Linux only; use NFS (without --fuse) here".into())
+}
+
 fn serve(args: ServeArgs) -> Result<(), String> {
     let (fs, dir, what) = filesystem(&args)?;
     let host_path = dir.as_os_str().as_encoded_bytes();
@@ -129,11 +207,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     let server = Server::bind(args.listen, Arc::new(Dispatcher::new(programs)), config)
         .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
     let addr = server.local_addr().map_err(|e| e.to_string())?;
-    let (stop_tx, stop_rx) = std::sync::mpsc::channel();
-    ctrlc::set_handler(move || {
-        let _ = stop_tx.send(());
-    })
-    .map_err(|e| format!("cannot install the signal handler: {e}"))?;
+    let stop_rx = interrupted()?;
     let _handle = server
         .spawn()
         .map_err(|e| format!("cannot start the server: {e}"))?;

@@ -1,0 +1,699 @@
+//! FUSE requests answered by a [`Filesystem`].
+//!
+//! Permission is checked where the kernel asks (lookup, open, access, every
+//! change) with the caller's identity; a READ or WRITE on a file the kernel
+//! already opened is not checked again, as on a local filesystem, so a file
+//! opened for writing stays writable after a chmod, and the kernel's own
+//! writeback (sent without a caller) goes through.
+
+use std::cell::RefCell;
+use std::ffi::OsStr;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use fuser::{
+    AccessFlags, Errno, FileHandle, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
+    LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use layerfs_vfs::access::permits;
+use layerfs_vfs::{
+    Attr, Caller, Create, Error, FileId, FileKind, Filesystem, NewEntry, SetAttr, SetTime,
+    Stability,
+};
+
+use crate::attrs::{kind, kind_of_mode, timestamp, Caching, Inos};
+use crate::callers::Callers;
+
+/// Largest WRITE the kernel sends; also its readahead.
+pub const MAX_WRITE: u32 = 1 << 20;
+
+pub struct Door {
+    fs: Arc<dyn Filesystem>,
+    inos: Inos,
+    caching: Caching,
+    callers: Callers,
+}
+
+thread_local! {
+    /// Each FUSE thread reads into one buffer for its life.
+    static READ_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+fn errno(e: Error) -> Errno {
+    Errno::from_i32(e.errno())
+}
+
+fn name_bytes(name: &OsStr) -> &[u8] {
+    name.as_bytes()
+}
+
+impl Door {
+    pub fn new(fs: Arc<dyn Filesystem>, caching: Caching) -> Door {
+        let inos = Inos::new(fs.root());
+        Door {
+            fs,
+            inos,
+            caching,
+            callers: Callers::default(),
+        }
+    }
+
+    fn caller(&self, req: &Request) -> Caller {
+        self.callers.caller(req.uid(), req.gid(), req.pid())
+    }
+
+    fn id(&self, ino: INodeNo) -> FileId {
+        self.inos.id(ino)
+    }
+
+    fn entry(&self, reply: ReplyEntry, result: layerfs_vfs::Result<Attr>) {
+        match result {
+            Ok(attr) => reply.entry(
+                &self.caching.ttl(),
+                &self.inos.attr(&attr),
+                Generation(attr.generation),
+            ),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    /// The attributes after a change, or the file's own if the change did
+    /// not report them.
+    fn after(&self, id: FileId, after: Option<Attr>) -> layerfs_vfs::Result<Attr> {
+        match after {
+            Some(a) => Ok(a),
+            None => self.fs.getattr(id),
+        }
+    }
+
+    /// Entries after `offset`, each with its attributes, to `add` until it
+    /// says the reply is full.
+    fn list(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        offset: u64,
+        mut add: impl FnMut(&Attr, &[u8], u64) -> bool,
+    ) -> layerfs_vfs::Result<()> {
+        let caller = self.caller(req);
+        let dir = self.id(ino);
+        let mut cookie = offset;
+        loop {
+            // A page of a 4 KiB reply holds about 100 short names.
+            let page = self.fs.readdir(&caller, dir, cookie, 128, true)?;
+            for e in &page.entries {
+                cookie = e.cookie;
+                let attr = match e.attr {
+                    Some(a) => a,
+                    // The dots come without attributes from some listings;
+                    // other entries without them vanished while listed.
+                    None if e.name == b"." || e.name == b".." => match self.fs.getattr(e.fileid) {
+                        Ok(a) => a,
+                        Err(_) => continue,
+                    },
+                    None => continue,
+                };
+                if add(&attr, &e.name, e.cookie) {
+                    return Ok(());
+                }
+            }
+            if page.eof || page.entries.is_empty() {
+                return Ok(());
+            }
+        }
+    }
+}
+
+fn set_time(t: Option<TimeOrNow>) -> SetTime {
+    match t {
+        None => SetTime::Keep,
+        Some(TimeOrNow::Now) => SetTime::ServerNow,
+        Some(TimeOrNow::SpecificTime(t)) => SetTime::Client(timestamp(t)),
+    }
+}
+
+/// Read (4), write (2) and execute (1) bits a request for `mask` needs.
+fn wanted(mask: AccessFlags) -> u32 {
+    let mut want = 0;
+    if mask.contains(AccessFlags::R_OK) {
+        want |= 4;
+    }
+    if mask.contains(AccessFlags::W_OK) {
+        want |= 2;
+    }
+    if mask.contains(AccessFlags::X_OK) {
+        want |= 1;
+    }
+    want
+}
+
+fn open_wants(flags: OpenFlags) -> u32 {
+    match flags.acc_mode() {
+        OpenAccMode::O_RDONLY => 4,
+        OpenAccMode::O_WRONLY => 2,
+        OpenAccMode::O_RDWR => 6,
+    }
+}
+
+impl fuser::Filesystem for Door {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        // Each is asked for alone: a kernel without one still gets the rest.
+        let mut wanted = InitFlags::FUSE_DO_READDIRPLUS
+            | InitFlags::FUSE_READDIRPLUS_AUTO
+            | InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_CACHE_SYMLINKS
+            | InitFlags::FUSE_MAX_PAGES;
+        wanted |= match self.caching {
+            Caching::Exclusive => InitFlags::FUSE_WRITEBACK_CACHE,
+            Caching::Shared => InitFlags::FUSE_AUTO_INVAL_DATA,
+        };
+        for flag in wanted.iter() {
+            if config.add_capabilities(flag).is_err() {
+                tracing::info!("the kernel does not offer FUSE capability {flag:?}");
+            }
+        }
+        let _ = config.set_max_write(MAX_WRITE);
+        let _ = config.set_max_readahead(MAX_WRITE);
+        // Enough background requests in flight to keep readahead and
+        // writeback streaming; the kernel's default of 12 stalls them.
+        let _ = config.set_max_background(64);
+        Ok(())
+    }
+
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let result = self
+            .fs
+            .lookup(&self.caller(req), self.id(parent), name_bytes(name));
+        match (result, self.caching) {
+            // Where nothing changes behind the door, a missing name is
+            // remembered too (until this door creates it): compilers and
+            // shells look up many names that are not there.
+            (Err(Error::NoEnt), Caching::Exclusive) => {
+                let mut none = self.inos.attr(&nothing());
+                none.ino = INodeNo(0);
+                reply.entry(&self.caching.ttl(), &none, Generation(0));
+            }
+            (result, _) => self.entry(reply, result),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.fs.getattr(self.id(ino)) {
+            Ok(a) => reply.attr(&self.caching.ttl(), &self.inos.attr(&a)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let set = SetAttr {
+            mode: mode.map(|m| m & 0o7777),
+            uid,
+            gid,
+            size,
+            atime: set_time(atime),
+            mtime: set_time(mtime),
+        };
+        let id = self.id(ino);
+        let result = self
+            .fs
+            .setattr(&self.caller(req), id, &set, None)
+            .and_then(|c| self.after(id, c.after));
+        match result {
+            Ok(a) => reply.attr(&self.caching.ttl(), &self.inos.attr(&a)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.fs.readlink(&self.caller(req), self.id(ino)) {
+            Ok(target) => reply.data(&target),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let caller = self.caller(req);
+        let set = SetAttr {
+            mode: Some(mode & 0o7777),
+            ..SetAttr::default()
+        };
+        let (dir, name) = (self.id(parent), name_bytes(name));
+        let result = match kind_of_mode(mode) {
+            Some(FileKind::Regular) => self
+                .fs
+                .create(&caller, dir, name, Create::Guarded(set))
+                .map(|(a, _)| a),
+            Some(FileKind::Directory) | Some(FileKind::Symlink) | None => Err(Error::Inval),
+            Some(k) => {
+                let dev = rdev as libc::dev_t;
+                let numbers = (libc::major(dev), libc::minor(dev));
+                self.fs
+                    .make(&caller, dir, name, NewEntry::Node(k, numbers), &set)
+                    .map(|(a, _)| a)
+            }
+        };
+        self.entry(reply, result)
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let set = SetAttr {
+            mode: Some(mode & 0o7777),
+            ..SetAttr::default()
+        };
+        let result = self
+            .fs
+            .mkdir(&self.caller(req), self.id(parent), name_bytes(name), &set)
+            .map(|(a, _)| a);
+        self.entry(reply, result)
+    }
+
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self
+            .fs
+            .remove(&self.caller(req), self.id(parent), name_bytes(name))
+        {
+            Ok(_) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self
+            .fs
+            .rmdir(&self.caller(req), self.id(parent), name_bytes(name))
+        {
+            Ok(_) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let result = self
+            .fs
+            .symlink(
+                &self.caller(req),
+                self.id(parent),
+                name_bytes(link_name),
+                target.as_os_str().as_bytes(),
+                &SetAttr::default(),
+            )
+            .map(|(a, _)| a);
+        self.entry(reply, result)
+    }
+
+    fn rename(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        // RENAME_NOREPLACE and RENAME_EXCHANGE are not offered: callers
+        // (mv -n, for one) fall back to a plain rename on EINVAL.
+        if !flags.is_empty() {
+            return reply.error(Errno::EINVAL);
+        }
+        let result = self.fs.rename(
+            &self.caller(req),
+            self.id(parent),
+            name_bytes(name),
+            self.id(newparent),
+            name_bytes(newname),
+        );
+        match result {
+            Ok(_) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn link(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let result = self
+            .fs
+            .link(
+                &self.caller(req),
+                self.id(ino),
+                self.id(newparent),
+                name_bytes(newname),
+            )
+            .map(|(a, _)| a);
+        self.entry(reply, result)
+    }
+
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let caller = self.caller(req);
+        let attr = match self.fs.getattr(self.id(ino)) {
+            Ok(a) => a,
+            Err(e) => return reply.error(errno(e)),
+        };
+        if !permits(&attr, &caller, open_wants(flags)) {
+            return reply.error(Errno::EACCES);
+        }
+        reply.opened(FileHandle(0), self.open_flags());
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        READ_BUF.with_borrow_mut(|buf| {
+            buf.clear();
+            let read = self
+                .fs
+                .read(&Caller::root(), self.id(ino), offset, size as usize, buf);
+            match read {
+                Ok(_) => reply.data(buf),
+                Err(e) => reply.error(errno(e)),
+            }
+        })
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let stable = if flags.0 & (libc::O_SYNC | libc::O_DSYNC) != 0 {
+            Stability::FileSync
+        } else {
+            Stability::Unstable
+        };
+        match self
+            .fs
+            .write(&Caller::root(), self.id(ino), offset, data, stable)
+        {
+            Ok(_) => reply.written(data.len() as u32),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        // Writes are already in the host's page cache: a close needs nothing
+        // more, as on a local filesystem; fsync makes them durable.
+        reply.ok()
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self.fs.commit(self.id(ino)) {
+            Ok(_) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let flags = match self.caching {
+            // A listing changes only through this door, which tells the
+            // kernel when: keep it across opens.
+            Caching::Exclusive => FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
+            Caching::Shared => FopenFlags::empty(),
+        };
+        reply.opened(FileHandle(0), flags);
+    }
+
+    fn readdir(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let listed = self.list(req, ino, offset, |attr, name, cookie| {
+            reply.add(
+                self.inos.ino(attr.fileid),
+                cookie,
+                kind(attr.kind),
+                OsStr::from_bytes(name),
+            )
+        });
+        match listed {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn readdirplus(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let ttl = self.caching.ttl();
+        let listed = self.list(req, ino, offset, |attr, name, cookie| {
+            let fattr = self.inos.attr(attr);
+            reply.add(
+                fattr.ino,
+                cookie,
+                OsStr::from_bytes(name),
+                &ttl,
+                &fattr,
+                Generation(attr.generation),
+            )
+        });
+        match listed {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self.fs.commit(self.id(ino)) {
+            Ok(_) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
+        const BLOCK: u64 = 4096;
+        match self.fs.fsstat(self.id(ino)) {
+            Ok(s) => reply.statfs(
+                s.total_bytes / BLOCK,
+                s.free_bytes / BLOCK,
+                s.avail_bytes / BLOCK,
+                s.total_files,
+                s.free_files,
+                BLOCK as u32,
+                layerfs_vfs::NAME_MAX as u32,
+                BLOCK as u32,
+            ),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        match self.fs.getattr(self.id(ino)) {
+            Ok(attr) if permits(&attr, &self.caller(req), wanted(mask)) => reply.ok(),
+            Ok(_) => reply.error(Errno::EACCES),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    // Extended attributes are not kept: every file has none, and setting one
+    // is refused the way a filesystem without them refuses it.
+    fn getxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _size: u32,
+        reply: ReplyXattr,
+    ) {
+        reply.error(Errno::ENODATA)
+    }
+
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {
+        if size == 0 {
+            reply.size(0)
+        } else {
+            reply.data(&[])
+        }
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::ENOTSUP)
+    }
+
+    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::ENODATA)
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        _length: u64,
+        _mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::ENOTSUP)
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let set = SetAttr {
+            mode: Some(mode & 0o7777),
+            ..SetAttr::default()
+        };
+        let how = if flags & libc::O_EXCL != 0 {
+            Create::Guarded(set)
+        } else {
+            Create::Unchecked(set)
+        };
+        let caller = self.caller(req);
+        match self
+            .fs
+            .create(&caller, self.id(parent), name_bytes(name), how)
+        {
+            Ok((attr, _)) => reply.created(
+                &self.caching.ttl(),
+                &self.inos.attr(&attr),
+                Generation(attr.generation),
+                FileHandle(0),
+                self.open_flags(),
+            ),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+}
+
+impl Door {
+    /// How the kernel may cache an open file's pages.
+    fn open_flags(&self) -> FopenFlags {
+        match self.caching {
+            // Nothing changes a file behind the door: pages cached by an
+            // earlier open are still the file's.
+            Caching::Exclusive => FopenFlags::FOPEN_KEEP_CACHE,
+            Caching::Shared => FopenFlags::empty(),
+        }
+    }
+}
+
+/// Attributes for a negative entry, whose fields the kernel ignores.
+fn nothing() -> Attr {
+    Attr {
+        kind: FileKind::Regular,
+        mode: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        size: 0,
+        used: 0,
+        rdev: (0, 0),
+        fileid: 0,
+        generation: 0,
+        atime: Default::default(),
+        mtime: Default::default(),
+        ctime: Default::default(),
+    }
+}

@@ -1,0 +1,22 @@
+//! The FUSE door: a [`layerfs_vfs::Filesystem`] served through the Linux
+//! kernel's FUSE, for users without an NFS client in their kernel or without
+//! root.
+//!
+//! The door translates; every rule (permissions, layers, ids) is the
+//! filesystem's, exactly as the NFS door gets it. What is the door's own is how
+//! much the kernel may cache, set by [`Caching`], and which of FUSE's speed-ups
+//! it asks for (docs/architecture/engine/kernel-routes/fuse.md says why each).
+//!
+//! Linux only: elsewhere the crate is empty.
+
+#[cfg(target_os = "linux")]
+mod attrs;
+#[cfg(target_os = "linux")]
+mod callers;
+#[cfg(target_os = "linux")]
+mod door;
+#[cfg(target_os = "linux")]
+mod mount;
+
+#[cfg(target_os = "linux")]
+pub use mount::{mount, Caching, Mounted, Options};

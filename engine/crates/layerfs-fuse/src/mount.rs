@@ -1,0 +1,189 @@
+//! Mounting a filesystem through the door, and taking it down.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use fuser::{BackgroundSession, Config, MountOption, SessionACL};
+use layerfs_vfs::Filesystem;
+
+use crate::door::Door;
+
+pub use crate::attrs::Caching;
+
+/// How to mount.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub caching: Caching,
+    /// Let every user reach the mount (FUSE's `allow_other`), not only the
+    /// one who mounted it. Off unless asked: the door runs every request with
+    /// its own privileges after checking the caller, and a mount others
+    /// cannot reach is one less way in.
+    pub allow_other: bool,
+    /// Threads answering the kernel; 0 for one per core.
+    pub threads: usize,
+    /// The name the mount table shows as the source.
+    pub source: String,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            caching: Caching::Shared,
+            allow_other: false,
+            threads: 0,
+            source: "layerfs".into(),
+        }
+    }
+}
+
+/// A mounted filesystem; [`Mounted::unmount`] (or dropping it) takes it down.
+pub struct Mounted {
+    session: Option<BackgroundSession>,
+    mountpoint: PathBuf,
+}
+
+/// Mounts `fs` at `mountpoint` and serves it on background threads.
+///
+/// Fails with a one-line reason when FUSE cannot be used here: no
+/// `/dev/fuse`, a missing or non-empty mount point, or no `fusermount3` for
+/// a user who is not root.
+pub fn mount(fs: Arc<dyn Filesystem>, mountpoint: &Path, options: &Options) -> io::Result<Mounted> {
+    let mountpoint = usable_mountpoint(mountpoint)?;
+    usable_fuse()?;
+    let threads = match options.threads {
+        0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
+        n => n,
+    };
+    let mut config = Config::default();
+    config.mount_options = vec![
+        MountOption::FSName(options.source.clone()),
+        MountOption::Subtype("layerfs".into()),
+        MountOption::NoSuid,
+        MountOption::NoDev,
+    ];
+    config.acl = if options.allow_other {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
+    config.n_threads = Some(threads);
+    config.clone_fd = true;
+    let door = Door::new(fs, options.caching);
+    let session = fuser::spawn_mount(door, &mountpoint, &config).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("cannot mount on {}: {e}", mountpoint.display()),
+        )
+    })?;
+    Ok(Mounted {
+        session: Some(session),
+        mountpoint,
+    })
+}
+
+impl Mounted {
+    pub fn mountpoint(&self) -> &Path {
+        &self.mountpoint
+    }
+
+    /// Unmounts, lazily if the mount is busy (it goes once the last user
+    /// leaves), and stops the threads serving it.
+    pub fn unmount(mut self) -> io::Result<()> {
+        self.take_down()
+    }
+
+    /// Whether the kernel still sends requests: false once the mount was
+    /// taken away from outside (`umount`, `fusermount3 -u`).
+    pub fn is_serving(&self) -> bool {
+        self.session
+            .as_ref()
+            .is_some_and(|s| !s.guard.is_finished())
+    }
+
+    fn take_down(&mut self) -> io::Result<()> {
+        let Some(session) = self.session.take() else {
+            return Ok(());
+        };
+        match session.umount_and_join() {
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                // In use: detached now, gone once its last user leaves.
+                tracing::warn!("{} is busy: detached", self.mountpoint.display());
+                detach(&self.mountpoint)
+            }
+            other => other,
+        }
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if let Err(e) = self.take_down() {
+            tracing::warn!("unmounting {}: {e}", self.mountpoint.display());
+        }
+    }
+}
+
+/// Detaches a busy mount: directly where allowed, else through `fusermount3`.
+fn detach(path: &Path) -> io::Result<()> {
+    use rustix::mount::{unmount, UnmountFlags};
+    match unmount(path, UnmountFlags::DETACH) {
+        Err(rustix::io::Errno::PERM) => {
+            let status = std::process::Command::new("fusermount3")
+                .args(["-u", "-z", "--"])
+                .arg(path)
+                .status()?;
+            if status.success() {
+                Ok(())
+            } else {
+                Err(io::Error::other(format!(
+                    "fusermount3 -u -z {} failed: {status}",
+                    path.display()
+                )))
+            }
+        }
+        other => Ok(other?),
+    }
+}
+
+/// The mount point as an absolute path, if it is an empty directory.
+fn usable_mountpoint(path: &Path) -> io::Result<PathBuf> {
+    let shown = path.display();
+    let dir = path
+        .canonicalize()
+        .map_err(|e| io::Error::new(e.kind(), format!("mount point {shown}: {e}")))?;
+    let mut entries = std::fs::read_dir(&dir)
+        .map_err(|e| io::Error::new(e.kind(), format!("mount point {shown}: {e}")))?;
+    if entries.next().is_some() {
+        return Err(io::Error::new(
+            io::ErrorKind::DirectoryNotEmpty,
+            format!("mount point {shown} is not empty; mounting over files would hide them"),
+        ));
+    }
+    Ok(dir)
+}
+
+/// Whether this process can mount FUSE: `/dev/fuse` exists, and a user who
+/// is not root has `fusermount3`.
+fn usable_fuse() -> io::Result<()> {
+    if !Path::new("/dev/fuse").exists() {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            "/dev/fuse is missing: load the fuse module (modprobe fuse) or, in a container, \
+             pass the device in (--device /dev/fuse)",
+        ));
+    }
+    if !rustix::process::geteuid().is_root() && !on_path("fusermount3") {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            "fusermount3 is missing, and a user who is not root mounts through it: \
+             install it (Debian and Ubuntu: apt install fuse3)",
+        ));
+    }
+    Ok(())
+}
+
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(program).is_file()))
+}

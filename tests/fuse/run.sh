@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Runs the kernel-client workloads through a FUSE mount on this machine: the
+# whole of tests/kernel/workload.sh on a flat directory (`flat`), or
+# tests/kernel/layered.sh on a three-layer stack (`stack`), with the data on a
+# tmpfs of its own. Needs root (it mounts, drops caches and chowns) and
+# /dev/fuse; says SKIPPED without them.
+# usage: tests/fuse/run.sh LAYERFS (flat|stack)
+set -euo pipefail
+layerfs=$(realpath "$1") what=$2
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+if [[ ! -c /dev/fuse ]]; then
+	echo "SKIPPED: FUSE $what workload: no /dev/fuse"
+	exit 0
+fi
+if [[ $(id -u) != 0 ]]; then
+	echo "SKIPPED: FUSE $what workload: needs root"
+	exit 0
+fi
+base=$(mktemp -d /tmp/layerfs-fuse.XXXXXX)
+mount -t tmpfs -o size=2g tmpfs "$base"
+mnt=$base/mnt
+mkdir "$mnt"
+cleanup() {
+	pkill -f -- "serve --fuse $mnt" || true
+	umount -l "$mnt" 2>/dev/null || true
+	umount -l "$base"
+	rmdir "$base"
+	rm -f /tmp/4k /tmp/1m /tmp/64m /tmp/tree.tar
+}
+trap cleanup EXIT
+case $what in
+flat)
+	mkdir "$base/export"
+	server="exec $layerfs serve --fuse $mnt $base/export"
+	workload=workload.sh
+	;;
+stack)
+	server="exec $repo/tests/kernel/stack.sh $layerfs --fuse $mnt $base/ws"
+	workload=layered.sh
+	export WS=$base/ws
+	;;
+*)
+	echo "usage: $0 LAYERFS (flat|stack)" >&2
+	exit 2
+	;;
+esac
+(eval "$server" >"$base/door.log" 2>&1 &)
+for _ in $(seq 100); do
+	awk -v m="$mnt" '$2 == m {f=1} END {exit !f}' /proc/mounts && break
+	sleep 0.1
+done
+if ! awk -v m="$mnt" '$2 == m {f=1} END {exit !f}' /proc/mounts; then
+	echo "the door did not mount $mnt:"
+	cat "$base/door.log"
+	exit 1
+fi
+cd "$repo"
+if ! MNT=$mnt DOOR=fuse SERVER=$server bash "tests/kernel/$workload"; then
+	echo "-- door log:"
+	tail -n 20 "$base/door.log"
+	exit 1
+fi
