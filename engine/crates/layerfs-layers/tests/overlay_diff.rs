@@ -4,10 +4,14 @@
 //! Needs root and overlayfs. Without them it says SKIPPED and passes, unless
 //! LAYERFS_REQUIRE_MOUNTS=1 (verify.sh sets it as root), where it fails.
 //! LAYERFS_DIFF_CASES sets the number of sequences (default 200).
+//! LAYERFS_DIFF_DOOR=fuse applies the operations to the stack through a FUSE
+//! mount of it (the kernel's FUSE client, its caches, and the door) instead
+//! of through the Filesystem trait, and reads it back through the mount.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use layerfs_layers::StackFs;
 use layerfs_testkit::{or_skip, Mounted};
@@ -522,6 +526,114 @@ fn mount(
     )
 }
 
+/// Whether the operations go through a FUSE mount of the stack.
+fn through_fuse() -> bool {
+    std::env::var("LAYERFS_DIFF_DOOR").as_deref() == Ok("fuse")
+}
+
+/// The stack under test, reached through the Filesystem trait or through
+/// a FUSE mount of it.
+struct Ours {
+    fs: Arc<StackFs>,
+    #[cfg(target_os = "linux")]
+    fuse: Option<layerfs_fuse::Mounted>,
+}
+
+impl Ours {
+    fn open(lowers: &[PathBuf], upper: &Path, state: &Path, fuse_at: &Path) -> Ours {
+        let fs = Arc::new(StackFs::open(lowers, upper, state).unwrap());
+        #[cfg(target_os = "linux")]
+        let fuse = through_fuse().then(|| {
+            let options = layerfs_fuse::Options {
+                caching: layerfs_fuse::Caching::Exclusive,
+                ..Default::default()
+            };
+            layerfs_fuse::mount(fs.clone(), fuse_at, &options).unwrap()
+        });
+        #[cfg(not(target_os = "linux"))]
+        let _ = fuse_at;
+        Ours {
+            fs,
+            #[cfg(target_os = "linux")]
+            fuse,
+        }
+    }
+
+    fn mountpoint(&self) -> Option<&Path> {
+        #[cfg(target_os = "linux")]
+        return self.fuse.as_ref().map(|m| m.mountpoint());
+        #[cfg(not(target_os = "linux"))]
+        None
+    }
+
+    fn tree(&self) -> Tree {
+        match self.mountpoint() {
+            Some(m) => host_tree(m),
+            None => stack_tree(&self.fs),
+        }
+    }
+
+    /// Every visible path's id: through FUSE, the inode number stat shows.
+    fn ids(&self) -> BTreeMap<String, FileId> {
+        match self.mountpoint() {
+            Some(m) => host_ids(m),
+            None => ids(&self.fs),
+        }
+    }
+
+    fn apply(&self, op: &Op, paths: &[Vec<&str>]) -> Result<(), String> {
+        match self.mountpoint() {
+            Some(m) => match apply_host(m, op, paths) {
+                true => Ok(()),
+                false => Err("failed through FUSE".into()),
+            },
+            None => apply_stack(&self.fs, op, paths).map_err(|e| format!("{e:?}")),
+        }
+    }
+}
+
+fn host_ids(root: &Path) -> BTreeMap<String, FileId> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![(root.to_path_buf(), String::new())];
+    while let Some((dir, rel)) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let e = e.unwrap();
+            let path = format!("{rel}/{}", e.file_name().to_string_lossy());
+            let m = e.path().symlink_metadata().unwrap();
+            if m.is_dir() {
+                stack.push((e.path(), path.clone()));
+            }
+            out.insert(path, m.ino());
+        }
+    }
+    out
+}
+
+#[cfg(target_os = "linux")]
+fn fuse_available() -> Result<(), String> {
+    if !through_fuse() {
+        return Ok(());
+    }
+    let t = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let lower = t.path().join("l");
+    let at = t.path().join("m");
+    std::fs::create_dir(&lower).unwrap();
+    std::fs::create_dir(&at).unwrap();
+    let fs = StackFs::open(&[lower], &t.path().join("u"), &t.path().join("s"))
+        .map_err(|e| e.to_string())?;
+    layerfs_fuse::mount(Arc::new(fs), &at, &Default::default())
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+#[cfg(not(target_os = "linux"))]
+fn fuse_available() -> Result<(), String> {
+    match through_fuse() {
+        true => Err("FUSE is served on Linux only".into()),
+        false => Ok(()),
+    }
+}
+
 fn run_case(layers: &[LayerSpec], ops: &[Op]) -> Result<(), TestCaseError> {
     let paths = universe();
     let t = tempfile::tempdir().unwrap();
@@ -542,33 +654,33 @@ fn run_case(layers: &[LayerSpec], ops: &[Op]) -> Result<(), TestCaseError> {
     let top_first: Vec<_> = ov_lowers.iter().rev().cloned().collect();
     let mount =
         mount(&top_first, &d("ov-upper"), &d("ov-work"), &m).map_err(TestCaseError::fail)?;
-    let fs = StackFs::open(&oci_lowers, &d("upper"), &d("state")).unwrap();
-    prop_assert_eq!(host_tree(&m), stack_tree(&fs), "the layers alone differ");
+    let ours = Ours::open(&oci_lowers, &d("upper"), &d("state"), &d("fuse"));
+    prop_assert_eq!(host_tree(&m), ours.tree(), "the layers alone differ");
     for (i, op) in ops.iter().enumerate() {
-        let before = ids(&fs);
+        let before = ours.ids();
         let host = apply_host(&m, op, &paths);
-        let ours = apply_stack(&fs, op, &paths);
-        check_ids(&before, &ids(&fs), ours.is_ok().then_some(op), &paths)?;
+        let result = ours.apply(op, &paths);
+        check_ids(&before, &ours.ids(), result.is_ok().then_some(op), &paths)?;
         prop_assert_eq!(
             host,
-            ours.is_ok(),
+            result.is_ok(),
             "op {} {:?}: overlayfs {}, layerfs {:?}",
             i,
             op,
             host,
-            ours
+            result
         );
         let kind = format!("{op:?}");
         let kind = kind.split('(').next().unwrap().to_string();
         *SUCCEEDED.lock().unwrap().entry(kind).or_default() += usize::from(host);
     }
-    prop_assert_eq!(host_tree(&m), stack_tree(&fs));
-    let before = ids(&fs);
-    drop(fs);
+    prop_assert_eq!(host_tree(&m), ours.tree());
+    let before = ours.ids();
+    drop(ours);
     // Everything again from what was persisted: the same tree, the same ids.
-    let fs = StackFs::open(&oci_lowers, &d("upper"), &d("state")).unwrap();
-    prop_assert_eq!(host_tree(&m), stack_tree(&fs), "after a restart");
-    prop_assert_eq!(before, ids(&fs), "ids after a restart");
+    let ours = Ours::open(&oci_lowers, &d("upper"), &d("state"), &d("fuse"));
+    prop_assert_eq!(host_tree(&m), ours.tree(), "after a restart");
+    prop_assert_eq!(before, ours.ids(), "ids after a restart");
     drop(mount);
     Ok(())
 }
@@ -576,6 +688,9 @@ fn run_case(layers: &[LayerSpec], ops: &[Op]) -> Result<(), TestCaseError> {
 #[test]
 fn random_operations_match_overlayfs() {
     if or_skip(overlay_available(), "overlayfs differential").is_none() {
+        return;
+    }
+    if or_skip(fuse_available(), "overlayfs differential through FUSE").is_none() {
         return;
     }
     let cases = std::env::var("LAYERFS_DIFF_CASES")
