@@ -51,6 +51,8 @@ for what in flat stack; do
 	echo "-- workload through FUSE, $what"
 	tests/fuse/run.sh target/release/layerfs $what
 done
+echo "-- starting and stopping the door"
+tests/fuse/door.sh target/release/layerfs
 
 step "end to end: the Linux kernel NFSv3 client (QEMU)"
 if command -v qemu-system-x86_64 >/dev/null && command -v busybox >/dev/null; then

@@ -146,9 +146,24 @@ fn detach(path: &Path) -> io::Result<()> {
     }
 }
 
-/// The mount point as an absolute path, if it is an empty directory.
+/// The mount point as an absolute path, if it is an empty directory. A
+/// FUSE mount left there by a server that died (its users get ENOTCONN) is
+/// detached first, so starting again is all a crash asks of the user.
 fn usable_mountpoint(path: &Path) -> io::Result<PathBuf> {
     let shown = path.display();
+    if let Err(e) = std::fs::metadata(path) {
+        if e.raw_os_error() == Some(libc::ENOTCONN) {
+            tracing::warn!("{shown}: the FUSE server of the mount there is gone; detaching it");
+            detach(path).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!(
+                        "mount point {shown}: a dead mount is there and cannot be detached: {e}"
+                    ),
+                )
+            })?;
+        }
+    }
     let dir = path
         .canonicalize()
         .map_err(|e| io::Error::new(e.kind(), format!("mount point {shown}: {e}")))?;

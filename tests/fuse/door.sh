@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# The FUSE door's start and stop as a user meets them: one-line errors,
+# SIGTERM unmounts and exits 0, a door killed with -9 leaves a mount that
+# fails fast and that a restart or fusermount3 -u clears, and a user who is
+# not root mounts through fusermount3 a mount no other user can reach.
+# Needs root and /dev/fuse; says SKIPPED without them.
+# usage: tests/fuse/door.sh LAYERFS
+set -euo pipefail
+layerfs=$(realpath "$1")
+if [[ ! -c /dev/fuse || $(id -u) != 0 ]]; then
+	echo "SKIPPED: FUSE door checks: need root and /dev/fuse"
+	exit 0
+fi
+t=$(mktemp -d /tmp/layerfs-door.XXXXXX)
+chmod 755 "$t"
+cleanup() {
+	pkill -f -- "serve --fuse $t/" || true
+	sleep 0.2
+	for m in $(awk -v t="$t/" 'index($2, t) == 1 {print $2}' /proc/mounts); do umount -l "$m"; done
+	rm -rf "$t"
+}
+trap cleanup EXIT
+step() { printf '== %s\n' "$*"; }
+fail() { echo "FAILED: $*"; exit 1; }
+mounted() { awk -v m="$1" '$2 == m {f=1} END {exit !f}' /proc/mounts; }
+wait_mounted() { for _ in $(seq 100); do mounted "$1" && return; sleep 0.1; done; fail "$1 never mounted"; }
+# Runs the door, expecting it to fail with a message containing $1.
+refused() {
+	local want=$1
+	shift
+	local out
+	if out=$("$@" 2>&1); then fail "expected to fail: $*"; fi
+	out=$(grep -v ' INFO ' <<<"$out")
+	[[ $(wc -l <<<"$out") == 1 ]] || fail "more than one line: $out"
+	grep -qF -- "$want" <<<"$out" || fail "'$want' not in: $out"
+	echo "   refused: $out"
+}
+mkdir "$t/src" "$t/mnt" "$t/full"
+echo data >"$t/src/file"
+touch "$t/full/x"
+
+step "clear errors"
+refused "mount point $t/none" "$layerfs" serve --fuse "$t/none" "$t/src"
+refused "is not empty" "$layerfs" serve --fuse "$t/full" "$t/src"
+refused "cannot export $t/nodir" "$layerfs" serve --fuse "$t/mnt" "$t/nodir"
+refused "/dev/fuse is missing" unshare -m sh -c \
+	"mount -t tmpfs none /dev && exec $layerfs serve --fuse $t/mnt $t/src"
+refused "fusermount3 is missing" env PATH=/nonexistent "$(command -v setpriv)" \
+	--reuid 65534 --regid 65534 --clear-groups "$layerfs" serve --fuse "$t/mnt" "$t/src"
+
+step "SIGTERM unmounts and exits 0"
+"$layerfs" serve --fuse "$t/mnt" "$t/src" >/dev/null 2>&1 &
+door=$!
+wait_mounted "$t/mnt"
+[[ $(cat "$t/mnt/file") == data ]] || fail "read through the mount"
+kill -TERM $door
+rc=0
+wait $door || rc=$?
+[[ $rc == 0 ]] || fail "exit status $rc after SIGTERM"
+mounted "$t/mnt" && fail "still mounted after SIGTERM"
+
+step "kill -9: the mount fails fast, a restart clears it"
+("$layerfs" serve --fuse "$t/mnt" "$t/src" >/dev/null 2>&1 &)
+wait_mounted "$t/mnt"
+pkill -9 -f -- "serve --fuse $t/mnt"
+sleep 0.2
+if timeout 5 ls "$t/mnt" 2>/dev/null; then fail "a dead mount still lists"; fi
+[[ $? != 124 ]] || fail "ls of a dead mount hung"
+("$layerfs" serve --fuse "$t/mnt" "$t/src" >/dev/null 2>&1 &)
+for _ in $(seq 100); do [[ -e $t/mnt/file ]] && break; sleep 0.1; done
+[[ $(cat "$t/mnt/file") == data ]] || fail "the restarted door does not serve"
+[[ $(awk -v m="$t/mnt" '$2 == m' /proc/mounts | wc -l) == 1 ]] || fail "mounts stacked up"
+
+step "kill -9: fusermount3 -u clears it"
+pkill -9 -f -- "serve --fuse $t/mnt"
+sleep 0.2
+if command -v fusermount3 >/dev/null; then
+	fusermount3 -u "$t/mnt"
+else
+	umount "$t/mnt"
+fi
+mounted "$t/mnt" && fail "still mounted"
+[[ -z $(ls -A "$t/mnt") ]] || fail "the mount point is not empty again"
+
+step "a user who is not root mounts; other users cannot reach the mount"
+if ! command -v fusermount3 >/dev/null; then
+	echo "SKIPPED: fusermount3 is not installed (apt-get install fuse3)"
+elif ! setpriv --reuid 1000 --regid 1000 --clear-groups test -r /dev/fuse -a -w /dev/fuse; then
+	echo "SKIPPED: /dev/fuse is not usable by users who are not root here (Debian makes it 0666)"
+else
+	as() { local u=$1; shift; setpriv --reuid "$u" --regid "$u" --clear-groups "$@"; }
+	mkdir "$t/own" "$t/own/src" "$t/own/mnt"
+	echo mine >"$t/own/src/file"
+	chown -R 1000:1000 "$t/own"
+	setpriv --reuid 1000 --regid 1000 --clear-groups \
+		"$layerfs" serve --fuse "$t/own/mnt" "$t/own/src" >/dev/null 2>"$t/user.log" &
+	door=$!
+	wait_mounted "$t/own/mnt"
+	[[ $(as 1000 cat "$t/own/mnt/file") == mine ]] || fail "the owner cannot read"
+	as 1000 sh -c "echo new >$t/own/mnt/new" || fail "the owner cannot write"
+	[[ $(stat -c %u "$t/own/src/new") == 1000 ]] || fail "the new file is not the owner's"
+	if as 1001 ls "$t/own/mnt" 2>/dev/null; then fail "another user listed the mount"; fi
+	if as 1001 cat "$t/own/mnt/file" 2>/dev/null; then fail "another user read the mount"; fi
+	kill -TERM $door
+	rc=0
+	wait $door || rc=$?
+	[[ $rc == 0 ]] || { cat "$t/user.log"; fail "exit status $rc after SIGTERM"; }
+	mounted "$t/own/mnt" && fail "still mounted after SIGTERM"
+fi
+echo "door checks passed"
