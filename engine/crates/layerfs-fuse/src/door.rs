@@ -9,16 +9,17 @@
 use std::cell::RefCell;
 use std::ffi::OsStr;
 use std::io;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::SystemTime;
 
 use fuser::{
-    AccessFlags, Errno, FileHandle, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
-    LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, BackingId, Errno, FileHandle, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use layerfs_vfs::access::permits;
 use layerfs_vfs::{
@@ -28,6 +29,7 @@ use layerfs_vfs::{
 
 use crate::attrs::{kind, kind_of_mode, timestamp, Caching, Inos};
 use crate::callers::Callers;
+use crate::opens::{OpenFiles, Way, CACHED, PASSTHROUGH};
 
 /// Largest WRITE the kernel sends; also its readahead.
 pub const MAX_WRITE: u32 = 1 << 20;
@@ -37,6 +39,9 @@ pub struct Door {
     inos: Inos,
     caching: Caching,
     callers: Callers,
+    /// Whether the kernel agreed to passthrough (see [`crate::opens`]).
+    passthrough: bool,
+    opens: OpenFiles<BackingId>,
 }
 
 thread_local! {
@@ -60,6 +65,8 @@ impl Door {
             inos,
             caching,
             callers: Callers::default(),
+            passthrough: false,
+            opens: OpenFiles::default(),
         }
     }
 
@@ -92,20 +99,22 @@ impl Door {
     }
 
     /// Entries after `offset`, each with its attributes, to `add` until it
-    /// says the reply is full.
+    /// says the reply is full. `fit` is about how many entries a reply holds:
+    /// every entry asked for costs the filesystem a stat, and those past a
+    /// full reply are asked for again by the next call.
     fn list(
         &self,
         req: &Request,
         ino: INodeNo,
         offset: u64,
+        fit: usize,
         mut add: impl FnMut(&Attr, &[u8], u64) -> bool,
     ) -> layerfs_vfs::Result<()> {
         let caller = self.caller(req);
         let dir = self.id(ino);
         let mut cookie = offset;
         loop {
-            // A page of a 4 KiB reply holds about 100 short names.
-            let page = self.fs.readdir(&caller, dir, cookie, 128, true)?;
+            let page = self.fs.readdir(&caller, dir, cookie, fit, true)?;
             for e in &page.entries {
                 cookie = e.cookie;
                 let attr = match e.attr {
@@ -162,14 +171,28 @@ fn open_wants(flags: OpenFlags) -> u32 {
 
 impl fuser::Filesystem for Door {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        // Passthrough needs CAP_SYS_ADMIN to register backing files, and the
+        // kernel turns it off beside a writeback cache. Where it is on, the
+        // kernel reads and writes host files itself; elsewhere the writeback
+        // cache batches small writes into large ones.
+        let passthrough = InitFlags::FUSE_PASSTHROUGH;
+        self.passthrough = rustix::process::geteuid().is_root()
+            && config.capabilities().contains(passthrough)
+            && config.set_max_stack_depth(1).is_ok()
+            && config.add_capabilities(passthrough).is_ok();
+        tracing::info!(passthrough = self.passthrough, "FUSE session starts");
         // Each is asked for alone: a kernel without one still gets the rest.
+        // READDIRPLUS on every listing, not only the first page of one
+        // (READDIRPLUS_AUTO): a listing is nearly always followed by a stat
+        // of each entry (ls -l, find, shells completing), which would
+        // otherwise cost a LOOKUP each.
         let mut wanted = InitFlags::FUSE_DO_READDIRPLUS
-            | InitFlags::FUSE_READDIRPLUS_AUTO
             | InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_CACHE_SYMLINKS
             | InitFlags::FUSE_MAX_PAGES;
         wanted |= match self.caching {
-            Caching::Exclusive => InitFlags::FUSE_WRITEBACK_CACHE,
+            Caching::Exclusive if !self.passthrough => InitFlags::FUSE_WRITEBACK_CACHE,
+            Caching::Exclusive => InitFlags::empty(),
             Caching::Shared => InitFlags::FUSE_AUTO_INVAL_DATA,
         };
         for flag in wanted.iter() {
@@ -401,10 +424,38 @@ impl fuser::Filesystem for Door {
             Ok(a) => a,
             Err(e) => return reply.error(errno(e)),
         };
-        if !permits(&attr, &caller, open_wants(flags)) {
+        let wants = open_wants(flags);
+        if !permits(&attr, &caller, wants) {
             return reply.error(Errno::EACCES);
         }
-        reply.opened(FileHandle(0), self.open_flags());
+        if !self.passthrough {
+            return reply.opened(CACHED, self.open_flags());
+        }
+        self.opens.open(
+            attr.fileid,
+            reply,
+            |reply| self.backing(&caller, &attr, wants & 2 != 0, |fd| reply.open_backing(fd)),
+            |reply, way| match way {
+                Way::Cached => reply.opened(CACHED, self.open_flags()),
+                Way::Passthrough(b) => reply.opened_passthrough(PASSTHROUGH, PASSTHROUGH_FLAGS, b),
+            },
+        );
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        if self.passthrough {
+            self.opens.release(self.id(ino), fh);
+        }
+        reply.ok()
     }
 
     fn read(
@@ -501,7 +552,8 @@ impl fuser::Filesystem for Door {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let listed = self.list(req, ino, offset, |attr, name, cookie| {
+        // A 4 KiB reply holds about 100 entries of short names.
+        let listed = self.list(req, ino, offset, 112, |attr, name, cookie| {
             reply.add(
                 self.inos.ino(attr.fileid),
                 cookie,
@@ -524,7 +576,8 @@ impl fuser::Filesystem for Door {
         mut reply: ReplyDirectoryPlus,
     ) {
         let ttl = self.caching.ttl();
-        let listed = self.list(req, ino, offset, |attr, name, cookie| {
+        // An entry with attributes takes about 160 bytes of a 4 KiB reply.
+        let listed = self.list(req, ino, offset, 26, |attr, name, cookie| {
             let fattr = self.inos.attr(attr);
             reply.add(
                 fattr.ino,
@@ -651,23 +704,70 @@ impl fuser::Filesystem for Door {
             Create::Unchecked(set)
         };
         let caller = self.caller(req);
-        match self
+        let attr = match self
             .fs
             .create(&caller, self.id(parent), name_bytes(name), how)
         {
-            Ok((attr, _)) => reply.created(
-                &self.caching.ttl(),
-                &self.inos.attr(&attr),
-                Generation(attr.generation),
-                FileHandle(0),
-                self.open_flags(),
-            ),
-            Err(e) => reply.error(errno(e)),
+            Ok((attr, _)) => attr,
+            Err(e) => return reply.error(errno(e)),
+        };
+        let (ttl, fattr, generation) = (
+            self.caching.ttl(),
+            self.inos.attr(&attr),
+            Generation(attr.generation),
+        );
+        if !self.passthrough {
+            return reply.created(&ttl, &fattr, generation, CACHED, self.open_flags());
         }
+        let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        self.opens.open(
+            attr.fileid,
+            reply,
+            |reply| self.backing(&caller, &attr, write, |fd| reply.open_backing(fd)),
+            |reply, way| match way {
+                Way::Cached => reply.created(&ttl, &fattr, generation, CACHED, self.open_flags()),
+                Way::Passthrough(b) => reply.created_passthrough(
+                    &ttl,
+                    &fattr,
+                    generation,
+                    PASSTHROUGH,
+                    PASSTHROUGH_FLAGS,
+                    b,
+                ),
+            },
+        );
     }
 }
 
+/// Open flags beside FOPEN_PASSTHROUGH: the kernel writes the host file
+/// itself, so a close has nothing to flush through the door.
+const PASSTHROUGH_FLAGS: FopenFlags = FopenFlags::FOPEN_NOFLUSH;
+
 impl Door {
+    /// Registers the host file of the file `attr` describes with the
+    /// kernel, where the filesystem has one and handing it out is safe.
+    fn backing(
+        &self,
+        caller: &Caller,
+        attr: &Attr,
+        write: bool,
+        register: impl FnOnce(BorrowedFd<'_>) -> io::Result<BackingId>,
+    ) -> Option<BackingId> {
+        // The kernel writes a backing file with the door's privileges, which
+        // keep the setuid and setgid bits a write by the caller clears.
+        if attr.kind != FileKind::Regular || attr.mode & 0o6000 != 0 {
+            return None;
+        }
+        let fd = self.fs.host_file(caller, attr.fileid, write).ok()??;
+        match register(fd.as_fd()) {
+            Ok(backing) => Some(backing),
+            Err(e) => {
+                tracing::debug!("no passthrough for file {}: {e}", attr.fileid);
+                None
+            }
+        }
+    }
+
     /// How the kernel may cache an open file's pages.
     fn open_flags(&self) -> FopenFlags {
         match self.caching {

@@ -17,6 +17,8 @@ mod callers;
 mod door;
 #[cfg(target_os = "linux")]
 mod mount;
+#[cfg(target_os = "linux")]
+mod opens;
 
 #[cfg(target_os = "linux")]
 pub use mount::{mount, Caching, Mounted, Options};

@@ -179,6 +179,18 @@ pub trait Filesystem: Send + Sync {
         Ok(None)
     }
 
+    /// The host file that holds regular file `id`, for a door to read and
+    /// write directly (FUSE hands it to the kernel: passthrough), once
+    /// `caller` may open it for reading, or for writing with `write`. Only
+    /// where every read and write through the descriptor is what this trait
+    /// would do: `None` elsewhere, and then callers use [`read`](Self::read)
+    /// and [`write`](Self::write). The descriptor may be read-only; a door
+    /// that writes reopens it for writing.
+    fn host_file(&self, caller: &Caller, id: FileId, write: bool) -> Result<Option<Arc<OwnedFd>>> {
+        let _ = (caller, id, write);
+        Ok(None)
+    }
+
     /// Writes all of `data` at `offset`; returns how durable it already is.
     fn write(
         &self,

@@ -351,6 +351,16 @@ impl Filesystem for LocalFs {
         Ok(rustix::fs::readlinkat(&*parent, name.as_c_str(), Vec::new())?.into_bytes())
     }
 
+    /// Every file of the directory is its own host file.
+    fn host_file(&self, caller: &Caller, id: FileId, write: bool) -> Result<Option<Arc<OwnedFd>>> {
+        let fd = self.file_fd(id)?;
+        let attr = self.host.stats.fd(fd.as_fd())?;
+        if !access::permits(&attr, caller, if write { 6 } else { 4 }) {
+            return Err(Error::Access);
+        }
+        Ok(Some(fd))
+    }
+
     fn read_source(
         &self,
         caller: &Caller,

@@ -356,6 +356,25 @@ impl Filesystem for StackFs {
         Ok(rustix::fs::readlinkat(&*f.parent, &f.name, Vec::new())?.into_bytes())
     }
 
+    /// A file of the upper, after a copy-up for `write`. A file still in a
+    /// lower layer is not handed out for reading: a write elsewhere would
+    /// copy it up, and whoever read the lower file directly would not see
+    /// the change, where reads through the stack do.
+    fn host_file(&self, caller: &Caller, id: FileId, write: bool) -> Result<Option<Arc<OwnedFd>>> {
+        let layers = self.layers.read().expect("layers");
+        if !write && self.found(&layers, id)?.layer != UPPER {
+            return Ok(None);
+        }
+        let want = if write { 6 } else { 4 };
+        let (fd, _) = self.open_file(&layers, id, write, |attr| {
+            if !access::permits(attr, caller, want) {
+                return Err(Error::Access);
+            }
+            Ok(())
+        })?;
+        Ok(Some(fd))
+    }
+
     fn read_source(
         &self,
         caller: &Caller,

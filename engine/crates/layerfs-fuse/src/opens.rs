@@ -1,0 +1,154 @@
+//! Passthrough: the kernel reads and writes a file's host file itself, with
+//! no request to the door. It keeps one backing file per inode, and refuses
+//! to mix passthrough opens with opens it serves through the door (page
+//! cache) on one inode, so every open is counted here per inode, and an
+//! inode that is open one way is opened that way again until all its opens
+//! are released.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use fuser::FileHandle;
+use layerfs_vfs::FileId;
+
+/// The file handle of an open the door serves.
+pub const CACHED: FileHandle = FileHandle(0);
+/// The file handle of an open the kernel serves from the backing file.
+pub const PASSTHROUGH: FileHandle = FileHandle(1);
+
+struct Opens<B> {
+    cached: u32,
+    passthrough: u32,
+    backing: Option<B>,
+}
+
+/// Open files by inode; `B` is the kernel's registration of a backing file
+/// (`fuser::BackingId`, which closes it when dropped).
+pub struct OpenFiles<B> {
+    by_id: Mutex<HashMap<FileId, Opens<B>>>,
+}
+
+impl<B> Default for OpenFiles<B> {
+    fn default() -> Self {
+        OpenFiles {
+            by_id: Mutex::default(),
+        }
+    }
+}
+
+/// How to answer an open.
+pub enum Way<'a, B> {
+    Cached,
+    Passthrough(&'a B),
+}
+
+impl<B> OpenFiles<B> {
+    /// Records one more open of `id` and answers `reply` with `answer`:
+    /// through the door if the inode is open that way (or `backing` gives
+    /// nothing), else passthrough with the inode's backing file, which
+    /// `backing` registers on its first passthrough open.
+    pub fn open<R>(
+        &self,
+        id: FileId,
+        reply: R,
+        backing: impl FnOnce(&R) -> Option<B>,
+        answer: impl FnOnce(R, Way<'_, B>),
+    ) {
+        let mut by_id = self.by_id.lock().unwrap_or_else(|p| p.into_inner());
+        let opens = by_id.entry(id).or_insert(Opens {
+            cached: 0,
+            passthrough: 0,
+            backing: None,
+        });
+        if opens.cached == 0 && opens.backing.is_none() {
+            opens.backing = backing(&reply);
+        }
+        match &opens.backing {
+            Some(b) if opens.cached == 0 => {
+                opens.passthrough += 1;
+                // Answered under the lock: a release cannot close the
+                // backing file between its registration and the answer.
+                answer(reply, Way::Passthrough(b))
+            }
+            _ => {
+                opens.cached += 1;
+                answer(reply, Way::Cached)
+            }
+        }
+    }
+
+    /// Records the release of an open with file handle `fh`.
+    pub fn release(&self, id: FileId, fh: FileHandle) {
+        let mut by_id = self.by_id.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(opens) = by_id.get_mut(&id) else {
+            return;
+        };
+        if fh == PASSTHROUGH {
+            opens.passthrough = opens.passthrough.saturating_sub(1);
+        } else {
+            opens.cached = opens.cached.saturating_sub(1);
+        }
+        if opens.passthrough == 0 {
+            // Closes the backing file's registration with the kernel.
+            opens.backing = None;
+        }
+        if opens.passthrough == 0 && opens.cached == 0 {
+            by_id.remove(&id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Opens `id` where a backing file `offered` would be registered; which
+    /// way it was answered, and whether a registration was asked for.
+    fn open(files: &OpenFiles<u32>, id: FileId, offered: Option<u32>) -> (Option<u32>, bool) {
+        let mut asked = false;
+        let mut got = None;
+        files.open(
+            id,
+            (),
+            |_| {
+                asked = true;
+                offered
+            },
+            |(), way| {
+                got = match way {
+                    Way::Cached => None,
+                    Way::Passthrough(b) => Some(*b),
+                }
+            },
+        );
+        (got, asked)
+    }
+
+    #[test]
+    fn an_inode_stays_passthrough_with_one_backing_file_while_open() {
+        let files = OpenFiles::default();
+        assert_eq!(open(&files, 7, Some(70)), (Some(70), true));
+        // Registered once: later opens reuse it, even where the filesystem
+        // would offer nothing now.
+        assert_eq!(open(&files, 7, None), (Some(70), false));
+        files.release(7, PASSTHROUGH);
+        files.release(7, PASSTHROUGH);
+        assert!(files.by_id.lock().unwrap().is_empty());
+        assert_eq!(open(&files, 7, Some(71)), (Some(71), true));
+    }
+
+    #[test]
+    fn an_inode_open_through_the_door_is_not_mixed_with_passthrough() {
+        let files = OpenFiles::default();
+        assert_eq!(open(&files, 7, None), (None, true));
+        // A write open whose copy-up made a host file: still through the
+        // door while the first open lasts.
+        assert_eq!(open(&files, 7, Some(70)), (None, false));
+        files.release(7, CACHED);
+        assert_eq!(open(&files, 7, Some(70)), (None, false));
+        files.release(7, CACHED);
+        files.release(7, CACHED);
+        assert_eq!(open(&files, 7, Some(70)), (Some(70), true));
+        assert_eq!(open(&files, 8, None), (None, true), "other inodes apart");
+    }
+}
