@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use layerfs_layers::StackFs;
-use layerfs_rpc::{Dispatcher, Server, ServerConfig, ServerHandle};
+use layerfs_rpc::{ServerConfig, ServerHandle};
 use layerfs_vfs::{Caller, FileKind, Filesystem, LocalFs, Stability};
 use nfs3_types::mount::{dirpath, mountres3};
 use nfs3_types::nfs3::*;
@@ -77,14 +77,9 @@ fn build(root: &Path, o: &Options) -> (PathBuf, Vec<PathBuf>) {
 }
 
 fn serve(fs: Arc<dyn Filesystem>, path: &Path) -> ServerHandle {
-    let programs = layerfs_nfs::programs(fs, path.as_os_str().as_encoded_bytes()).unwrap();
-    let server = Server::bind(
-        "127.0.0.1:0".parse().unwrap(),
-        Arc::new(Dispatcher::new(programs)),
-        ServerConfig::default(),
-    )
-    .unwrap();
-    server.spawn().unwrap()
+    let host_path = path.as_os_str().as_encoded_bytes();
+    let addr = "127.0.0.1:0".parse().unwrap();
+    layerfs_nfs::serve(fs, host_path, addr, ServerConfig::default()).unwrap()
 }
 
 fn unpack<T: Unpack>(bytes: &[u8]) -> T {

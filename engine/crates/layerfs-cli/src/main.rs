@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 use layerfs_layers::StackFs;
-use layerfs_rpc::{Dispatcher, Server, ServerConfig};
+use layerfs_rpc::ServerConfig;
 use layerfs_vfs::{Filesystem, LocalFs};
 use tracing_subscriber::EnvFilter;
 
@@ -198,20 +198,14 @@ fn serve_fuse(_args: ServeArgs) -> Result<(), String> {
 fn serve(args: ServeArgs) -> Result<(), String> {
     let (fs, dir, what) = filesystem(&args)?;
     let host_path = dir.as_os_str().as_encoded_bytes();
-    let programs = layerfs_nfs::programs(fs, host_path)
-        .map_err(|e| format!("cannot export {}: {e}", dir.display()))?;
     let config = ServerConfig {
         window: args.window,
         workers: args.workers,
     };
-    let server = Server::bind(args.listen, Arc::new(Dispatcher::new(programs)), config)
-        .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
-    let addr = server.local_addr().map_err(|e| e.to_string())?;
-    let stop_rx = interrupted()?;
-    let _handle = server
-        .spawn()
-        .map_err(|e| format!("cannot start the server: {e}"))?;
-
+    let stop = interrupted()?;
+    let mut server = layerfs_nfs::serve(fs, host_path, args.listen, config)
+        .map_err(|e| format!("{}: {e}", dir.display()))?;
+    let addr = server.local_addr();
     let port = addr.port();
     let ip = addr.ip();
     let mut out = std::io::stdout().lock();
@@ -228,7 +222,8 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         .and_then(|()| out.flush())
         .map_err(|e| format!("cannot write to stdout: {e}"))?;
     drop(out);
-    let _ = stop_rx.recv();
+    let _ = stop.recv();
     tracing::info!("stopping");
+    server.stop();
     Ok(())
 }

@@ -10,9 +10,11 @@ mod handle;
 mod mount;
 mod nfs;
 
+use std::io;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
-use layerfs_rpc::Program;
+use layerfs_rpc::{Dispatcher, Program, Server, ServerConfig, ServerHandle};
 use layerfs_vfs::Filesystem;
 
 pub use error::Error;
@@ -40,4 +42,21 @@ pub fn programs(
         Box::new(NfsProgram::new(export.clone())),
         Box::new(MountProgram::new(export)),
     ])
+}
+
+/// Serves `fs` over NFSv3 and MOUNT v3 on `addr` (port 0: one the system
+/// picks; [`ServerHandle::local_addr`] tells which) until the handle is
+/// stopped or dropped, which closes every connection and ends every thread.
+/// `host_path` as in [`programs`].
+pub fn serve(
+    fs: Arc<dyn Filesystem>,
+    host_path: &[u8],
+    addr: SocketAddr,
+    config: ServerConfig,
+) -> io::Result<ServerHandle> {
+    let programs =
+        programs(fs, host_path).map_err(|e| io::Error::other(format!("cannot export: {e}")))?;
+    Server::bind(addr, Arc::new(Dispatcher::new(programs)), config)
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?
+        .spawn()
 }

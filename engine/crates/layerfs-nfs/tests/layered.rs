@@ -91,7 +91,7 @@ async fn handles_taken_before_copy_up_and_commit_keep_working() {
     );
     // The map is held while the workspace is open.
     let busy = Workspace::open(&t.path().join("ws")).err().unwrap();
-    assert!(busy.to_string().contains("in use"), "{busy}");
+    assert!(busy.to_string().contains("already served"), "{busy}");
     drop(c);
     drop(server);
     drop(ws);

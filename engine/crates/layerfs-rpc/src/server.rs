@@ -116,6 +116,8 @@ struct Connection {
     /// The client's address without the port, as programs see it.
     peer: Option<IpAddr>,
     addr: SocketAddr,
+    /// The socket its reader reads; shut down to end the connection.
+    stream: TcpStream,
     writer: ReplyWriter<TcpStream>,
     window: Window,
     records: AtomicU64,
@@ -170,8 +172,12 @@ struct Job {
 struct Shared {
     dispatcher: Arc<Dispatcher>,
     config: ServerConfig,
-    jobs: Sender<Job>,
+    /// Each reader sends calls for the workers through its own clone; the
+    /// workers end once this one and every clone are gone.
+    jobs: Mutex<Option<Sender<Job>>>,
     live: Mutex<Vec<Weak<Connection>>>,
+    /// The reader threads, joined by [`ServerHandle::stop`].
+    readers: Mutex<Vec<JoinHandle<()>>>,
     closed: Mutex<TransportStats>,
     stopping: AtomicBool,
 }
@@ -216,8 +222,9 @@ impl Server {
             shared: Arc::new(Shared {
                 dispatcher,
                 config,
-                jobs,
+                jobs: Mutex::new(Some(jobs)),
                 live: Mutex::new(Vec::new()),
+                readers: Mutex::new(Vec::new()),
                 closed: Mutex::new(TransportStats::default()),
                 stopping: AtomicBool::new(false),
             }),
@@ -232,16 +239,19 @@ impl Server {
     /// Starts the workers and the accept loop on threads of their own.
     pub fn spawn(self) -> io::Result<ServerHandle> {
         let addr = self.local_addr()?;
+        let mut workers = Vec::new();
         for i in 0..self.shared.config.workers.max(1) {
             let queue = self.job_queue.clone();
             let dispatcher = self.shared.dispatcher.clone();
-            thread::Builder::new()
-                .name(format!("rpc-worker-{i}"))
-                .spawn(move || {
-                    for job in queue {
-                        job.conn.answer(&dispatcher, &job.record);
-                    }
-                })?;
+            workers.push(
+                thread::Builder::new()
+                    .name(format!("rpc-worker-{i}"))
+                    .spawn(move || {
+                        for job in queue {
+                            job.conn.answer(&dispatcher, &job.record);
+                        }
+                    })?,
+            );
         }
         let shared = self.shared.clone();
         let listener = self.listener;
@@ -252,6 +262,7 @@ impl Server {
             addr,
             shared: self.shared,
             accept: Some(accept),
+            workers,
         })
     }
 }
@@ -261,6 +272,7 @@ pub struct ServerHandle {
     addr: SocketAddr,
     shared: Arc<Shared>,
     accept: Option<JoinHandle<()>>,
+    workers: Vec<JoinHandle<()>>,
 }
 
 impl ServerHandle {
@@ -286,13 +298,35 @@ impl ServerHandle {
         &self.shared.dispatcher
     }
 
-    /// Stops accepting connections; open connections run until their clients close them.
+    /// Stops the server: no new connections, every open one closed once
+    /// the calls it already read are answered, and every thread ended.
+    /// Returns when all are gone.
     pub fn stop(&mut self) {
+        let Some(accept) = self.accept.take() else {
+            return;
+        };
         self.shared.stopping.store(true, Relaxed);
         // Wake the accept loop so it sees the flag.
         let _ = TcpStream::connect(self.addr);
-        if let Some(accept) = self.accept.take() {
-            let _ = accept.join();
+        let _ = accept.join();
+        // No reader starts after this; the workers end with the last reader.
+        drop(self.shared.jobs.lock().expect("jobs poisoned").take());
+        let live: Vec<_> = self
+            .shared
+            .live
+            .lock()
+            .expect("connections poisoned")
+            .clone();
+        for conn in live.iter().filter_map(Weak::upgrade) {
+            // Its reader sees the end of the stream and winds it down.
+            let _ = conn.stream.shutdown(Shutdown::Read);
+        }
+        let readers = std::mem::take(&mut *self.shared.readers.lock().expect("readers poisoned"));
+        for reader in readers {
+            let _ = reader.join();
+        }
+        for worker in self.workers.drain(..) {
+            let _ = worker.join();
         }
     }
 }
@@ -311,12 +345,17 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
         }
         match accepted {
             Ok((stream, peer)) => {
-                let shared = shared.clone();
+                let for_reader = shared.clone();
                 let spawned = thread::Builder::new()
                     .name(format!("rpc-conn-{peer}"))
-                    .spawn(move || serve_connection(stream, peer, &shared));
-                if let Err(e) = spawned {
-                    tracing::error!(%peer, "cannot start a connection thread: {e}");
+                    .spawn(move || serve_connection(stream, peer, &for_reader));
+                match spawned {
+                    Ok(reader) => {
+                        let mut readers = shared.readers.lock().expect("readers poisoned");
+                        readers.retain(|r| !r.is_finished());
+                        readers.push(reader);
+                    }
+                    Err(e) => tracing::error!(%peer, "cannot start a connection thread: {e}"),
                 }
             }
             Err(e) => {
@@ -343,6 +382,9 @@ fn configure_accepted(stream: &TcpStream, peer: SocketAddr) {
 
 fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Shared) {
     configure_accepted(&stream, peer);
+    let Some(jobs) = shared.jobs.lock().expect("jobs poisoned").clone() else {
+        return; // the server is stopping
+    };
     let write_half = match stream.try_clone() {
         Ok(s) => s,
         Err(e) => {
@@ -353,6 +395,7 @@ fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Shared) {
     let conn = Arc::new(Connection {
         peer: Some(peer.ip()),
         addr: peer,
+        stream,
         writer: ReplyWriter::new(write_half),
         window: Window::new(shared.config.window),
         records: AtomicU64::new(0),
@@ -367,7 +410,7 @@ fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Shared) {
         .push(Arc::downgrade(&conn));
     tracing::debug!(%peer, "connection open");
 
-    let mut records = Records::new(&stream);
+    let mut records = Records::new(&conn.stream);
     // Replies of calls run on this thread, sent together before it next blocks.
     let mut ready = Vec::new();
     let dispatcher = &shared.dispatcher;
@@ -399,7 +442,7 @@ fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Shared) {
             conn: conn.clone(),
             record,
         };
-        if let Err(lost) = shared.jobs.send(job) {
+        if let Err(lost) = jobs.send(job) {
             lost.into_inner().conn.window.release();
             break Err(io::Error::other("worker pool is gone"));
         }
@@ -415,7 +458,7 @@ fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Shared) {
     }
     // Calls already read still get their replies unless the stream is broken.
     conn.window.drain();
-    let _ = stream.shutdown(Shutdown::Both);
+    let _ = conn.stream.shutdown(Shutdown::Both);
     // Move its counters from the live list to the closed total in one step.
     let mut live = shared.live.lock().expect("connections poisoned");
     live.retain(|weak| !std::ptr::eq(weak.as_ptr(), Arc::as_ptr(&conn)));

@@ -235,3 +235,35 @@ fn a_panicking_call_leaves_the_connection_and_its_window_working() {
     xids.sort_unstable();
     assert_eq!(xids, vec![0, 1, 2, 3, 4, 99]);
 }
+
+#[test]
+fn stop_closes_open_connections_and_ends_every_thread() {
+    let programs: Vec<Box<dyn Program>> = vec![Box::new(TestProgram::new())];
+    let dispatcher = Arc::new(Dispatcher::new(programs));
+    let config = ServerConfig {
+        window: 8,
+        workers: 4,
+    };
+    let server = Server::bind("127.0.0.1:0".parse().unwrap(), dispatcher.clone(), config);
+    let mut server = server.unwrap().spawn().unwrap();
+    // One client idle, one in the middle of a record, one that just called.
+    let idle = connect(&server);
+    let mut partial = connect(&server);
+    partial.write_all(&null_call(7)[..10]).unwrap();
+    let mut active = connect(&server);
+    active.write_all(&null_call(1)).unwrap();
+    assert_eq!(reply_xids(&active, 1), vec![1]);
+    wait_for_stats(&server, |s| s.connections == 3);
+    assert_eq!(Arc::strong_count(&dispatcher), 2 + 4, "one per worker");
+
+    let started = Instant::now();
+    server.stop();
+    assert!(started.elapsed() < Duration::from_secs(10));
+    for mut client in [idle, partial, active] {
+        let mut byte = [0u8; 1];
+        assert_eq!(client.read(&mut byte).unwrap(), 0, "the server closed it");
+    }
+    assert_eq!(Arc::strong_count(&dispatcher), 2, "the workers are gone");
+    assert_eq!(server.connections().len(), 0);
+    server.stop(); // a second stop is a no-op
+}

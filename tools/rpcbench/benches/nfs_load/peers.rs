@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use layerfs_rpc::{Dispatcher, Server, ServerConfig, ServerHandle};
+use layerfs_rpc::{ServerConfig, ServerHandle};
 use layerfs_vfs::LocalFs;
 
 /// What every server holds: `file` (1 byte), `big/` with `BIG_DIR` empty
@@ -31,14 +31,8 @@ pub fn fill_dir(dir: &Path) {
 
 pub fn spawn_layerfs(dir: &Path) -> ServerHandle {
     let fs = Arc::new(LocalFs::open(dir).expect("open the export"));
-    let programs = layerfs_nfs::programs(fs, b"/").expect("export");
-    let server = Server::bind(
-        "127.0.0.1:0".parse().unwrap(),
-        Arc::new(Dispatcher::new(programs)),
-        ServerConfig::default(),
-    )
-    .expect("bind layerfs");
-    server.spawn().expect("start layerfs")
+    let addr = "127.0.0.1:0".parse().unwrap();
+    layerfs_nfs::serve(fs, b"/", addr, ServerConfig::default()).expect("start layerfs")
 }
 
 /// Runs a peer's tokio listener on a thread of its own; returns its address.

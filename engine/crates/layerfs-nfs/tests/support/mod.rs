@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use layerfs_rpc::{Dispatcher, Server, ServerConfig, ServerHandle};
+use layerfs_rpc::{ServerConfig, ServerHandle};
 use layerfs_vfs::LocalFs;
 use nfs3_client::tokio::{TokioConnector, TokioIo};
 use nfs3_client::{Nfs3Connection, Nfs3ConnectionBuilder};
@@ -40,14 +40,9 @@ pub fn serve(dir: &Path) -> ServerHandle {
 
 /// Serves `fs`, known by the host path `dir`.
 pub fn serve_fs(fs: Arc<dyn layerfs_vfs::Filesystem>, dir: &Path) -> ServerHandle {
-    let programs = layerfs_nfs::programs(fs, dir.as_os_str().as_encoded_bytes()).unwrap();
-    let server = Server::bind(
-        "127.0.0.1:0".parse().unwrap(),
-        Arc::new(Dispatcher::new(programs)),
-        ServerConfig::default(),
-    )
-    .unwrap();
-    server.spawn().unwrap()
+    let host_path = dir.as_os_str().as_encoded_bytes();
+    let addr = "127.0.0.1:0".parse().unwrap();
+    layerfs_nfs::serve(fs, host_path, addr, ServerConfig::default()).unwrap()
 }
 
 pub type Conn = Nfs3Connection<TokioIo<TcpStream>>;
