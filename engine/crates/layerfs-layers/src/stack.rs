@@ -25,6 +25,7 @@ mod copy_up;
 mod inodes;
 mod merge;
 mod ops;
+mod whiteouts;
 
 use inodes::{Inodes, ROOT};
 use merge::{Found, Layer, Layers, Listed, Part, UPPER};
@@ -443,7 +444,7 @@ fn link_index(layer: &Layer) -> Result<LinkIndex> {
     let mut queue = VecDeque::from([(layer.root.clone(), Vec::<Vec<u8>>::new())]);
     while let Some((fd, path)) = queue.pop_front() {
         for (name, ino, is_dir) in hostdir::list(fd.as_fd())? {
-            if merge::is_hidden(&name) {
+            if whiteouts::is_hidden(&name) {
                 continue;
             }
             let cname = hostdir::cstr(&name)?;

@@ -19,8 +19,8 @@ use rustix::fs::{AtFlags, Mode, OFlags};
 
 use super::inodes::Origin;
 use super::merge::{Found, Layers, UPPER};
+use super::whiteouts::mark_opaque;
 use super::StackFs;
-use crate::OPAQUE_MARKER;
 
 /// A name in the work directory, removed when dropped unless it was renamed
 /// into place first: a copy that failed half way (a full disk) leaves nothing.
@@ -40,7 +40,7 @@ impl Drop for Staged<'_> {
         if self.dir {
             // Only markers can be inside.
             if let Ok(fd) = hostdir::open_dir(self.work, &self.name) {
-                let _ = super::ops::clear_markers(fd.as_fd());
+                let _ = super::whiteouts::clear_markers(fd.as_fd());
             }
         }
         let _ = rustix::fs::unlinkat(self.work, &self.name, flags);
@@ -219,20 +219,6 @@ impl StackFs {
         };
         self.inodes
             .record(&[(layers.tag(UPPER), copy.fileid, copy.generation, origin)])
-    }
-}
-
-/// Makes directory `dir` opaque.
-pub(super) fn mark_opaque(dir: BorrowedFd<'_>) -> Result<()> {
-    let marker = std::ffi::CString::new(OPAQUE_MARKER).expect("no NUL");
-    match rustix::fs::openat(
-        dir,
-        &marker,
-        OFlags::CREATE | OFlags::WRONLY | OFlags::CLOEXEC,
-        Mode::from_raw_mode(0o600),
-    ) {
-        Ok(_) => Ok(()),
-        Err(e) => Err(e.into()),
     }
 }
 

@@ -14,7 +14,7 @@ use layerfs_vfs::hostdir::{self, Host};
 use layerfs_vfs::{Attr, Error, FileId, FileKind, Result};
 
 use super::inodes::{Inodes, Origin};
-use crate::{OPAQUE_MARKER, WHITEOUT_PREFIX};
+use super::whiteouts::{exists, has_whiteout, is_opaque, named, Named};
 
 /// Index of the writable upper in [`Layers::all`]; the others follow it top-down.
 pub const UPPER: usize = 0;
@@ -63,12 +63,12 @@ impl DirIndex {
     fn read(dir: BorrowedFd<'_>) -> Result<DirIndex> {
         let mut index = DirIndex::default();
         for (name, ino, is_dir) in hostdir::list(dir)? {
-            match name.strip_prefix(WHITEOUT_PREFIX.as_bytes()) {
-                Some(_) if name == OPAQUE_MARKER.as_bytes() => index.opaque = true,
-                Some(rest) => {
-                    index.whiteouts.insert(rest.into());
+            match named(&name) {
+                Named::Opaque => index.opaque = true,
+                Named::Whiteout(hidden) => {
+                    index.whiteouts.insert(hidden.into());
                 }
-                None => {
+                Named::Shown => {
                     index.entries.insert(name.into(), (ino, is_dir));
                 }
             }
@@ -125,40 +125,6 @@ impl Found {
             ..host
         }
     }
-}
-
-pub fn whiteout_name(name: &[u8]) -> Result<CString> {
-    let mut w = WHITEOUT_PREFIX.as_bytes().to_vec();
-    w.extend_from_slice(name);
-    if w.len() > layerfs_vfs::NAME_MAX {
-        // Such a name can be created but, being in a lower layer, not removed.
-        return Err(Error::NameTooLong);
-    }
-    hostdir::cstr(&w)
-}
-
-/// Whether names starting so are whiteouts and markers, never shown.
-pub fn is_hidden(name: &[u8]) -> bool {
-    name.starts_with(WHITEOUT_PREFIX.as_bytes())
-}
-
-fn exists(dir: BorrowedFd<'_>, name: &CStr) -> Result<bool> {
-    match rustix::fs::statat(dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {
-        Ok(_) => Ok(true),
-        Err(rustix::io::Errno::NOENT | rustix::io::Errno::NAMETOOLONG) => Ok(false),
-        Err(e) => Err(e.into()),
-    }
-}
-
-pub fn has_whiteout(dir: BorrowedFd<'_>, name: &[u8]) -> Result<bool> {
-    match whiteout_name(name) {
-        Ok(w) => exists(dir, &w),
-        Err(_) => Ok(false),
-    }
-}
-
-pub fn is_opaque(dir: BorrowedFd<'_>) -> Result<bool> {
-    exists(dir, &CString::new(OPAQUE_MARKER).expect("no NUL"))
 }
 
 impl Layers {

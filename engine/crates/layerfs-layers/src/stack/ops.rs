@@ -15,9 +15,11 @@ use layerfs_vfs::{
 };
 use rustix::fs::AtFlags;
 
-use super::copy_up::mark_opaque;
 use super::inodes::ROOT;
-use super::merge::{has_whiteout, is_hidden, whiteout_name, Found, Layers, Listed, UPPER};
+use super::merge::{Found, Layers, Listed, UPPER};
+use super::whiteouts::{
+    clear_markers, clear_whiteout, has_whiteout, is_hidden, mark_opaque, whiteout,
+};
 use super::{Listing, StackFs};
 
 /// A name clients may give a new entry: whiteout names would hide files.
@@ -34,42 +36,6 @@ fn change(before: &Attr, after: Option<Attr>) -> Change {
         before: Some(before.wcc()),
         after,
     }
-}
-
-/// Makes a whiteout for `name` in the upper directory `dir`.
-fn whiteout(dir: BorrowedFd<'_>, name: &[u8]) -> Result<()> {
-    let w = whiteout_name(name)?;
-    rustix::fs::openat(
-        dir,
-        &w,
-        rustix::fs::OFlags::CREATE | rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
-        rustix::fs::Mode::from_raw_mode(0o600),
-    )?;
-    Ok(())
-}
-
-/// Removes the whiteout for `name` in `dir`, if any.
-fn clear_whiteout(dir: BorrowedFd<'_>, name: &[u8]) -> Result<()> {
-    let Ok(w) = whiteout_name(name) else {
-        return Ok(());
-    };
-    match rustix::fs::unlinkat(dir, &w, AtFlags::empty()) {
-        Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// Empties an upper directory that shows nothing: it holds only whiteouts
-/// and markers.
-pub(super) fn clear_markers(dir: BorrowedFd<'_>) -> Result<()> {
-    for (name, _, _) in hostdir::list(dir)? {
-        if is_hidden(&name) {
-            rustix::fs::unlinkat(dir, &cstr(&name)?, AtFlags::empty())?;
-        } else {
-            return Err(Error::NotEmpty);
-        }
-    }
-    Ok(())
 }
 
 impl StackFs {
