@@ -16,34 +16,11 @@ use crate::export::{caller, Export};
 use crate::{NFS_PROGRAM, NFS_VERSION};
 
 mod listing;
+mod procedures;
 mod write_args;
 
+use procedures::Proc;
 use write_args::WriteArgs;
-
-const PROCEDURES: [&str; 22] = [
-    "NULL",
-    "GETATTR",
-    "SETATTR",
-    "LOOKUP",
-    "ACCESS",
-    "READLINK",
-    "READ",
-    "WRITE",
-    "CREATE",
-    "MKDIR",
-    "SYMLINK",
-    "MKNOD",
-    "REMOVE",
-    "RMDIR",
-    "RENAME",
-    "LINK",
-    "READDIR",
-    "READDIRPLUS",
-    "FSSTAT",
-    "FSINFO",
-    "PATHCONF",
-    "COMMIT",
-];
 
 /// Largest READ and WRITE; the Linux client uses it as rsize and wsize.
 pub const MAX_TRANSFER: u32 = 1024 * 1024;
@@ -89,30 +66,32 @@ impl NfsProgram {
     fn run(&self, call: &Call<'_>, reply: &mut ReplyBuf) -> Result<(), Refusal> {
         let who = caller(call.cred);
         let a = call.args;
-        match call.proc {
-            0 => Ok(()),
-            1 => self.getattr(args(a)?, reply),
-            2 => self.setattr(&who, args(a)?, reply),
-            3 => self.lookup(&who, args(a)?, reply),
-            4 => self.access(&who, args(a)?, reply),
-            5 => self.readlink(&who, args(a)?, reply),
-            6 => self.read(&who, args(a)?, reply),
-            7 => self.write(&who, WriteArgs::decode(a)?, reply),
-            8 => self.create(&who, args(a)?, reply),
-            9 => self.mkdir(&who, args(a)?, reply),
-            10 => self.symlink(&who, args(a)?, reply),
-            11 => self.mknod(&who, args(a)?, reply),
-            12 => self.remove(&who, args(a)?, reply, false),
-            13 => self.remove(&who, args(a)?, reply, true),
-            14 => self.rename(&who, args(a)?, reply),
-            15 => self.link(&who, args(a)?, reply),
-            16 => self.readdir(&who, args(a)?, reply),
-            17 => self.readdirplus(&who, args(a)?, reply),
-            18 => self.fsstat(args(a)?, reply),
-            19 => self.fsinfo(args(a)?, reply),
-            20 => self.pathconf(args(a)?, reply),
-            21 => self.commit(args(a)?, reply),
-            _ => Err(Refusal::ProcUnavail),
+        let Some(proc) = Proc::from_number(call.proc) else {
+            return Err(Refusal::ProcUnavail);
+        };
+        match proc {
+            Proc::Null => Ok(()),
+            Proc::Getattr => self.getattr(args(a)?, reply),
+            Proc::Setattr => self.setattr(&who, args(a)?, reply),
+            Proc::Lookup => self.lookup(&who, args(a)?, reply),
+            Proc::Access => self.access(&who, args(a)?, reply),
+            Proc::Readlink => self.readlink(&who, args(a)?, reply),
+            Proc::Read => self.read(&who, args(a)?, reply),
+            Proc::Write => self.write(&who, WriteArgs::decode(a)?, reply),
+            Proc::Create => self.create(&who, args(a)?, reply),
+            Proc::Mkdir => self.mkdir(&who, args(a)?, reply),
+            Proc::Symlink => self.symlink(&who, args(a)?, reply),
+            Proc::Mknod => self.mknod(&who, args(a)?, reply),
+            Proc::Remove => self.remove(&who, args(a)?, reply, false),
+            Proc::Rmdir => self.remove(&who, args(a)?, reply, true),
+            Proc::Rename => self.rename(&who, args(a)?, reply),
+            Proc::Link => self.link(&who, args(a)?, reply),
+            Proc::Readdir => self.readdir(&who, args(a)?, reply),
+            Proc::Readdirplus => self.readdirplus(&who, args(a)?, reply),
+            Proc::Fsstat => self.fsstat(args(a)?, reply),
+            Proc::Fsinfo => self.fsinfo(args(a)?, reply),
+            Proc::Pathconf => self.pathconf(args(a)?, reply),
+            Proc::Commit => self.commit(args(a)?, reply),
         }
     }
 
@@ -632,10 +611,6 @@ pub(crate) fn padded(len: usize) -> usize {
 
 /// Procedures that change something: their retransmissions are answered
 /// from the reply cache.
-fn is_non_idempotent(proc: u32) -> bool {
-    matches!(proc, 2 | 7..=15)
-}
-
 fn args<T: Unpack>(mut bytes: &[u8]) -> Result<T, Refusal> {
     T::unpack(&mut bytes)
         .map(|(v, _)| v)
@@ -663,28 +638,28 @@ impl Program for NfsProgram {
     }
 
     fn procedure_name(&self, proc: u32) -> Option<&'static str> {
-        PROCEDURES.get(proc as usize).copied()
+        Proc::from_number(proc).map(Proc::name)
     }
 
     /// Metadata reads that the host answers from its caches in microseconds,
     /// on a file the filesystem finds without walking the tree for it.
     fn is_quick(&self, proc: u32, args: &[u8]) -> bool {
-        match proc {
-            0 => true,
-            1 | 3 | 4 | 5 | 19 | 20 => self.export.knows_handle_in(args),
-            _ => false,
+        match Proc::from_number(proc) {
+            Some(Proc::Null) => true,
+            Some(p) => p.is_quick() && self.export.knows_handle_in(args),
+            None => false,
         }
     }
 
     fn call(&self, call: &Call<'_>, reply: &mut ReplyBuf) -> Result<(), Refusal> {
-        if !is_non_idempotent(call.proc) {
+        let Some(proc) = Proc::from_number(call.proc).filter(|p| p.changes()) else {
             return self.run(call, reply);
-        }
+        };
         let key = Key::of(NFS_PROGRAM, call);
         if let Some(results) = self.cache.begin(&key) {
             tracing::debug!(
                 xid = call.xid,
-                proc = PROCEDURES[call.proc as usize],
+                proc = proc.name(),
                 "retransmission answered from the reply cache"
             );
             reply.extend_from_slice(&results);

@@ -1,0 +1,85 @@
+//! The NFSv3 procedures (RFC 1813 §3.3): number, name, and how the server
+//! treats each, in one table.
+
+/// Declares [`Proc`] from the table: one row per procedure.
+macro_rules! procedures {
+    ($($proc:ident = $number:literal, $name:literal, changes: $changes:literal, quick: $quick:literal;)*) => {
+        /// An NFSv3 procedure.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum Proc {
+            $($proc = $number,)*
+        }
+
+        impl Proc {
+            pub fn from_number(number: u32) -> Option<Proc> {
+                match number {
+                    $($number => Some(Proc::$proc),)*
+                    _ => None,
+                }
+            }
+
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(Proc::$proc => $name,)*
+                }
+            }
+
+            /// Changes the filesystem: a retransmission gets the first
+            /// reply from the reply cache, not a second run.
+            pub fn changes(self) -> bool {
+                match self {
+                    $(Proc::$proc => $changes,)*
+                }
+            }
+
+            /// A metadata read the host answers from its caches in
+            /// microseconds: run on the connection's reader when the
+            /// filesystem knows its file without a walk.
+            pub fn is_quick(self) -> bool {
+                match self {
+                    $(Proc::$proc => $quick,)*
+                }
+            }
+        }
+    };
+}
+
+procedures! {
+    Null = 0, "NULL", changes: false, quick: true;
+    Getattr = 1, "GETATTR", changes: false, quick: true;
+    Setattr = 2, "SETATTR", changes: true, quick: false;
+    Lookup = 3, "LOOKUP", changes: false, quick: true;
+    Access = 4, "ACCESS", changes: false, quick: true;
+    Readlink = 5, "READLINK", changes: false, quick: true;
+    Read = 6, "READ", changes: false, quick: false;
+    Write = 7, "WRITE", changes: true, quick: false;
+    Create = 8, "CREATE", changes: true, quick: false;
+    Mkdir = 9, "MKDIR", changes: true, quick: false;
+    Symlink = 10, "SYMLINK", changes: true, quick: false;
+    Mknod = 11, "MKNOD", changes: true, quick: false;
+    Remove = 12, "REMOVE", changes: true, quick: false;
+    Rmdir = 13, "RMDIR", changes: true, quick: false;
+    Rename = 14, "RENAME", changes: true, quick: false;
+    Link = 15, "LINK", changes: true, quick: false;
+    Readdir = 16, "READDIR", changes: false, quick: false;
+    Readdirplus = 17, "READDIRPLUS", changes: false, quick: false;
+    Fsstat = 18, "FSSTAT", changes: false, quick: false;
+    Fsinfo = 19, "FSINFO", changes: false, quick: true;
+    Pathconf = 20, "PATHCONF", changes: false, quick: true;
+    Commit = 21, "COMMIT", changes: false, quick: false;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_round_trip_and_stop_at_commit() {
+        for n in 0..22 {
+            assert_eq!(Proc::from_number(n).unwrap() as u32, n);
+        }
+        assert_eq!(Proc::from_number(22), None);
+        assert_eq!(Proc::Readdirplus.name(), "READDIRPLUS");
+        assert!(Proc::Write.changes() && !Proc::Commit.changes());
+    }
+}
