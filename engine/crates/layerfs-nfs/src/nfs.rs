@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::access::granted;
-use layerfs_rpc::{Call, FileTail, Program, Refusal, ReplyBuf};
+use layerfs_rpc::{xdr, Call, FileTail, Program, Refusal, ReplyBuf};
 use layerfs_vfs::{Attr, Caller, Change, Create, FileId, FileKind, Stability};
 use nfs3_types::nfs3::*;
 use nfs3_types::xdr_codec::{Opaque, Pack, Unpack};
@@ -239,15 +239,12 @@ impl NfsProgram {
         let header_at = reply.body_len();
         reply.reserve(HEADER + count + 4);
         reply.extend_from_slice(&[0; HEADER]);
-        let data_at = reply.as_mut_vec().len();
-        match self
-            .export
-            .fs
-            .read(who, id, a.offset, count, reply.as_mut_vec())
-        {
+        let data_at = reply.body_len();
+        let read = reply.append_with(|body| self.export.fs.read(who, id, a.offset, count, body));
+        match read {
             Ok((eof, attr)) => {
-                let n = reply.as_mut_vec().len() - data_at;
-                reply.extend_from_slice(&[0; 3][..(4 - n % 4) % 4]);
+                let n = reply.body_len() - data_at;
+                reply.extend_from_slice(&[0; 3][..xdr::padding(n)]);
                 let mut header = Vec::with_capacity(HEADER);
                 put_into(&mut header, &nfsstat3::NFS3_OK)?;
                 put_into(&mut header, &post_op(Some(&attr), self.fsid()))?;
@@ -259,7 +256,7 @@ impl NfsProgram {
                 Ok(())
             }
             Err(e) => {
-                reply.as_mut_vec().truncate(4 + header_at);
+                reply.truncate_body(header_at);
                 put(reply, &read_fail(e, Some(&attr), self.fsid()))
             }
         }
@@ -603,10 +600,6 @@ fn read_fail(e: impl Into<Error>, attr: Option<&Attr>, fsid: u64) -> READ3res<'s
             file_attributes: post_op(attr, fsid),
         },
     ))
-}
-
-pub(crate) fn padded(len: usize) -> usize {
-    len.div_ceil(4) * 4
 }
 
 /// Procedures that change something: their retransmissions are answered

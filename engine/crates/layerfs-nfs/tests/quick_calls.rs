@@ -18,7 +18,7 @@ const MOUNT: u32 = 100_005;
 fn xdr_opaque(bytes: &[u8]) -> Vec<u8> {
     let mut out = (bytes.len() as u32).to_be_bytes().to_vec();
     out.extend_from_slice(bytes);
-    out.resize(out.len().div_ceil(4) * 4, 0);
+    out.resize(layerfs_rpc::xdr::padded(out.len()), 0);
     out
 }
 

@@ -14,6 +14,7 @@ use nfs3_types::rpc::{
 use nfs3_types::xdr_codec::Pack;
 
 use crate::reply::ReplyBuf;
+use crate::xdr::Cursor;
 
 /// Largest credential or verifier body (RFC 5531 §8.2).
 pub const MAX_AUTH_BYTES: usize = 400;
@@ -101,7 +102,7 @@ impl fmt::Display for DropReason {
 
 /// Decodes the envelope of one record.
 pub fn decode_call(record: &[u8]) -> Envelope {
-    let mut r = Xdr::new(record);
+    let mut r = Cursor::new(record);
     let (Some(xid), Some(mtype)) = (r.u32(), r.u32()) else {
         return Envelope::Drop(DropReason::Truncated);
     };
@@ -124,10 +125,10 @@ pub fn decode_call(record: &[u8]) -> Envelope {
         xid,
         why: Denial::Auth(AuthError::BadCred),
     };
-    let Some((cred_flavor, cred_body)) = r.auth() else {
+    let Some((cred_flavor, cred_body)) = auth(&mut r) else {
         return bad_cred;
     };
-    let Some((_verf_flavor, _verf_body)) = r.auth() else {
+    let Some((_verf_flavor, _verf_body)) = auth(&mut r) else {
         return bad_cred;
     };
     let cred = match cred_flavor {
@@ -144,22 +145,22 @@ pub fn decode_call(record: &[u8]) -> Envelope {
         vers,
         proc,
         cred,
-        args_at: r.at,
+        args_at: r.position(),
     })
 }
 
 /// Where a call's arguments start in `record`, found by skipping the header
 /// and both authenticators without decoding them; `None` if it is cut short.
 pub fn args_at(record: &[u8]) -> Option<usize> {
-    let mut r = Xdr::new(record);
+    let mut r = Cursor::new(record);
     r.take(6 * 4)?;
-    r.auth()?;
-    r.auth()?;
-    Some(r.at)
+    auth(&mut r)?;
+    auth(&mut r)?;
+    Some(r.position())
 }
 
 fn decode_auth_sys(body: &[u8]) -> Option<AuthSys> {
-    let mut r = Xdr::new(body);
+    let mut r = Cursor::new(body);
     let stamp = r.u32()?;
     let machine_name = r.opaque(MAX_MACHINE_NAME)?.to_vec();
     let uid = r.u32()?;
@@ -178,48 +179,10 @@ fn decode_auth_sys(body: &[u8]) -> Option<AuthSys> {
     })
 }
 
-/// A bounds-checked XDR cursor for the envelope.
-struct Xdr<'a> {
-    bytes: &'a [u8],
-    at: usize,
-}
-
-impl<'a> Xdr<'a> {
-    fn new(bytes: &'a [u8]) -> Self {
-        Xdr { bytes, at: 0 }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.at == self.bytes.len()
-    }
-
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len())?;
-        let taken = &self.bytes[self.at..end];
-        self.at = end;
-        Some(taken)
-    }
-
-    fn u32(&mut self) -> Option<u32> {
-        self.take(4)
-            .map(|b| u32::from_be_bytes(b.try_into().expect("4 bytes")))
-    }
-
-    /// Variable-length opaque of at most `max` bytes, padding skipped.
-    fn opaque(&mut self, max: usize) -> Option<&'a [u8]> {
-        let len = self.u32()? as usize;
-        if len > max {
-            return None;
-        }
-        let body = self.take(len)?;
-        self.take((4 - len % 4) % 4)?;
-        Some(body)
-    }
-
-    fn auth(&mut self) -> Option<(u32, &'a [u8])> {
-        let flavor = self.u32()?;
-        Some((flavor, self.opaque(MAX_AUTH_BYTES)?))
-    }
+/// A credential or verifier: its flavor and body.
+fn auth<'a>(r: &mut Cursor<'a>) -> Option<(u32, &'a [u8])> {
+    let flavor = r.u32()?;
+    Some((flavor, r.opaque(MAX_AUTH_BYTES)?))
 }
 
 /// How an accepted call ended, as far as the RPC layer is concerned.

@@ -3,7 +3,8 @@
 //! The transport knows nothing of NFS: it frames records ([`record`]), decodes
 //! the call envelope ([`envelope`]), routes calls to registered [`Program`]s
 //! ([`program`]), sends each reply in one write ([`reply`]) and runs the
-//! connections ([`server`]). Everything but `server` is sans-IO or generic
+//! connections ([`server`]); [`xdr`] is the one XDR cursor and padding rule
+//! every layer reads with. Everything but `server` is sans-IO or generic
 //! over `Read`/`Write`, so tests drive it without sockets.
 
 pub mod envelope;
@@ -11,6 +12,7 @@ pub mod program;
 pub mod record;
 pub mod reply;
 pub mod server;
+pub mod xdr;
 
 pub use envelope::{AuthSys, Credentials};
 pub use program::{Call, Dispatcher, Outcome, Program, Refusal};

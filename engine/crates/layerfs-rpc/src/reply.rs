@@ -93,10 +93,22 @@ impl ReplyBuf {
         self.bytes.len() - 4
     }
 
-    /// The whole buffer, mark bytes first, for appending in place (such as
-    /// reading file data straight into a READ reply). Only append to it.
-    pub fn as_mut_vec(&mut self) -> &mut Vec<u8> {
-        &mut self.bytes
+    /// Appends to the body in place through `fill` (such as reading file
+    /// data straight into a READ reply), which may only append.
+    pub fn append_with<R>(&mut self, fill: impl FnOnce(&mut Vec<u8>) -> R) -> R {
+        let len = self.bytes.len();
+        let filled = fill(&mut self.bytes);
+        assert!(
+            self.bytes.len() >= len,
+            "a reply body was cut while appending"
+        );
+        filled
+    }
+
+    /// Cuts the body back to its first `len` bytes (results abandoned part
+    /// way, for an error reply instead).
+    pub fn truncate_body(&mut self, len: usize) {
+        self.bytes.truncate(4 + len);
     }
 
     /// Overwrites body bytes at `at` (a header reserved before its contents were known).
@@ -111,7 +123,7 @@ impl ReplyBuf {
     /// Mark and body, ready for the wire: one last fragment.
     pub fn into_frame(mut self) -> Frame {
         let tail_len = self.tail.as_ref().map_or(0, |t| t.len);
-        let pad = (4 - tail_len % 4) % 4;
+        let pad = crate::xdr::padding(tail_len);
         let mark = last_fragment_mark(self.body_len() + tail_len + pad);
         self.bytes[..4].copy_from_slice(&mark);
         Frame {

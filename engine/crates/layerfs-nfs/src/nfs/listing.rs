@@ -5,7 +5,9 @@ use layerfs_vfs::{Attr, Caller, FileId, FileKind};
 use nfs3_types::nfs3::*;
 use nfs3_types::xdr_codec::{List, Opaque};
 
-use super::{padded, put, NfsProgram};
+use layerfs_rpc::xdr::padded;
+
+use super::{put, NfsProgram};
 use crate::convert::post_op;
 use crate::error::{status, Error};
 

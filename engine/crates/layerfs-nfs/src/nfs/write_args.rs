@@ -1,5 +1,6 @@
 //! WRITE's arguments, decoded without copying the payload.
 
+use layerfs_rpc::xdr::Cursor;
 use layerfs_rpc::Refusal;
 use layerfs_vfs::Stability;
 use nfs3_types::nfs3::{nfs_fh3, NFS3_FHSIZE};
@@ -15,32 +16,24 @@ pub struct WriteArgs<'a> {
 }
 
 impl<'a> WriteArgs<'a> {
-    pub fn decode(mut args: &'a [u8]) -> Result<WriteArgs<'a>, Refusal> {
-        fn take<'b>(r: &mut &'b [u8], n: usize) -> Result<&'b [u8], Refusal> {
-            let (head, rest) = r.split_at_checked(n).ok_or(Refusal::GarbageArgs)?;
-            *r = rest;
-            Ok(head)
-        }
-        fn word(r: &mut &[u8]) -> Result<u32, Refusal> {
-            Ok(u32::from_be_bytes(take(r, 4)?.try_into().expect("4 bytes")))
-        }
-        let r = &mut args;
-        let fh_len = word(r)? as usize;
-        if fh_len > NFS3_FHSIZE {
-            return Err(Refusal::GarbageArgs);
-        }
-        let fh = take(r, fh_len.div_ceil(4) * 4)?[..fh_len].to_vec();
-        let offset = (u64::from(word(r)?) << 32) | u64::from(word(r)?);
-        let count = word(r)? as usize;
-        let stable = match word(r)? {
+    pub fn decode(args: &'a [u8]) -> Result<WriteArgs<'a>, Refusal> {
+        Self::read(&mut Cursor::new(args)).ok_or(Refusal::GarbageArgs)
+    }
+
+    fn read(r: &mut Cursor<'a>) -> Option<WriteArgs<'a>> {
+        let fh = r.opaque(NFS3_FHSIZE)?.to_vec();
+        let offset = r.u64()?;
+        let count = r.u32()? as usize;
+        let stable = match r.u32()? {
             0 => Stability::Unstable,
             1 => Stability::DataSync,
             2 => Stability::FileSync,
-            _ => return Err(Refusal::GarbageArgs),
+            _ => return None,
         };
-        let len = word(r)? as usize;
-        let data = take(r, len)?;
-        Ok(WriteArgs {
+        // The data's padding may be missing from the end of the record.
+        let len = r.u32()? as usize;
+        let data = r.take(len)?;
+        Some(WriteArgs {
             file: nfs_fh3 {
                 data: Opaque::owned(fh),
             },

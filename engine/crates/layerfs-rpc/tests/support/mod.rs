@@ -142,7 +142,7 @@ fn push_opaque_auth(out: &mut Vec<u8>, flavor: u32, body: &[u8]) {
     out.extend_from_slice(&flavor.to_be_bytes());
     out.extend_from_slice(&(body.len() as u32).to_be_bytes());
     out.extend_from_slice(body);
-    out.resize(out.len() + (4 - body.len() % 4) % 4, 0);
+    out.resize(out.len() + layerfs_rpc::xdr::padding(body.len()), 0);
 }
 
 /// The body of an AUTH_SYS credential.
