@@ -8,11 +8,11 @@
 //! [`copy_up`] first. The upper is private: nothing but this changes it, so
 //! caches are dropped exactly when this changes what they hold.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use layerfs_vfs::hostdir::{self, Host};
@@ -21,38 +21,16 @@ use layerfs_vfs::stripes::Stripes;
 use layerfs_vfs::{Error, FileId, FileKind, Result};
 use rustix::fs::{Mode, OFlags};
 
+mod caches;
 mod copy_up;
 mod inodes;
 mod merge;
 mod ops;
 mod whiteouts;
 
+use caches::{Caches, LinkIndex, Listing};
 use inodes::{Inodes, ROOT};
-use merge::{Found, Layer, Layers, Listed, Part, UPPER};
-
-/// Entries whose place is kept; past this the cache starts over.
-const CACHED_LOCATIONS: usize = 8192;
-
-/// How many directories' parts, listings and open files the caches keep.
-/// They hold descriptors, so their sizes come from the process's limit on
-/// open files: a quarter of it each for directories' parts (with every
-/// layer's descriptor), listings (which hold their directory's) and files,
-/// the last quarter left to clients' calls in flight.
-#[derive(Clone, Copy, Debug)]
-struct Caps {
-    dirs: usize,
-    files: usize,
-}
-
-impl Caps {
-    fn for_layers(layers: usize) -> Caps {
-        let limit = hostdir::raise_fd_limit() as usize;
-        Caps {
-            dirs: (limit / 4 / (layers + 1)).max(8),
-            files: (limit / 4).max(8),
-        }
-    }
-}
+use merge::{Found, Layer, Layers, Part, UPPER};
 
 /// Why a second `StackFs` cannot serve an upper that one already serves.
 pub const IN_USE: &str = "already served by another layerfs (over NFS or FUSE); \
@@ -66,41 +44,20 @@ across filesystems, 9p, FUSE?); put the layers and the upper on ext4, xfs, btrfs
 /// whiteout-style name, so never shown.
 pub const STATE_IN_UPPER: &str = ".wh..wh..layerfs";
 
-/// Paths (components from a layer's root) of each host inode with several names.
-type LinkIndex = HashMap<u64, Vec<Vec<Vec<u8>>>>;
-/// An open file: layers' generation, layer, descriptor.
-type OpenFile = (u64, usize, Arc<OwnedFd>);
-
-/// A directory's listing with each entry's cookie, sorted by cookie.
-type Listing = Arc<Vec<(u64, Listed)>>;
-
 pub struct StackFs {
     layers: RwLock<Arc<Layers>>,
-    caps: Caps,
     inodes: Inodes,
     /// Serialises changes to the namespace, and copy-ups.
     ns: Mutex<()>,
     ids: IdTable,
     /// Serialise writes per file, with their before and after attributes.
     stripes: Stripes,
-    /// Parts of directories, by layers' generation.
-    dirs: Mutex<HashMap<FileId, (u64, Found)>>,
-    /// Open files: layers' generation, layer, descriptor.
-    files: Mutex<HashMap<FileId, OpenFile>>,
-    /// Where files (not directories) were found, by the namespace epoch and
-    /// layers' generation.
-    located: Mutex<HashMap<FileId, (u64, u64, Found)>>,
-    /// Listings, by the namespace epoch they were read at.
-    listings: Mutex<HashMap<FileId, (u64, Listing)>>,
-    /// Moves whenever any directory's entries change.
-    epoch: AtomicU64,
+    caches: Caches,
     /// Where copies are staged, on the upper's filesystem.
     work: OwnedFd,
     /// Held while this `StackFs` serves the upper: see [`IN_USE`].
     _serving: OwnedFd,
     staged: AtomicU64,
-    /// Per layer tag: host inode → paths, for files with several names.
-    links: Mutex<HashMap<u16, Arc<LinkIndex>>>,
     /// The upper's path and each layer's, top first, as opened.
     paths: Mutex<Vec<PathBuf>>,
 }
@@ -157,21 +114,15 @@ impl StackFs {
             return Err(at(state, &"not on the upper's filesystem"));
         }
         Ok(StackFs {
-            caps: Caps::for_layers(layers.all.len()),
             layers: RwLock::new(Arc::new(layers)),
             inodes,
             ns: Mutex::new(()),
             ids: IdTable::new(ROOT),
             stripes: Stripes::default(),
-            dirs: Mutex::new(HashMap::new()),
-            files: Mutex::new(HashMap::new()),
-            listings: Mutex::new(HashMap::new()),
-            located: Mutex::new(HashMap::new()),
-            epoch: AtomicU64::new(0),
+            caches: Caches::for_layers(paths.len()),
             work,
             _serving: serving,
             staged: AtomicU64::new(0),
-            links: Mutex::new(HashMap::new()),
             paths: Mutex::new(paths),
         })
     }
@@ -260,9 +211,7 @@ impl StackFs {
         persist(&bottom_first)?;
         *current = Arc::new(next);
         *self.paths.lock().expect("paths") = paths;
-        self.dirs.lock().expect("dirs").clear();
-        self.files.lock().expect("files").clear();
-        self.changed_entries();
+        self.caches.layers_changed();
         Ok(())
     }
 
@@ -300,17 +249,16 @@ impl StackFs {
 
     /// Some directory's entries changed: listings are read again.
     fn changed_entries(&self) {
-        self.epoch.fetch_add(1, Relaxed);
+        self.caches.entries_changed();
     }
 
     /// Directories gained or lost parts, or moved: their parts are found again.
     fn changed_dirs(&self) {
-        self.dirs.lock().expect("dirs").clear();
-        self.changed_entries();
+        self.caches.dirs_changed();
     }
 
     fn dropped_file(&self, id: FileId) {
-        self.files.lock().expect("files").remove(&id);
+        self.caches.forget_file(id);
     }
 
     /// The entry `id` names now.
@@ -319,27 +267,23 @@ impl StackFs {
             return layers.dir_found(&self.inodes, ROOT, layers.root_parts.clone());
         }
         // A directory's parts stay until directories change.
-        let dir = self.dirs.lock().expect("dirs").get(&id).cloned();
-        if let Some((_, f)) = dir.filter(|d| d.0 == layers.generation) {
+        if let Some(f) = self.caches.dir(id, layers.generation) {
             let top = &f.parts[0];
             let host = layers.all[top.layer].host.stats.fd(top.fd.as_fd())?;
             let attr = f.shown(host);
             return Ok(Found { host, attr, ..f });
         }
         // Where a file was found, while nothing in the namespace has changed.
-        let epoch = self.epoch.load(Relaxed);
-        let located = self.located.lock().expect("located").get(&id).cloned();
-        if let Some((at, generation, f)) = located {
-            if at == epoch && generation == layers.generation {
-                let stats = &layers.all[f.layer].host.stats;
-                if let Ok(host) = stats.at(f.parent.as_fd(), &f.name) {
-                    if host.fileid == f.host.fileid {
-                        let attr = f.shown(host);
-                        return Ok(Found { host, attr, ..f });
-                    }
+        if let Some(f) = self.caches.located(id, layers.generation) {
+            let stats = &layers.all[f.layer].host.stats;
+            if let Ok(host) = stats.at(f.parent.as_fd(), &f.name) {
+                if host.fileid == f.host.fileid {
+                    let attr = f.shown(host);
+                    return Ok(Found { host, attr, ..f });
                 }
             }
         }
+        let stamp = self.caches.stamp(layers.generation);
         for attempt in 0..2 {
             let node = self.node(layers, id)?;
             let parts = match self.dir_parts(layers, node.parent) {
@@ -354,20 +298,10 @@ impl StackFs {
             match layers.lookup(&self.inodes, &parts, &name)? {
                 Some(f) if f.attr.fileid == id => {
                     if f.kind() == FileKind::Directory {
-                        let mut dirs = self.dirs.lock().expect("dirs");
-                        if dirs.len() >= self.caps.dirs {
-                            dirs.clear();
-                            // Its entries hold their directories' descriptors.
-                            self.located.lock().expect("located").clear();
-                        }
-                        dirs.insert(id, (layers.generation, f.clone()));
-                        return Ok(f);
+                        self.caches.keep_dir(id, stamp, f.clone());
+                    } else {
+                        self.caches.keep_located(id, stamp, f.clone());
                     }
-                    let mut located = self.located.lock().expect("located");
-                    if located.len() >= CACHED_LOCATIONS {
-                        located.clear();
-                    }
-                    located.insert(id, (epoch, layers.generation, f.clone()));
                     return Ok(f);
                 }
                 // Renamed or removed: look for it once more.
@@ -384,10 +318,8 @@ impl StackFs {
         if id == ROOT {
             return Ok(layers.root_parts.clone());
         }
-        if let Some((generation, f)) = self.dirs.lock().expect("dirs").get(&id) {
-            if *generation == layers.generation {
-                return Ok(f.parts.clone());
-            }
+        if let Some(f) = self.caches.dir(id, layers.generation) {
+            return Ok(f.parts);
         }
         let f = self.found(layers, id)?;
         if f.kind() != FileKind::Directory {
@@ -420,16 +352,9 @@ impl StackFs {
     /// The paths, within layer `layer`, of the host file `ino`, when it has
     /// several names. Each layer is walked once, the first time it is asked.
     fn links_of(&self, layers: &Layers, layer: usize, ino: u64) -> Result<Vec<Vec<Vec<u8>>>> {
-        let tag = layers.tag(layer);
-        let index = self.links.lock().expect("links").get(&tag).cloned();
-        let index = match index {
-            Some(index) => index,
-            None => {
-                let index = Arc::new(link_index(&layers.all[layer])?);
-                self.links.lock().expect("links").insert(tag, index.clone());
-                index
-            }
-        };
+        let index = self
+            .caches
+            .links(layers.tag(layer), || link_index(&layers.all[layer]))?;
         Ok(index.get(&ino).cloned().unwrap_or_default())
     }
 

@@ -79,9 +79,8 @@ impl StackFs {
         write: bool,
         allowed: impl Fn(&Attr) -> Result<()>,
     ) -> Result<(Arc<OwnedFd>, Attr)> {
-        let cached = self.files.lock().expect("files").get(&id).cloned();
-        if let Some((generation, layer, fd)) = cached {
-            if generation == layers.generation && (layer == UPPER || !write) {
+        if let Some((layer, fd)) = self.caches.file(id, layers.generation) {
+            if layer == UPPER || !write {
                 let host = layers.all[layer].host.stats.fd(fd.as_fd())?;
                 let o =
                     self.inodes
@@ -108,11 +107,8 @@ impl StackFs {
             f = self.found(layers, id)?;
         }
         let fd = Arc::new(hostdir::open_file(f.parent.as_fd(), &f.name)?);
-        let mut files = self.files.lock().expect("files");
-        if files.len() >= self.caps.files {
-            files.clear();
-        }
-        files.insert(id, (layers.generation, f.layer, fd.clone()));
+        let stamp = self.caches.stamp(layers.generation);
+        self.caches.keep_file(id, stamp, f.layer, fd.clone());
         Ok((fd, f.attr))
     }
 
@@ -231,12 +227,10 @@ impl StackFs {
     }
 
     fn listing(&self, layers: &Layers, dir: FileId, d: &Found) -> Result<Listing> {
-        let epoch = self.epoch.load(std::sync::atomic::Ordering::Relaxed);
-        if let Some((at, listing)) = self.listings.lock().expect("listings").get(&dir) {
-            if *at == epoch {
-                return Ok(listing.clone());
-            }
+        if let Some(listing) = self.caches.listing(dir, layers.generation) {
+            return Ok(listing);
         }
+        let stamp = self.caches.stamp(layers.generation);
         let mut entries: Vec<(u64, Listed)> = layers
             .list(&self.inodes, &d.parts)?
             .into_iter()
@@ -247,11 +241,7 @@ impl StackFs {
             .collect();
         entries.sort_unstable_by_key(|e| e.0);
         let listing = Arc::new(entries);
-        let mut listings = self.listings.lock().expect("listings");
-        if listings.len() >= self.caps.dirs {
-            listings.clear();
-        }
-        listings.insert(dir, (epoch, listing.clone()));
+        self.caches.keep_listing(dir, stamp, listing.clone());
         Ok(listing)
     }
 }

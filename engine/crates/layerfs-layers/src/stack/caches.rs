@@ -1,0 +1,258 @@
+//! What [`StackFs`](super::StackFs) keeps so as not to walk the layers again,
+//! and the one rule for forgetting it.
+//!
+//! The upper is private and the layers never change, so only this process
+//! can make a kept answer wrong, and it says so by moving one of three
+//! counters:
+//!
+//! - the layers' `generation` moves when the stack itself changes (a commit
+//!   turns the upper into a layer): everything kept goes;
+//! - `dirs` moves when directories gain or lose parts or move (a directory
+//!   made, copied up, renamed or removed): where directories are found goes;
+//! - `entries` moves when any directory's entries change, and with `dirs`:
+//!   listings and where files were found go.
+//!
+//! Every entry carries the counters it was made under and is used only while
+//! they are current. Open files are kept by generation and dropped one by one
+//! when their file goes. Each map is bounded; past its bound it starts over.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+
+use layerfs_vfs::hostdir;
+use layerfs_vfs::FileId;
+
+use super::merge::{Found, Listed};
+
+/// A directory's listing with each entry's cookie, sorted by cookie.
+pub type Listing = Arc<Vec<(u64, Listed)>>;
+/// Host inode number → the paths of a file with several names, in one layer.
+pub type LinkIndex = HashMap<u64, Vec<Vec<Vec<u8>>>>;
+
+/// Files whose place is kept; past this the map starts over.
+const LOCATIONS: usize = 8192;
+
+/// The counters an entry was made under: taken before reading what it
+/// keeps, so something read while the counters moved is never current.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stamp {
+    generation: u64,
+    dirs: u64,
+    entries: u64,
+}
+
+/// A map of at most `cap` entries, each with the stamp it was made under.
+struct Kept<K, V> {
+    map: Mutex<HashMap<K, (Stamp, V)>>,
+    cap: usize,
+}
+
+impl<K: Hash + Eq, V: Clone> Kept<K, V> {
+    fn new(cap: usize) -> Self {
+        Kept {
+            map: Mutex::new(HashMap::new()),
+            cap: cap.max(1),
+        }
+    }
+
+    fn get(&self, key: &K, valid: impl Fn(&Stamp) -> bool) -> Option<V> {
+        let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        map.get(key)
+            .filter(|(stamp, _)| valid(stamp))
+            .map(|(_, v)| v.clone())
+    }
+
+    /// Keeps `value`; whether the map was full and started over.
+    fn insert(&self, key: K, stamp: Stamp, value: V) -> bool {
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let full = map.len() >= self.cap && !map.contains_key(&key);
+        if full {
+            map.clear();
+        }
+        map.insert(key, (stamp, value));
+        full
+    }
+
+    fn remove(&self, key: &K) {
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
+    }
+
+    fn clear(&self) {
+        self.map.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+}
+
+pub struct Caches {
+    dirs_moved: AtomicU64,
+    entries_moved: AtomicU64,
+    /// Where directories are, with every layer's part of each.
+    dirs: Kept<FileId, Found>,
+    /// Where files (not directories) were found.
+    located: Kept<FileId, Found>,
+    listings: Kept<FileId, Listing>,
+    /// Open files: the layer each was opened in, and its descriptor.
+    files: Kept<FileId, (usize, Arc<OwnedFd>)>,
+    /// Per layer tag, read once: lower layers never change.
+    links: Mutex<HashMap<u16, Arc<LinkIndex>>>,
+}
+
+impl Caches {
+    /// Caches for a stack of `layers` layers (the upper included). They
+    /// hold descriptors, so their sizes come from the process's limit on
+    /// open files (raised to its hard limit here): a quarter of it each for
+    /// directories' parts (with every layer's descriptor), listings (which
+    /// hold their directory's) and files, the last quarter left to calls in
+    /// flight.
+    pub fn for_layers(layers: usize) -> Caches {
+        let limit = hostdir::raise_fd_limit() as usize;
+        let dirs = (limit / 4 / (layers + 1)).max(8);
+        Self::new(dirs, (limit / 4).max(8))
+    }
+
+    /// Caches that hold at most `dirs` directories (and as many listings)
+    /// and `files` open files.
+    fn new(dirs: usize, files: usize) -> Caches {
+        Caches {
+            dirs_moved: AtomicU64::new(0),
+            entries_moved: AtomicU64::new(0),
+            dirs: Kept::new(dirs),
+            located: Kept::new(LOCATIONS),
+            listings: Kept::new(dirs),
+            files: Kept::new(files),
+            links: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn stamp(&self, generation: u64) -> Stamp {
+        Stamp {
+            generation,
+            dirs: self.dirs_moved.load(Relaxed),
+            entries: self.entries_moved.load(Relaxed),
+        }
+    }
+
+    /// Some directory's entries changed.
+    pub fn entries_changed(&self) {
+        self.entries_moved.fetch_add(1, Relaxed);
+    }
+
+    /// Directories gained or lost parts, or moved; their entries changed too.
+    pub fn dirs_changed(&self) {
+        self.dirs_moved.fetch_add(1, Relaxed);
+        self.entries_changed();
+    }
+
+    /// The stack changed (a new generation of layers): nothing kept holds.
+    /// Entries are stamped with the generation; this drops their descriptors.
+    pub fn layers_changed(&self) {
+        self.dirs.clear();
+        self.located.clear();
+        self.listings.clear();
+        self.files.clear();
+        self.dirs_changed();
+    }
+
+    pub fn dir(&self, id: FileId, generation: u64) -> Option<Found> {
+        let now = self.stamp(generation);
+        self.dirs.get(&id, |s| {
+            s.generation == now.generation && s.dirs == now.dirs
+        })
+    }
+
+    pub fn keep_dir(&self, id: FileId, stamp: Stamp, found: Found) {
+        if self.dirs.insert(id, stamp, found) {
+            // Kept files hold their directories' descriptors: let them go too.
+            self.located.clear();
+        }
+    }
+
+    pub fn located(&self, id: FileId, generation: u64) -> Option<Found> {
+        let now = self.stamp(generation);
+        self.located.get(&id, |s| *s == now)
+    }
+
+    pub fn keep_located(&self, id: FileId, stamp: Stamp, found: Found) {
+        self.located.insert(id, stamp, found);
+    }
+
+    pub fn listing(&self, dir: FileId, generation: u64) -> Option<Listing> {
+        let now = self.stamp(generation);
+        self.listings.get(&dir, |s| *s == now)
+    }
+
+    pub fn keep_listing(&self, dir: FileId, stamp: Stamp, listing: Listing) {
+        self.listings.insert(dir, stamp, listing);
+    }
+
+    pub fn file(&self, id: FileId, generation: u64) -> Option<(usize, Arc<OwnedFd>)> {
+        self.files.get(&id, |s| s.generation == generation)
+    }
+
+    pub fn keep_file(&self, id: FileId, stamp: Stamp, layer: usize, fd: Arc<OwnedFd>) {
+        self.files.insert(id, stamp, (layer, fd));
+    }
+
+    /// The file `id` names is gone.
+    pub fn forget_file(&self, id: FileId) {
+        self.files.remove(&id);
+    }
+
+    /// The link index of layer `tag`, read by `read` the first time.
+    pub fn links<E>(
+        &self,
+        tag: u16,
+        read: impl FnOnce() -> Result<LinkIndex, E>,
+    ) -> Result<Arc<LinkIndex>, E> {
+        if let Some(index) = self.links.lock().expect("links").get(&tag) {
+            return Ok(index.clone());
+        }
+        let index = Arc::new(read()?);
+        self.links.lock().expect("links").insert(tag, index.clone());
+        Ok(index)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kept_map_starts_over_when_full_and_says_so() {
+        let kept = Kept::new(2);
+        let s = Stamp {
+            generation: 0,
+            dirs: 0,
+            entries: 0,
+        };
+        assert!(!kept.insert(1, s, "a"));
+        assert!(!kept.insert(2, s, "b"));
+        assert!(!kept.insert(2, s, "b again"), "a key already kept fits");
+        assert!(kept.insert(3, s, "c"));
+        assert_eq!(kept.get(&1, |_| true), None);
+        assert_eq!(kept.get(&3, |_| true), Some("c"));
+    }
+
+    #[test]
+    fn each_counter_forgets_what_it_can_make_wrong() {
+        let c = Caches::new(8, 8);
+        let listing: Listing = Arc::new(Vec::new());
+        let stamp = c.stamp(0);
+        c.keep_listing(1, stamp, listing.clone());
+        assert!(c.listing(1, 0).is_some());
+        assert!(c.listing(1, 1).is_none(), "another generation");
+        c.entries_changed();
+        assert!(c.listing(1, 0).is_none(), "entries changed");
+
+        // A listing read while entries changed is stale at once.
+        let stamp = c.stamp(0);
+        c.entries_changed();
+        c.keep_listing(1, stamp, listing);
+        assert!(c.listing(1, 0).is_none());
+    }
+}
