@@ -30,16 +30,41 @@ fn library_deps(krate: &str) -> Vec<String> {
 #[test]
 fn libraries_keep_to_their_layer() {
     let forbidden: [(&str, &[&str]); 5] = [
-        ("layerfs-vfs", &["layerfs-rpc", "layerfs-nfs", "layerfs-fuse", "layerfs-layers"]),
+        (
+            "layerfs-vfs",
+            &[
+                "layerfs-rpc",
+                "layerfs-nfs",
+                "layerfs-fuse",
+                "layerfs-layers",
+            ],
+        ),
         ("layerfs-nfs", &["layerfs-fuse", "layerfs-layers"]),
-        ("layerfs-fuse", &["layerfs-rpc", "layerfs-nfs", "layerfs-layers"]),
-        ("layerfs-layers", &["layerfs-rpc", "layerfs-nfs", "layerfs-fuse"]),
-        ("layerfs-rpc", &["layerfs-vfs", "layerfs-nfs", "layerfs-fuse", "layerfs-layers"]),
+        (
+            "layerfs-fuse",
+            &["layerfs-rpc", "layerfs-nfs", "layerfs-layers"],
+        ),
+        (
+            "layerfs-layers",
+            &["layerfs-rpc", "layerfs-nfs", "layerfs-fuse"],
+        ),
+        (
+            "layerfs-rpc",
+            &[
+                "layerfs-vfs",
+                "layerfs-nfs",
+                "layerfs-fuse",
+                "layerfs-layers",
+            ],
+        ),
     ];
     for (krate, never) in forbidden {
         let deps = library_deps(krate);
         for dep in never {
-            assert!(!deps.iter().any(|d| d == dep), "{krate} depends on {dep}: {deps:?}");
+            assert!(
+                !deps.iter().any(|d| d == dep),
+                "{krate} depends on {dep}: {deps:?}"
+            );
         }
     }
     // The parser sees dependencies at all.

@@ -53,6 +53,14 @@ fn errno(e: Error) -> Errno {
     Errno::from_i32(e.errno())
 }
 
+/// Answers a request that returns nothing but success or an error.
+fn done<T>(reply: ReplyEmpty, result: layerfs_vfs::Result<T>) {
+    match result {
+        Ok(_) => reply.ok(),
+        Err(e) => reply.error(errno(e)),
+    }
+}
+
 fn name_bytes(name: &OsStr) -> &[u8] {
     name.as_bytes()
 }
@@ -138,6 +146,15 @@ impl Door {
     }
 }
 
+/// What a new entry is made with: the permission bits of `mode` (the
+/// kernel has applied the caller's umask already).
+fn with_mode(mode: u32) -> SetAttr {
+    SetAttr {
+        mode: Some(mode & 0o7777),
+        ..SetAttr::default()
+    }
+}
+
 fn set_time(t: Option<TimeOrNow>) -> SetTime {
     match t {
         None => SetTime::Keep,
@@ -217,7 +234,8 @@ impl fuser::Filesystem for Door {
             // remembered too (until this door creates it): compilers and
             // shells look up many names that are not there.
             (Err(Error::NoEnt), Caching::Exclusive) => {
-                let mut none = self.inos.attr(&nothing());
+                // Inode 0 makes it negative; the kernel ignores the rest.
+                let mut none = self.inos.attr(&Attr::blank(FileKind::Regular));
                 none.ino = INodeNo(0);
                 reply.entry(&self.caching.ttl(), &none, Generation(0));
             }
@@ -287,10 +305,7 @@ impl fuser::Filesystem for Door {
         reply: ReplyEntry,
     ) {
         let caller = self.caller(req);
-        let set = SetAttr {
-            mode: Some(mode & 0o7777),
-            ..SetAttr::default()
-        };
+        let set = with_mode(mode);
         let (dir, name) = (self.id(parent), name_bytes(name));
         let result = match kind_of_mode(mode) {
             Some(FileKind::Regular) => self
@@ -318,10 +333,7 @@ impl fuser::Filesystem for Door {
         _umask: u32,
         reply: ReplyEntry,
     ) {
-        let set = SetAttr {
-            mode: Some(mode & 0o7777),
-            ..SetAttr::default()
-        };
+        let set = with_mode(mode);
         let result = self
             .fs
             .mkdir(&self.caller(req), self.id(parent), name_bytes(name), &set)
@@ -330,23 +342,19 @@ impl fuser::Filesystem for Door {
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self
-            .fs
-            .remove(&self.caller(req), self.id(parent), name_bytes(name))
-        {
-            Ok(_) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        done(
+            reply,
+            self.fs
+                .remove(&self.caller(req), self.id(parent), name_bytes(name)),
+        )
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self
-            .fs
-            .rmdir(&self.caller(req), self.id(parent), name_bytes(name))
-        {
-            Ok(_) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        done(
+            reply,
+            self.fs
+                .rmdir(&self.caller(req), self.id(parent), name_bytes(name)),
+        )
     }
 
     fn symlink(
@@ -392,10 +400,7 @@ impl fuser::Filesystem for Door {
             self.id(newparent),
             name_bytes(newname),
         );
-        match result {
-            Ok(_) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        done(reply, result)
     }
 
     fn link(
@@ -528,10 +533,7 @@ impl fuser::Filesystem for Door {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.fs.commit(self.id(ino)) {
-            Ok(_) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        done(reply, self.fs.commit(self.id(ino)))
     }
 
     fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -596,16 +598,13 @@ impl fuser::Filesystem for Door {
 
     fn fsyncdir(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
-        _datasync: bool,
+        fh: FileHandle,
+        datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.fs.commit(self.id(ino)) {
-            Ok(_) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.fsync(req, ino, fh, datasync, reply)
     }
 
     fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
@@ -694,10 +693,7 @@ impl fuser::Filesystem for Door {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let set = SetAttr {
-            mode: Some(mode & 0o7777),
-            ..SetAttr::default()
-        };
+        let set = with_mode(mode);
         let how = if flags & libc::O_EXCL != 0 {
             Create::Guarded(set)
         } else {
@@ -776,24 +772,5 @@ impl Door {
             Caching::Exclusive => FopenFlags::FOPEN_KEEP_CACHE,
             Caching::Shared => FopenFlags::empty(),
         }
-    }
-}
-
-/// Attributes for a negative entry, whose fields the kernel ignores.
-fn nothing() -> Attr {
-    Attr {
-        kind: FileKind::Regular,
-        mode: 0,
-        nlink: 0,
-        uid: 0,
-        gid: 0,
-        size: 0,
-        used: 0,
-        rdev: (0, 0),
-        fileid: 0,
-        generation: 0,
-        atime: Default::default(),
-        mtime: Default::default(),
-        ctime: Default::default(),
     }
 }

@@ -47,23 +47,13 @@ pub fn granted(attr: &Attr, caller: &Caller, asked: u32) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use layerfs_vfs::Timestamp;
 
     fn attr(kind: FileKind, mode: u32, uid: u32, gid: u32) -> Attr {
         Attr {
-            kind,
             mode,
-            nlink: 1,
             uid,
             gid,
-            size: 0,
-            used: 0,
-            rdev: (0, 0),
-            fileid: 1,
-            generation: 0,
-            atime: Timestamp::default(),
-            mtime: Timestamp::default(),
-            ctime: Timestamp::default(),
+            ..Attr::blank(kind)
         }
     }
 

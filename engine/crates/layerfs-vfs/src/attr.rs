@@ -42,6 +42,25 @@ pub struct Attr {
 }
 
 impl Attr {
+    /// Attributes with every field zero but the kind: a base to fill in.
+    pub fn blank(kind: FileKind) -> Attr {
+        Attr {
+            kind,
+            mode: 0,
+            nlink: 0,
+            uid: 0,
+            gid: 0,
+            size: 0,
+            used: 0,
+            rdev: (0, 0),
+            fileid: 0,
+            generation: 0,
+            atime: Timestamp::default(),
+            mtime: Timestamp::default(),
+            ctime: Timestamp::default(),
+        }
+    }
+
     pub fn wcc(&self) -> WccAttr {
         WccAttr {
             size: self.size,
