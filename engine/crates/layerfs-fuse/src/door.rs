@@ -632,8 +632,10 @@ impl fuser::Filesystem for Door {
         }
     }
 
-    // Extended attributes are not kept: every file has none, and setting one
-    // is refused the way a filesystem without them refuses it.
+    // Extended attributes are not kept. ENOSYS tells the kernel so once for
+    // the mount: it answers every later xattr call with EOPNOTSUPP itself.
+    // Anything else costs a request on each write, where the kernel looks
+    // for a security.capability to clear.
     fn getxattr(
         &self,
         _req: &Request,
@@ -642,15 +644,11 @@ impl fuser::Filesystem for Door {
         _size: u32,
         reply: ReplyXattr,
     ) {
-        reply.error(Errno::ENODATA)
+        reply.error(Errno::ENOSYS)
     }
 
-    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {
-        if size == 0 {
-            reply.size(0)
-        } else {
-            reply.data(&[])
-        }
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, _size: u32, reply: ReplyXattr) {
+        reply.error(Errno::ENOSYS)
     }
 
     fn setxattr(
@@ -663,11 +661,11 @@ impl fuser::Filesystem for Door {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        reply.error(Errno::ENOTSUP)
+        reply.error(Errno::ENOSYS)
     }
 
     fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::ENODATA)
+        reply.error(Errno::ENOSYS)
     }
 
     fn fallocate(
