@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 use layerfs_layers::StackFs;
-use layerfs_rpc::ServerConfig;
+use layerfs_rpc::{Admission, ServerConfig};
 use layerfs_vfs::{Filesystem, LocalFs};
 use tracing_subscriber::EnvFilter;
 
@@ -39,8 +39,10 @@ enum Command {
 
 #[derive(clap::Args)]
 struct ServeArgs {
-    /// Address to listen on. Port 0 lets the OS pick a free port. Serve on
-    /// loopback only: NFSv3 with AUTH_SYS trusts whatever uid a client claims.
+    /// Address to listen on, a loopback one unless --allow-remote. Port 0
+    /// lets the OS pick a free port. On Linux only the kernel's NFS client
+    /// (root's sockets) and the user running layerfs may connect: NFSv3's
+    /// AUTH_SYS trusts whatever uid a client claims.
     #[arg(
         long,
         default_value = "127.0.0.1:0",
@@ -48,6 +50,10 @@ struct ServeArgs {
         conflicts_with = "fuse"
     )]
     listen: SocketAddr,
+    /// Allow --listen on an address other hosts can reach. Any host that
+    /// can connect can then act as any user: only on a network you trust.
+    #[arg(long, conflicts_with = "fuse")]
+    allow_remote: bool,
     /// Mount through FUSE at PATH (an empty directory) instead of serving
     /// NFS. Root mounts directly; other users need fusermount3 (Debian: the
     /// fuse3 package). Only the user who mounts can reach the mount unless
@@ -196,11 +202,27 @@ fn serve_fuse(_args: ServeArgs) -> Result<(), String> {
 }
 
 fn serve(args: ServeArgs) -> Result<(), String> {
+    if !args.listen.ip().is_loopback() {
+        if !args.allow_remote {
+            return Err(format!(
+                "{} is not a loopback address: other hosts could connect and act as any \
+                 user; give --allow-remote to serve it anyway",
+                args.listen.ip()
+            ));
+        }
+        tracing::warn!(
+            "serving on {}: any host that can reach it can act as any user of the export",
+            args.listen
+        );
+    }
     let (fs, dir, what) = filesystem(&args)?;
     let host_path = dir.as_os_str().as_encoded_bytes();
     let config = ServerConfig {
         window: args.window,
         workers: args.workers,
+        // The kernel's client connects from root's sockets; this user's own
+        // tools (libnfs, tests) from theirs. Other local users are refused.
+        admit: Admission::Uids(vec![0, rustix::process::geteuid().as_raw()]),
     };
     let stop = interrupted()?;
     let mut server = layerfs_nfs::serve(fs, host_path, args.listen, config)

@@ -143,3 +143,94 @@ fn wait(child: &mut std::process::Child) -> std::process::ExitStatus {
     child.kill().unwrap();
     panic!("layerfs did not stop within 5 s of SIGTERM");
 }
+
+/// Starts `layerfs serve DIR` and returns it with its port.
+fn start(dir: &std::path::Path) -> (std::process::Child, u16) {
+    let mut child = Command::new(BIN)
+        .args(["serve", dir.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let port = first
+        .trim_end()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("first line was {first:?}"));
+    (child, port)
+}
+
+/// Bytes of a NULL call to NFSv3 in one record, as `printf` escapes.
+fn null_call_escaped() -> String {
+    let words: [u32; 10] = [0x8000_0028, 7, 0, 2, 100_003, 3, 0, 0, 0, 0];
+    let words = &words[..];
+    let mut record: Vec<u8> = words.iter().flat_map(|w| w.to_be_bytes()).collect();
+    // verifier: AUTH_NONE, empty
+    record.extend_from_slice(&[0; 8]);
+    record.iter().map(|b| format!("\\x{b:02x}")).collect()
+}
+
+/// How many reply bytes a NULL call sent as `uid` over a new connection gets.
+fn reply_bytes_as(uid: u32, port: u16) -> usize {
+    let script = format!(
+        "exec 3<>/dev/tcp/127.0.0.1/{port} && printf '{}' >&3 && timeout 5 head -c 28 <&3 | wc -c",
+        null_call_escaped()
+    );
+    let out = Command::new("setpriv")
+        .args([
+            format!("--reuid={uid}"),
+            format!("--regid={uid}"),
+            "--clear-groups".into(),
+            "bash".into(),
+            "-c".into(),
+            script,
+        ])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(0)
+}
+
+#[test]
+fn another_local_user_is_refused_before_a_byte_is_read() {
+    let root = rustix::process::geteuid().is_root();
+    let setpriv = Command::new("setpriv").arg("--version").output().is_ok();
+    if !root || !setpriv {
+        eprintln!("SKIPPED: another local user's connection: needs root and setpriv");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, port) = start(dir.path());
+    assert_eq!(reply_bytes_as(0, port), 28, "root's NULL call is answered");
+    assert_eq!(reply_bytes_as(65534, port), 0, "uid 65534 got a reply");
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&child),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    assert_eq!(wait(&mut child).code(), Some(0));
+}
+
+#[test]
+fn a_listen_address_other_hosts_reach_needs_allow_remote() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args([
+            "serve",
+            "--listen",
+            "0.0.0.0:0",
+            dir.path().to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--allow-remote"), "stderr: {err}");
+}

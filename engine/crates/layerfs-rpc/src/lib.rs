@@ -8,6 +8,7 @@
 //! over `Read`/`Write`, so tests drive it without sockets.
 
 pub mod envelope;
+pub mod peer;
 pub mod program;
 pub mod record;
 pub mod reply;
@@ -18,4 +19,4 @@ pub use envelope::{AuthSys, Credentials};
 pub use program::{Call, Dispatcher, Outcome, Program, Refusal};
 pub use record::{Receive, Record, Records, READ_AHEAD, RECORD_LIMIT};
 pub use reply::{FileTail, Frame, ReplyBuf, ReplyWriter, Transmit};
-pub use server::{Server, ServerConfig, ServerHandle, TransportStats};
+pub use server::{Admission, Server, ServerConfig, ServerHandle, TransportStats};

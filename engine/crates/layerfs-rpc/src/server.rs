@@ -30,6 +30,8 @@ pub struct ServerConfig {
     pub window: usize,
     /// Threads running calls, shared by all connections.
     pub workers: usize,
+    /// Who may connect.
+    pub admit: Admission,
 }
 
 impl Default for ServerConfig {
@@ -37,6 +39,43 @@ impl Default for ServerConfig {
         ServerConfig {
             window: 64,
             workers: 16,
+            admit: Admission::Anyone,
+        }
+    }
+}
+
+/// Who may connect over loopback, decided at accept, before a byte is read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Admission {
+    Anyone,
+    /// Only sockets owned by one of these uids (the kernel's NFS client's
+    /// are root's), as the kernel records them ([`crate::peer::owner`]). A
+    /// connection whose owner cannot be found is refused; one from another
+    /// host is not checked (no local uid owns it). Where the platform cannot
+    /// tell owners (every one but Linux), everyone is let in.
+    Uids(Vec<u32>),
+}
+
+impl Admission {
+    /// Whether the connection from `peer` to our `local` may stay open.
+    fn admits(&self, local: SocketAddr, peer: SocketAddr) -> bool {
+        let Admission::Uids(uids) = self else {
+            return true;
+        };
+        if !peer.ip().is_loopback() {
+            return true;
+        }
+        match crate::peer::owner(local, peer) {
+            Ok(Some(uid)) if uids.contains(&uid) => true,
+            Ok(Some(uid)) => {
+                tracing::warn!(%peer, uid, "refused a connection from a local user not allowed in");
+                false
+            }
+            Ok(None) => true,
+            Err(e) => {
+                tracing::warn!(%peer, "refused a connection whose owner is unknown: {e}");
+                false
+            }
         }
     }
 }
@@ -345,6 +384,13 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
         }
         match accepted {
             Ok((stream, peer)) => {
+                let admitted = stream
+                    .local_addr()
+                    .is_ok_and(|local| shared.config.admit.admits(local, peer));
+                if !admitted {
+                    // Closed before a byte of it is read.
+                    continue;
+                }
                 let for_reader = shared.clone();
                 let spawned = thread::Builder::new()
                     .name(format!("rpc-conn-{peer}"))

@@ -15,7 +15,11 @@ use support::{call_msg, framed, words, TestProgram, TEST_PROG};
 
 fn start(program: TestProgram, window: usize) -> ServerHandle {
     let programs: Vec<Box<dyn Program>> = vec![Box::new(program)];
-    let config = ServerConfig { window, workers: 4 };
+    let config = ServerConfig {
+        window,
+        workers: 4,
+        ..ServerConfig::default()
+    };
     let server = Server::bind(
         "127.0.0.1:0".parse().unwrap(),
         Arc::new(Dispatcher::new(programs)),
@@ -243,6 +247,7 @@ fn stop_closes_open_connections_and_ends_every_thread() {
     let config = ServerConfig {
         window: 8,
         workers: 4,
+        ..ServerConfig::default()
     };
     let server = Server::bind("127.0.0.1:0".parse().unwrap(), dispatcher.clone(), config);
     let mut server = server.unwrap().spawn().unwrap();
