@@ -2,8 +2,8 @@
 //! groups only from `/proc/PID/status`, which costs an open and a read, so
 //! they are kept per process for a moment.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use layerfs_vfs::Caller;
@@ -39,7 +39,7 @@ impl Callers {
         }
         let now = Instant::now();
         {
-            let known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+            let known = self.known.lock();
             if let Some(k) = known.get(&pid) {
                 if k.uid == uid && k.gid == gid && now.duration_since(k.at) < KEEP {
                     return Caller {
@@ -51,7 +51,7 @@ impl Callers {
             }
         }
         let gids = groups_of(pid).unwrap_or_default();
-        let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        let mut known = self.known.lock();
         if known.len() >= MOST {
             known.clear();
         }

@@ -5,8 +5,8 @@
 //! inode that is open one way is opened that way again until all its opens
 //! are released.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::Mutex;
 
 use fuser::FileHandle;
 use layerfs_vfs::FileId;
@@ -54,7 +54,7 @@ impl<B> OpenFiles<B> {
         backing: impl FnOnce(&R) -> Option<B>,
         answer: impl FnOnce(R, Way<'_, B>),
     ) {
-        let mut by_id = self.by_id.lock().unwrap_or_else(|p| p.into_inner());
+        let mut by_id = self.by_id.lock();
         let opens = by_id.entry(id).or_insert(Opens {
             cached: 0,
             passthrough: 0,
@@ -79,7 +79,7 @@ impl<B> OpenFiles<B> {
 
     /// Records the release of an open with file handle `fh`.
     pub fn release(&self, id: FileId, fh: FileHandle) {
-        let mut by_id = self.by_id.lock().unwrap_or_else(|p| p.into_inner());
+        let mut by_id = self.by_id.lock();
         let Some(opens) = by_id.get_mut(&id) else {
             return;
         };
@@ -133,7 +133,7 @@ mod tests {
         assert_eq!(open(&files, 7, None), (Some(70), false));
         files.release(7, PASSTHROUGH);
         files.release(7, PASSTHROUGH);
-        assert!(files.by_id.lock().unwrap().is_empty());
+        assert!(files.by_id.lock().is_empty());
         assert_eq!(open(&files, 7, Some(71)), (Some(71), true));
     }
 

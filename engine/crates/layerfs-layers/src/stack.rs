@@ -8,12 +8,13 @@
 //! [`copy_up`] first. The upper is private: nothing but this changes it, so
 //! caches are dropped exactly when this changes what they hold.
 
+use parking_lot::{Mutex, MutexGuard, RwLock};
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::Arc;
 
 use layerfs_vfs::hostdir::{self, Host};
 use layerfs_vfs::ids::{IdTable, Place, Seen};
@@ -174,7 +175,7 @@ impl StackFs {
 
     /// The stack's directories, bottom first, the upper last.
     pub fn stack(&self) -> Vec<PathBuf> {
-        let mut paths = self.paths.lock().expect("paths").clone();
+        let mut paths = self.paths.lock().clone();
         paths.reverse();
         paths
     }
@@ -190,15 +191,15 @@ impl StackFs {
         new_upper: &Path,
         persist: impl FnOnce(&[PathBuf]) -> Result<()>,
     ) -> Result<()> {
-        let mut current = self.layers.write().expect("layers poisoned");
-        let _ns = self.ns.lock().expect("ns poisoned");
+        let mut current = self.layers.write();
+        let _ns = self.ns.lock();
         std::fs::create_dir_all(new_upper)?;
         let new_path = new_upper.canonicalize()?;
         if std::fs::read_dir(&new_path)?.next().is_some() {
             return Err(Error::NotEmpty);
         }
         rustix::fs::syncfs(&*current.all[UPPER].root)?;
-        let mut paths = self.paths.lock().expect("paths").clone();
+        let mut paths = self.paths.lock().clone();
         paths.insert(0, new_path);
         let next = Self::layers_at(&self.inodes, &paths, current.generation + 1)?;
         if rustix::fs::fstat(&*next.all[UPPER].root)?.st_dev
@@ -210,13 +211,13 @@ impl StackFs {
         bottom_first.reverse();
         persist(&bottom_first)?;
         *current = Arc::new(next);
-        *self.paths.lock().expect("paths") = paths;
+        *self.paths.lock() = paths;
         self.caches.layers_changed();
         Ok(())
     }
 
     fn current(&self) -> Arc<Layers> {
-        self.layers.read().expect("layers poisoned").clone()
+        self.layers.read().clone()
     }
 
     /// Where `id` was last seen, found by walking the merged tree if the
@@ -359,7 +360,7 @@ impl StackFs {
     }
 
     fn lock_ns(&self) -> MutexGuard<'_, ()> {
-        self.ns.lock().expect("ns poisoned")
+        self.ns.lock()
     }
 }
 

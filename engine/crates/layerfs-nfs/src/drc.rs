@@ -11,15 +11,15 @@
 //! second would be answered without running. xxh3 hashes a 1 MiB WRITE in
 //! about 39 us here, FNV-1a byte by byte in 1.1 ms (`examples/reply_cache_hash.rs`).
 //! Bounded: the oldest entries are evicted first; lookups are O(1).
+//! A retransmission of a call still running is dropped without a reply, as
+//! knfsd does (it used to park a worker until the call finished); a call
+//! that is refused or panics leaves no entry behind.
 
+use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
-use std::sync::{Condvar, Mutex};
-use std::time::Duration;
 
 use layerfs_rpc::{Call, Credentials};
-/// How long a retransmission waits for the original call still running.
-const IN_PROGRESS_WAIT: Duration = Duration::from_secs(30);
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
 pub struct Key {
@@ -64,8 +64,53 @@ struct Entries {
 
 pub struct ReplyCache {
     entries: Mutex<Entries>,
-    finished: Condvar,
     capacity: usize,
+}
+
+/// What to do with a call that changes something.
+#[derive(Debug)]
+pub enum Begun<'a> {
+    /// A retransmission of a finished call: send these results again.
+    Replay(Vec<u8>),
+    /// A retransmission of a call still running: answer nothing (as knfsd
+    /// does); the client retransmits again and then finds the results.
+    InProgress,
+    /// A new call: run it and [`Running::finish`] with its results.
+    Run(Running<'a>),
+}
+
+/// A call being run. Dropped without [`finish`](Running::finish) (the call
+/// was refused, or panicked), its entry goes, so a retransmission runs it
+/// afresh instead of waiting for results that never come.
+pub struct Running<'a> {
+    cache: &'a ReplyCache,
+    key: Option<Key>,
+}
+
+impl std::fmt::Debug for Running<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Running").field("key", &self.key).finish()
+    }
+}
+
+impl Running<'_> {
+    pub fn finish(mut self, results: Vec<u8>) {
+        let key = self.key.take().expect("finished once");
+        let mut entries = self.cache.lock();
+        if let Some(slot) = entries.slots.get_mut(&key) {
+            *slot = Slot::Done(results);
+        }
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            let mut entries = self.cache.lock();
+            entries.slots.remove(&key);
+            entries.order.retain(|k| *k != key);
+        }
+    }
 }
 
 impl ReplyCache {
@@ -75,31 +120,20 @@ impl ReplyCache {
                 slots: HashMap::new(),
                 order: VecDeque::new(),
             }),
-            finished: Condvar::new(),
             capacity: capacity.max(1),
         }
     }
 
-    /// The cached results for `key`, waiting if the original is still
-    /// running; `None` means the caller runs the call and must then
-    /// [`finish`](Self::finish) or [`abandon`](Self::abandon) it.
-    pub fn begin(&self, key: &Key) -> Option<Vec<u8>> {
-        let mut entries = self.entries.lock().expect("reply cache poisoned");
-        loop {
-            match entries.slots.get(key) {
-                Some(Slot::Done(results)) => return Some(results.clone()),
-                Some(Slot::Running) => {
-                    let (guard, timeout) = self
-                        .finished
-                        .wait_timeout(entries, IN_PROGRESS_WAIT)
-                        .expect("reply cache poisoned");
-                    entries = guard;
-                    if timeout.timed_out() {
-                        return None;
-                    }
-                }
-                None => break,
-            }
+    fn lock(&self) -> parking_lot::MutexGuard<'_, Entries> {
+        self.entries.lock()
+    }
+
+    pub fn begin(&self, key: &Key) -> Begun<'_> {
+        let mut entries = self.lock();
+        match entries.slots.get(key) {
+            Some(Slot::Done(results)) => return Begun::Replay(results.clone()),
+            Some(Slot::Running) => return Begun::InProgress,
+            None => {}
         }
         entries.slots.insert(key.clone(), Slot::Running);
         entries.order.push_back(key.clone());
@@ -109,25 +143,10 @@ impl ReplyCache {
             };
             entries.slots.remove(&old);
         }
-        None
-    }
-
-    pub fn finish(&self, key: Key, results: Vec<u8>) {
-        let mut entries = self.entries.lock().expect("reply cache poisoned");
-        if let Some(slot) = entries.slots.get_mut(&key) {
-            *slot = Slot::Done(results);
-        }
-        drop(entries);
-        self.finished.notify_all();
-    }
-
-    /// Forgets a call that produced no reply worth replaying.
-    pub fn abandon(&self, key: Key) {
-        let mut entries = self.entries.lock().expect("reply cache poisoned");
-        entries.slots.remove(&key);
-        entries.order.retain(|k| *k != key);
-        drop(entries);
-        self.finished.notify_all();
+        Begun::Run(Running {
+            cache: self,
+            key: Some(key.clone()),
+        })
     }
 }
 
@@ -151,11 +170,10 @@ mod tests {
         let cache = ReplyCache::new(8);
         let cred = Credentials::None;
         let key = Key::of(100_003, &call(1, "127.0.0.1", b"args", &cred));
-        assert_eq!(cache.begin(&key), None);
-        cache.finish(key.clone(), b"results".to_vec());
+        run(&cache, &key, b"results");
         // The key has no port: a reconnect from a new one still matches.
         let again = Key::of(100_003, &call(1, "127.0.0.1", b"args", &cred));
-        assert_eq!(cache.begin(&again), Some(b"results".to_vec()));
+        assert_eq!(replay(&cache, &again), Some(b"results".to_vec()));
     }
 
     #[test]
@@ -163,14 +181,16 @@ mod tests {
         let cache = ReplyCache::new(8);
         let cred = Credentials::None;
         let key = Key::of(100_003, &call(1, "127.0.0.1", b"args", &cred));
-        cache.begin(&key);
-        cache.finish(key, b"r".to_vec());
+        run(&cache, &key, b"r");
         for other in [
             call(2, "127.0.0.1", b"args", &cred),
             call(1, "127.0.0.2", b"args", &cred),
             call(1, "127.0.0.1", b"argz", &cred),
         ] {
-            assert_eq!(cache.begin(&Key::of(100_003, &other)), None);
+            assert!(matches!(
+                cache.begin(&Key::of(100_003, &other)),
+                Begun::Run(_)
+            ));
         }
     }
 
@@ -180,12 +200,11 @@ mod tests {
         let cred = Credentials::None;
         let mut args = vec![7u8; 4096];
         let key = Key::of(100_003, &call(1, "127.0.0.1", &args, &cred));
-        cache.begin(&key);
-        cache.finish(key, b"r".to_vec());
+        run(&cache, &key, b"r");
         for at in [300, 4095] {
             args[at] ^= 1;
             let other = Key::of(100_003, &call(1, "127.0.0.1", &args, &cred));
-            assert_eq!(cache.begin(&other), None, "byte {at} differs");
+            assert_eq!(replay(&cache, &other), None, "byte {at} differs");
             args[at] ^= 1;
         }
     }
@@ -198,10 +217,42 @@ mod tests {
             .map(|x| Key::of(1, &call(x, "127.0.0.1", b"a", &cred)))
             .collect();
         for k in &keys {
-            cache.begin(k);
-            cache.finish(k.clone(), vec![1]);
+            run(&cache, k, &[1]);
         }
-        assert_eq!(cache.begin(&keys[0]), None, "evicted");
-        assert_eq!(cache.begin(&keys[2]), Some(vec![1]));
+        assert_eq!(replay(&cache, &keys[0]), None, "evicted");
+        assert_eq!(replay(&cache, &keys[2]), Some(vec![1]));
+    }
+
+    #[test]
+    fn a_retransmission_of_a_running_call_is_dropped_and_a_failed_one_runs_again() {
+        let cache = ReplyCache::new(8);
+        let cred = Credentials::None;
+        let key = Key::of(100_003, &call(1, "127.0.0.1", b"args", &cred));
+        let Begun::Run(running) = cache.begin(&key) else {
+            panic!("a new call runs");
+        };
+        assert!(matches!(cache.begin(&key), Begun::InProgress));
+        // The call panics (or is refused): its entry goes with it.
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _running = running;
+            panic!("a procedure's bug");
+        }));
+        assert!(unwound.is_err());
+        assert!(matches!(cache.begin(&key), Begun::Run(_)), "runs afresh");
+    }
+
+    fn run(cache: &ReplyCache, key: &Key, results: &[u8]) {
+        match cache.begin(key) {
+            Begun::Run(running) => running.finish(results.to_vec()),
+            other => panic!("expected to run: {other:?}"),
+        }
+    }
+
+    /// The results a retransmission gets; `None` if it would run.
+    fn replay(cache: &ReplyCache, key: &Key) -> Option<Vec<u8>> {
+        match cache.begin(key) {
+            Begun::Replay(results) => Some(results),
+            _ => None,
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! MOUNT version 3 (RFC 1813 appendix I): hands out the root handle.
 
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 
 use layerfs_rpc::{Call, Program, Refusal, ReplyBuf};
 use nfs3_types::mount::{
@@ -97,10 +98,7 @@ impl Program for MountProgram {
                 let path = path_arg(call.args)?;
                 let res = match self.resolve(&path, &caller(call.cred)) {
                     Ok(fh) => {
-                        self.mounts
-                            .lock()
-                            .expect("mounts poisoned")
-                            .push((client, path));
+                        self.mounts.lock().push((client, path));
                         mountres3::Ok(mountres3_ok {
                             fhandle: fhandle3(fh.data),
                             auth_flavors: vec![AUTH_UNIX],
@@ -114,7 +112,7 @@ impl Program for MountProgram {
                 put(reply, &res)
             }
             2 => {
-                let mounts = self.mounts.lock().expect("mounts poisoned");
+                let mounts = self.mounts.lock();
                 let list: List<mountbody<'_, '_>> = List(
                     mounts
                         .iter()
@@ -130,15 +128,11 @@ impl Program for MountProgram {
                 let path = path_arg(call.args)?;
                 self.mounts
                     .lock()
-                    .expect("mounts poisoned")
                     .retain(|(host, p)| !(host == &client && p == &path));
                 Ok(())
             }
             4 => {
-                self.mounts
-                    .lock()
-                    .expect("mounts poisoned")
-                    .retain(|(host, _)| host != &client);
+                self.mounts.lock().retain(|(host, _)| host != &client);
                 Ok(())
             }
             5 => {

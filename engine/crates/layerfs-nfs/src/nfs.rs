@@ -10,7 +10,7 @@ use nfs3_types::nfs3::*;
 use nfs3_types::xdr_codec::{Opaque, Pack, Unpack};
 
 use crate::convert::{fattr, from_time, post_op, set_attr, wcc, wcc_after};
-use crate::drc::{Key, ReplyCache};
+use crate::drc::{Begun, Key, ReplyCache};
 use crate::error::{status, Error};
 use crate::export::{caller, Export};
 use crate::{NFS_PROGRAM, NFS_VERSION};
@@ -649,25 +649,30 @@ impl Program for NfsProgram {
             return self.run(call, reply);
         };
         let key = Key::of(NFS_PROGRAM, call);
-        if let Some(results) = self.cache.begin(&key) {
-            tracing::debug!(
-                xid = call.xid,
-                proc = proc.name(),
-                "retransmission answered from the reply cache"
-            );
-            reply.extend_from_slice(&results);
-            return Ok(());
-        }
+        let running = match self.cache.begin(&key) {
+            Begun::Replay(results) => {
+                tracing::debug!(
+                    xid = call.xid,
+                    proc = proc.name(),
+                    "retransmission answered from the reply cache"
+                );
+                reply.extend_from_slice(&results);
+                return Ok(());
+            }
+            Begun::InProgress => {
+                tracing::debug!(
+                    xid = call.xid,
+                    proc = proc.name(),
+                    "retransmission of a call still running: dropped"
+                );
+                return Err(Refusal::Dropped);
+            }
+            Begun::Run(running) => running,
+        };
         let start = reply.body_len();
-        match self.run(call, reply) {
-            Ok(()) => {
-                self.cache.finish(key, reply.body()[start..].to_vec());
-                Ok(())
-            }
-            Err(refusal) => {
-                self.cache.abandon(key);
-                Err(refusal)
-            }
-        }
+        // Refused or panicking, `running` is dropped and forgets the call.
+        self.run(call, reply)?;
+        running.finish(reply.body()[start..].to_vec());
+        Ok(())
     }
 }

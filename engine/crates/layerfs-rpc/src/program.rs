@@ -29,6 +29,9 @@ pub enum Refusal {
     ProcUnavail,
     GarbageArgs,
     SystemErr,
+    /// No reply at all, as for a retransmission of a call still running:
+    /// the client retransmits again later.
+    Dropped,
 }
 
 /// An RPC program (such as NFS or MOUNT) served over this transport.
@@ -117,7 +120,13 @@ impl Dispatcher {
     /// Answers one record received from `peer`.
     pub fn handle(&self, record: &[u8], peer: Option<IpAddr>) -> Outcome {
         match envelope::decode_call(record) {
-            Envelope::Call(header) => Outcome::Reply(self.call(&header, record, peer).into_frame()),
+            Envelope::Call(header) => match self.call(&header, record, peer) {
+                Some(reply) => Outcome::Reply(reply.into_frame()),
+                None => {
+                    self.dropped.fetch_add(1, Relaxed);
+                    Outcome::Dropped
+                }
+            },
             Envelope::Denied { xid, why } => {
                 self.rejected.fetch_add(1, Relaxed);
                 tracing::debug!(xid, ?why, "call denied");
@@ -131,7 +140,8 @@ impl Dispatcher {
         }
     }
 
-    fn call(&self, header: &CallHeader, record: &[u8], peer: Option<IpAddr>) -> ReplyBuf {
+    /// The reply to a call, or `None` where the program answers nothing.
+    fn call(&self, header: &CallHeader, record: &[u8], peer: Option<IpAddr>) -> Option<ReplyBuf> {
         let xid = header.xid;
         let Some(entry) = self
             .programs
@@ -140,12 +150,15 @@ impl Dispatcher {
         else {
             self.rejected.fetch_add(1, Relaxed);
             tracing::debug!(xid, prog = header.prog, "program unavailable");
-            return envelope::accepted_reply(xid, Accepted::ProgUnavail);
+            return Some(envelope::accepted_reply(xid, Accepted::ProgUnavail));
         };
         let (low, high) = entry.program.versions();
         if !(low..=high).contains(&header.vers) {
             self.rejected.fetch_add(1, Relaxed);
-            return envelope::accepted_reply(xid, Accepted::ProgMismatch { low, high });
+            return Some(envelope::accepted_reply(
+                xid,
+                Accepted::ProgMismatch { low, high },
+            ));
         }
         let slot = header.proc.min(COUNTED_PROCS) as usize;
         entry.calls[slot].fetch_add(1, Relaxed);
@@ -168,7 +181,8 @@ impl Dispatcher {
                     Err(Refusal::SystemErr)
                 });
         match outcome {
-            Ok(()) => reply,
+            Ok(()) => Some(reply),
+            Err(Refusal::Dropped) => None,
             Err(refusal) => {
                 self.rejected.fetch_add(1, Relaxed);
                 let name = entry.program.procedure_name(header.proc).unwrap_or("?");
@@ -176,9 +190,9 @@ impl Dispatcher {
                 let stat = match refusal {
                     Refusal::ProcUnavail => Accepted::ProcUnavail,
                     Refusal::GarbageArgs => Accepted::GarbageArgs,
-                    Refusal::SystemErr => Accepted::SystemErr,
+                    Refusal::SystemErr | Refusal::Dropped => Accepted::SystemErr,
                 };
-                envelope::accepted_reply(xid, stat)
+                Some(envelope::accepted_reply(xid, stat))
             }
         }
     }

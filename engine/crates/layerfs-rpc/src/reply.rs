@@ -11,13 +11,14 @@
 //! through user space. TCP_NODELAY is set, so the short first part does not
 //! wait for an acknowledgement.
 
+use parking_lot::Mutex;
 use std::io::{self, IoSlice, Write};
 use std::mem;
 #[cfg(target_os = "linux")]
 use std::os::fd::AsFd;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use crate::record::last_fragment_mark;
 
@@ -252,7 +253,7 @@ impl<W: Transmit> ReplyWriter<W> {
     }
 
     pub fn into_inner(self) -> W {
-        self.stream.into_inner().expect("reply stream poisoned")
+        self.stream.into_inner()
     }
 
     /// `write` calls made so far (and `sendfile` calls, on Linux).
@@ -276,7 +277,7 @@ impl<W: Transmit> ReplyWriter<W> {
         if frames.is_empty() {
             return Ok(());
         }
-        let mut queue = self.queue.lock().expect("reply queue poisoned");
+        let mut queue = self.queue.lock();
         if queue.broken {
             return Err(io::ErrorKind::BrokenPipe.into());
         }
@@ -289,7 +290,7 @@ impl<W: Transmit> ReplyWriter<W> {
             let batch = mem::take(&mut queue.frames);
             drop(queue);
             let result = self.write_batch(&batch);
-            queue = self.queue.lock().expect("reply queue poisoned");
+            queue = self.queue.lock();
             if let Err(e) = result {
                 queue.writing = false;
                 queue.broken = true;
@@ -306,7 +307,7 @@ impl<W: Transmit> ReplyWriter<W> {
     /// Writes frames in order: in-memory parts gathered into vectored writes,
     /// each file tail sent by the kernel where it falls.
     fn write_batch(&self, frames: &[Frame]) -> io::Result<()> {
-        let mut stream = self.stream.lock().expect("reply stream poisoned");
+        let mut stream = self.stream.lock();
         let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(frames.len());
         for frame in frames {
             slices.push(IoSlice::new(&frame.bytes));

@@ -9,10 +9,11 @@
 //! client that pipelines without limit holds at most `window` records in
 //! server memory and the rest waits in its own socket buffer.
 
+use parking_lot::{Condvar, Mutex};
 use std::io::{self, ErrorKind};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
@@ -121,7 +122,7 @@ impl Window {
     }
 
     fn try_acquire(&self) -> bool {
-        let mut n = self.in_flight.lock().expect("window poisoned");
+        let mut n = self.in_flight.lock();
         let free = *n < self.size;
         if free {
             *n += 1;
@@ -130,23 +131,23 @@ impl Window {
     }
 
     fn acquire(&self) {
-        let mut n = self.in_flight.lock().expect("window poisoned");
+        let mut n = self.in_flight.lock();
         while *n >= self.size {
-            n = self.freed.wait(n).expect("window poisoned");
+            self.freed.wait(&mut n);
         }
         *n += 1;
     }
 
     fn release(&self) {
-        *self.in_flight.lock().expect("window poisoned") -= 1;
+        *self.in_flight.lock() -= 1;
         self.freed.notify_all();
     }
 
     /// Waits until every call in flight has finished.
     fn drain(&self) {
-        let mut n = self.in_flight.lock().expect("window poisoned");
+        let mut n = self.in_flight.lock();
         while *n > 0 {
-            n = self.freed.wait(n).expect("window poisoned");
+            self.freed.wait(&mut n);
         }
     }
 }
@@ -223,8 +224,8 @@ struct Shared {
 
 impl Shared {
     fn stats(&self) -> TransportStats {
-        let mut live = self.live.lock().expect("connections poisoned");
-        let mut total = *self.closed.lock().expect("stats poisoned");
+        let mut live = self.live.lock();
+        let mut total = *self.closed.lock();
         live.retain(|weak| match weak.upgrade() {
             Some(conn) => {
                 total.add(&conn.stats());
@@ -326,7 +327,7 @@ impl ServerHandle {
 
     /// Each open connection's client address and counters.
     pub fn connections(&self) -> Vec<(SocketAddr, TransportStats)> {
-        let live = self.shared.live.lock().expect("connections poisoned");
+        let live = self.shared.live.lock();
         live.iter()
             .filter_map(Weak::upgrade)
             .map(|c| (c.addr, c.stats()))
@@ -349,18 +350,13 @@ impl ServerHandle {
         let _ = TcpStream::connect(self.addr);
         let _ = accept.join();
         // No reader starts after this; the workers end with the last reader.
-        drop(self.shared.jobs.lock().expect("jobs poisoned").take());
-        let live: Vec<_> = self
-            .shared
-            .live
-            .lock()
-            .expect("connections poisoned")
-            .clone();
+        drop(self.shared.jobs.lock().take());
+        let live: Vec<_> = self.shared.live.lock().clone();
         for conn in live.iter().filter_map(Weak::upgrade) {
             // Its reader sees the end of the stream and winds it down.
             let _ = conn.stream.shutdown(Shutdown::Read);
         }
-        let readers = std::mem::take(&mut *self.shared.readers.lock().expect("readers poisoned"));
+        let readers = std::mem::take(&mut *self.shared.readers.lock());
         for reader in readers {
             let _ = reader.join();
         }
@@ -397,7 +393,7 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
                     .spawn(move || serve_connection(stream, peer, &for_reader));
                 match spawned {
                     Ok(reader) => {
-                        let mut readers = shared.readers.lock().expect("readers poisoned");
+                        let mut readers = shared.readers.lock();
                         readers.retain(|r| !r.is_finished());
                         readers.push(reader);
                     }
@@ -428,7 +424,7 @@ fn configure_accepted(stream: &TcpStream, peer: SocketAddr) {
 
 fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Shared) {
     configure_accepted(&stream, peer);
-    let Some(jobs) = shared.jobs.lock().expect("jobs poisoned").clone() else {
+    let Some(jobs) = shared.jobs.lock().clone() else {
         return; // the server is stopping
     };
     let write_half = match stream.try_clone() {
@@ -449,11 +445,7 @@ fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Shared) {
         bytes_in: AtomicU64::new(0),
         replies: AtomicU64::new(0),
     });
-    shared
-        .live
-        .lock()
-        .expect("connections poisoned")
-        .push(Arc::downgrade(&conn));
+    shared.live.lock().push(Arc::downgrade(&conn));
     tracing::debug!(%peer, "connection open");
 
     let mut records = Records::new(&conn.stream);
@@ -506,13 +498,9 @@ fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Shared) {
     conn.window.drain();
     let _ = conn.stream.shutdown(Shutdown::Both);
     // Move its counters from the live list to the closed total in one step.
-    let mut live = shared.live.lock().expect("connections poisoned");
+    let mut live = shared.live.lock();
     live.retain(|weak| !std::ptr::eq(weak.as_ptr(), Arc::as_ptr(&conn)));
-    shared
-        .closed
-        .lock()
-        .expect("stats poisoned")
-        .add(&conn.stats());
+    shared.closed.lock().add(&conn.stats());
 }
 
 #[cfg(test)]

@@ -11,9 +11,9 @@
 //! left. Removing one name of a hard-linked file forgets that place only, and
 //! the file is found again under another name.
 
+use parking_lot::{Mutex, RwLock};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Mutex, RwLock};
 
 use crate::error::{Error, Result};
 use crate::FileId;
@@ -54,7 +54,7 @@ impl IdTable {
 
     /// Where `id` was last seen, if the table knows.
     pub fn get(&self, id: FileId) -> Option<Place> {
-        self.places.read().expect("ids poisoned").get(&id).cloned()
+        self.places.read().get(&id).cloned()
     }
 
     /// Whether `id` is found without a walk: the root, known, or known gone.
@@ -64,7 +64,7 @@ impl IdTable {
 
     /// Whether `id` is known to name no file.
     pub fn is_gone(&self, id: FileId) -> bool {
-        self.gone.lock().expect("ids poisoned").contains(&id)
+        self.gone.lock().contains(&id)
     }
 
     /// Where `id` is: known, known to be gone (`Stale`), or found by walking
@@ -90,23 +90,23 @@ impl IdTable {
         if id == self.root {
             return;
         }
-        self.gone.lock().expect("ids poisoned").remove(&id);
+        self.gone.lock().remove(&id);
         let place = Place {
             parent,
             name: name.into(),
         };
-        self.places.write().expect("ids poisoned").insert(id, place);
+        self.places.write().insert(id, place);
     }
 
     /// Records that `id` names no file any more.
     pub fn forget(&self, id: FileId) {
-        let mut gone = self.gone.lock().expect("ids poisoned");
+        let mut gone = self.gone.lock();
         if gone.len() >= GONE_KEPT {
             gone.clear();
         }
         gone.insert(id);
         drop(gone);
-        self.places.write().expect("ids poisoned").remove(&id);
+        self.places.write().remove(&id);
     }
 
     /// The name `name` of `parent` was removed (or replaced) and `id`, the
@@ -117,7 +117,7 @@ impl IdTable {
         if links_left == 0 {
             return self.forget(id);
         }
-        let mut places = self.places.write().expect("ids poisoned");
+        let mut places = self.places.write();
         if places
             .get(&id)
             .is_some_and(|p| p.parent == parent && *p.name == *name)
@@ -129,7 +129,7 @@ impl IdTable {
     /// Drops what is known of where `id` is (it moved behind the table's
     /// back); the next look for it walks.
     pub fn lost(&self, id: FileId) {
-        self.places.write().expect("ids poisoned").remove(&id);
+        self.places.write().remove(&id);
     }
 
     /// Walks the tree breadth first, remembering what it passes, until it

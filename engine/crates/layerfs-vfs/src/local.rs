@@ -7,11 +7,12 @@
 //! Every operation is an `*at` call on a parent descriptor. An id the table
 //! does not know (after a restart) is found again by walking the export once.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
@@ -166,14 +167,8 @@ impl LocalFs {
         };
         self.ids.unlinked(parent, name, victim.fileid, links_left);
         if links_left == 0 {
-            self.dirs
-                .lock()
-                .expect("dirs poisoned")
-                .remove(&victim.fileid);
-            self.files
-                .lock()
-                .expect("files poisoned")
-                .remove(&victim.fileid);
+            self.dirs.lock().remove(&victim.fileid);
+            self.files.lock().remove(&victim.fileid);
         }
         if let (Some(places), FileKind::Directory) = (&self.places, victim.kind) {
             places.removed(parent, name);
@@ -185,7 +180,7 @@ impl LocalFs {
         if id == self.root_id {
             return Ok(self.root.clone());
         }
-        if let Some(fd) = self.dirs.lock().expect("dirs poisoned").get(&id) {
+        if let Some(fd) = self.dirs.lock().get(&id) {
             return Ok(fd.clone());
         }
         let node = self.place(id)?;
@@ -203,7 +198,7 @@ impl LocalFs {
             return Err(Error::Stale);
         }
         let fd = Arc::new(fd);
-        let mut dirs = self.dirs.lock().expect("dirs poisoned");
+        let mut dirs = self.dirs.lock();
         if dirs.len() >= FD_CACHE {
             dirs.clear();
         }
@@ -230,7 +225,7 @@ impl LocalFs {
 
     /// A descriptor for reading and writing the regular file `id`.
     fn file_fd(&self, id: FileId) -> Result<Arc<OwnedFd>> {
-        if let Some(fd) = self.files.lock().expect("files poisoned").get(&id) {
+        if let Some(fd) = self.files.lock().get(&id) {
             return Ok(fd.clone());
         }
         let (parent, name, attr) = self.entry(id)?;
@@ -240,7 +235,7 @@ impl LocalFs {
             _ => return Err(Error::Inval),
         }
         let fd = Arc::new(hostdir::open_file(parent.as_fd(), &name)?);
-        let mut files = self.files.lock().expect("files poisoned");
+        let mut files = self.files.lock();
         if files.len() >= FD_CACHE {
             files.clear();
         }
@@ -294,7 +289,7 @@ impl Filesystem for LocalFs {
         if id == self.root_id {
             return self.stat_fd(id, &self.root);
         }
-        if let Some(fd) = self.dirs.lock().expect("dirs poisoned").get(&id).cloned() {
+        if let Some(fd) = self.dirs.lock().get(&id).cloned() {
             return self.stat_fd(id, &fd);
         }
         Ok(self.entry(id)?.2)

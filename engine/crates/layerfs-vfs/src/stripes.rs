@@ -2,7 +2,7 @@
 //! taken before and after a change bracket exactly that change (NFS clients
 //! trust them to tell whether their cache is still good).
 
-use std::sync::{Mutex, MutexGuard};
+use parking_lot::{Mutex, MutexGuard};
 
 use crate::FileId;
 
@@ -28,9 +28,7 @@ impl Stripes {
     /// Locks `id`'s stripe. A panic while it was held does not poison it:
     /// the lock guards no data, only the order of changes.
     pub fn lock(&self, id: FileId) -> MutexGuard<'_, ()> {
-        self.0[Self::slot(id)]
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.0[Self::slot(id)].lock()
     }
 
     /// Locks two ids' stripes in a fixed order (once if they share one).

@@ -16,11 +16,12 @@
 //! they are current. Open files are kept by generation and dropped one by one
 //! when their file goes. Each map is bounded; past its bound it starts over.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use layerfs_vfs::hostdir;
 use layerfs_vfs::FileId;
@@ -59,7 +60,7 @@ impl<K: Hash + Eq, V: Clone> Kept<K, V> {
     }
 
     fn get(&self, key: &K, valid: impl Fn(&Stamp) -> bool) -> Option<V> {
-        let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let map = self.map.lock();
         map.get(key)
             .filter(|(stamp, _)| valid(stamp))
             .map(|(_, v)| v.clone())
@@ -67,7 +68,7 @@ impl<K: Hash + Eq, V: Clone> Kept<K, V> {
 
     /// Keeps `value`; whether the map was full and started over.
     fn insert(&self, key: K, stamp: Stamp, value: V) -> bool {
-        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = self.map.lock();
         let full = map.len() >= self.cap && !map.contains_key(&key);
         if full {
             map.clear();
@@ -77,14 +78,11 @@ impl<K: Hash + Eq, V: Clone> Kept<K, V> {
     }
 
     fn remove(&self, key: &K) {
-        self.map
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(key);
+        self.map.lock().remove(key);
     }
 
     fn clear(&self) {
-        self.map.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.map.lock().clear();
     }
 }
 
@@ -209,11 +207,11 @@ impl Caches {
         tag: u16,
         read: impl FnOnce() -> Result<LinkIndex, E>,
     ) -> Result<Arc<LinkIndex>, E> {
-        if let Some(index) = self.links.lock().expect("links").get(&tag) {
+        if let Some(index) = self.links.lock().get(&tag) {
             return Ok(index.clone());
         }
         let index = Arc::new(read()?);
-        self.links.lock().expect("links").insert(tag, index.clone());
+        self.links.lock().insert(tag, index.clone());
         Ok(index)
     }
 }

@@ -15,9 +15,9 @@
 //! depends on it is made visible, so a crash at any point leaves either the
 //! old or the new record.
 
+use parking_lot::RwLock;
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::RwLock;
 
 use layerfs_vfs::{Error, FileId, Result};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
@@ -147,7 +147,7 @@ impl Inodes {
     /// The identity of the file with host inode `ino` and generation
     /// `host_gen` in the layer tagged `tag`.
     pub fn identity(&self, tag: u16, ino: u64, host_gen: Option<u64>) -> Result<Origin> {
-        if let Some((origin, recorded)) = self.origins.read().expect("origins").get(&(tag, ino)) {
+        if let Some((origin, recorded)) = self.origins.read().get(&(tag, ino)) {
             // A record for an inode number the host has since given to
             // another file (possible only after a crash) does not apply.
             if host_gen.is_none_or(|g| g == *recorded) {
@@ -166,10 +166,10 @@ impl Inodes {
     }
 
     fn alias(&self, tag: u16, ino: u64) -> Result<FileId> {
-        if let Some(id) = self.aliases.read().expect("aliases").get(&(tag, ino)) {
+        if let Some(id) = self.aliases.read().get(&(tag, ino)) {
             return Ok(*id);
         }
-        let mut aliases = self.aliases.write().expect("aliases");
+        let mut aliases = self.aliases.write();
         if let Some(id) = aliases.get(&(tag, ino)) {
             return Ok(*id);
         }
@@ -201,7 +201,7 @@ impl Inodes {
             }
         }
         txn.commit().map_err(db_error)?;
-        let mut origins = self.origins.write().expect("origins");
+        let mut origins = self.origins.write();
         for &(tag, ino, host_gen, o) in entries {
             origins.insert((tag, ino), (o, host_gen));
         }
@@ -212,13 +212,7 @@ impl Inodes {
     /// left behind is ignored once the host reuses the inode for a file of
     /// another generation.
     pub fn forget(&self, tag: u16, ino: u64) {
-        if self
-            .origins
-            .write()
-            .expect("origins")
-            .remove(&(tag, ino))
-            .is_none()
-        {
+        if self.origins.write().remove(&(tag, ino)).is_none() {
             return;
         }
         let result = self.db.begin_write().map_err(db_error).and_then(|txn| {

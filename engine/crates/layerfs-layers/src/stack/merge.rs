@@ -5,10 +5,11 @@
 //! it until one is opaque (holds `.wh..wh..opq`) or a layer holds something
 //! else there; anything but a directory hides everything below it.
 
+use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use layerfs_vfs::hostdir::{self, Host};
 use layerfs_vfs::{Attr, Error, FileId, FileKind, Result};
@@ -272,12 +273,12 @@ impl Layers {
             return Ok(None);
         }
         let key = (part.layer, part.ino);
-        if let Some(index) = self.indexes.lock().expect("indexes").by_dir.get(&key) {
+        if let Some(index) = self.indexes.lock().by_dir.get(&key) {
             return Ok(Some(index.clone()));
         }
         let index = Arc::new(DirIndex::read(part.fd.as_fd())?);
         let size = index.entries.len() + index.whiteouts.len() + 1;
-        let mut indexes = self.indexes.lock().expect("indexes");
+        let mut indexes = self.indexes.lock();
         if indexes.names + size > INDEXED_NAMES {
             indexes.by_dir.clear();
             indexes.names = 0;

@@ -266,7 +266,7 @@ impl Filesystem for StackFs {
         set: &SetAttr,
         guard: Option<Timestamp>,
     ) -> Result<Change> {
-        let layers = self.layers.read().expect("layers");
+        let layers = self.layers.read();
         let _ns = self.lock_ns();
         let before = self.found(&layers, id)?;
         if guard.is_some_and(|ctime| ctime != before.attr.ctime) {
@@ -317,7 +317,7 @@ impl Filesystem for StackFs {
     /// copy it up, and whoever read the lower file directly would not see
     /// the change, where reads through the stack do.
     fn host_file(&self, caller: &Caller, id: FileId, write: bool) -> Result<Option<Arc<OwnedFd>>> {
-        let layers = self.layers.read().expect("layers");
+        let layers = self.layers.read();
         if !write && self.found(&layers, id)?.layer != UPPER {
             return Ok(None);
         }
@@ -362,7 +362,7 @@ impl Filesystem for StackFs {
         data: &[u8],
         stable: Stability,
     ) -> Result<(Change, Stability)> {
-        let layers = self.layers.read().expect("layers");
+        let layers = self.layers.read();
         let _changing = self.stripes.lock(id);
         let (fd, before) = self.open_file(&layers, id, true, |attr| {
             if caller.uid != attr.uid && !access::permits(attr, caller, 2) {
@@ -398,7 +398,7 @@ impl Filesystem for StackFs {
         how: Create,
     ) -> Result<(Attr, Change)> {
         let cname = new_name(name)?;
-        let layers = self.layers.read().expect("layers");
+        let layers = self.layers.read();
         let _ns = self.lock_ns();
         let d = self.dir_for(&layers, caller, dir, 1)?;
         let existing = layers.lookup(&self.inodes, &d.parts, &cname)?;
@@ -451,7 +451,7 @@ impl Filesystem for StackFs {
         set: &SetAttr,
     ) -> Result<(Attr, Change)> {
         let cname = new_name(name)?;
-        let layers = self.layers.read().expect("layers");
+        let layers = self.layers.read();
         let _ns = self.lock_ns();
         let d = self.dir_for(&layers, caller, dir, 1)?;
         if layers.lookup(&self.inodes, &d.parts, &cname)?.is_some() {
@@ -480,7 +480,7 @@ impl Filesystem for StackFs {
     }
 
     fn remove(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<Change> {
-        let layers = self.layers.read().expect("layers");
+        let layers = self.layers.read();
         let _ns = self.lock_ns();
         let (d, f) = self.victim(&layers, caller, dir, name)?;
         if f.kind() == FileKind::Directory {
@@ -494,7 +494,7 @@ impl Filesystem for StackFs {
         if name == b".." {
             return Err(Error::NotEmpty);
         }
-        let layers = self.layers.read().expect("layers");
+        let layers = self.layers.read();
         let _ns = self.lock_ns();
         let (d, f) = self.victim(&layers, caller, dir, name)?;
         if f.kind() != FileKind::Directory {
@@ -520,7 +520,7 @@ impl Filesystem for StackFs {
             Error::Exist => Error::Inval,
             e => e,
         })?;
-        let layers = self.layers.read().expect("layers");
+        let layers = self.layers.read();
         let _ns = self.lock_ns();
         let (fd_, src) = self.victim(&layers, caller, from, from_name)?;
         let td = self.dir_for(&layers, caller, to, 1)?;
@@ -615,7 +615,7 @@ impl Filesystem for StackFs {
         name: &[u8],
     ) -> Result<(Attr, Change)> {
         let cname = new_name(name)?;
-        let layers = self.layers.read().expect("layers");
+        let layers = self.layers.read();
         let _ns = self.lock_ns();
         let src = self.found(&layers, id)?;
         if src.kind() == FileKind::Directory {

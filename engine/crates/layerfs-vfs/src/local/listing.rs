@@ -10,8 +10,9 @@
 //! same times. So a listing is only kept once its directory has not changed
 //! for [`SETTLED`]; any later change then carries a later time.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::attr::{Attr, Timestamp};
@@ -54,7 +55,7 @@ impl Listings {
         attr: &Attr,
         read: impl FnOnce() -> Result<Vec<Seen>>,
     ) -> Result<Arc<Vec<Listed>>> {
-        if let Some(kept) = self.cache.lock().expect("listings poisoned").get(&dir) {
+        if let Some(kept) = self.cache.lock().get(&dir) {
             if (kept.mtime, kept.ctime) == (attr.mtime, attr.ctime) {
                 return Ok(kept.listing.clone());
             }
@@ -72,7 +73,7 @@ impl Listings {
         if !settled(attr) {
             return Ok(listing);
         }
-        let mut cache = self.cache.lock().expect("listings poisoned");
+        let mut cache = self.cache.lock();
         if cache.len() >= CACHED_DIRS {
             cache.clear();
         }

@@ -10,8 +10,8 @@
 //! never moved keep working; those of directories renamed or replaced before
 //! the restart are stale.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::Mutex;
 
 use crate::FileId;
 
@@ -33,7 +33,7 @@ impl DirPlaces {
     /// The id of the directory `name` in `parent`: the one it has, or a new
     /// one from its place that `taken` does not refuse.
     pub fn id(&self, parent: FileId, name: &[u8], taken: impl Fn(FileId) -> bool) -> FileId {
-        let mut ids = self.ids.lock().expect("places poisoned");
+        let mut ids = self.ids.lock();
         if let Some(&id) = ids.get(&(parent, name.into())) {
             return id;
         }
@@ -47,17 +47,14 @@ impl DirPlaces {
 
     /// The directory `id` moved from one place to another.
     pub fn moved(&self, from: (FileId, &[u8]), to: (FileId, &[u8]), id: FileId) {
-        let mut ids = self.ids.lock().expect("places poisoned");
+        let mut ids = self.ids.lock();
         ids.remove(&(from.0, from.1.into()));
         ids.insert((to.0, to.1.into()), id);
     }
 
     /// The directory at this place was removed.
     pub fn removed(&self, parent: FileId, name: &[u8]) {
-        self.ids
-            .lock()
-            .expect("places poisoned")
-            .remove(&(parent, name.into()));
+        self.ids.lock().remove(&(parent, name.into()));
     }
 }
 
