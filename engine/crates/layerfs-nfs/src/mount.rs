@@ -77,6 +77,25 @@ fn put(reply: &mut ReplyBuf, value: &impl Pack) -> Result<(), Refusal> {
         .map_err(|_| Refusal::SystemErr)
 }
 
+/// Mounts the DUMP list keeps at most; past it the oldest is forgotten. The
+/// list is advisory (RFC 1813 §5.2.3): clients that never UMNT must not
+/// grow it without bound.
+const MOUNT_LIST_MAX: usize = 256;
+
+impl MountProgram {
+    /// Adds a mount to the DUMP list, once per client and path.
+    fn remember(&self, client: String, path: Vec<u8>) {
+        let mut mounts = self.mounts.lock();
+        if mounts.iter().any(|(c, p)| *c == client && *p == path) {
+            return;
+        }
+        if mounts.len() >= MOUNT_LIST_MAX {
+            mounts.remove(0);
+        }
+        mounts.push((client, path));
+    }
+}
+
 impl Program for MountProgram {
     fn number(&self) -> u32 {
         MOUNT_PROGRAM
@@ -98,7 +117,7 @@ impl Program for MountProgram {
                 let path = path_arg(call.args)?;
                 let res = match self.resolve(&path, &caller(call.cred)) {
                     Ok(fh) => {
-                        self.mounts.lock().push((client, path));
+                        self.remember(client, path);
                         mountres3::Ok(mountres3_ok {
                             fhandle: fhandle3(fh.data),
                             auth_flavors: vec![AUTH_UNIX],

@@ -15,7 +15,7 @@ use layerfs_vfs::{
     Attr, Caller, Change, Create, DirPage, FileId, Filesystem, FsStat, LocalFs, NewEntry, Result,
     SetAttr, Stability, Timestamp,
 };
-use support::call_record;
+use support::{call_record, xdr_opaque};
 
 const NFS: u32 = 100_003;
 const MOUNT: u32 = 100_005;
@@ -117,13 +117,6 @@ impl Filesystem for PanicsOnCreate {
     fn fsstat(&self, id: FileId) -> Result<FsStat> {
         self.inner.fsstat(id)
     }
-}
-
-fn xdr_opaque(bytes: &[u8]) -> Vec<u8> {
-    let mut out = (bytes.len() as u32).to_be_bytes().to_vec();
-    out.extend_from_slice(bytes);
-    out.resize(layerfs_rpc::xdr::padded(out.len()), 0);
-    out
 }
 
 /// The reply's accept status and the NFS status after it.

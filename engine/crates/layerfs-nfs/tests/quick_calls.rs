@@ -10,17 +10,10 @@ mod support;
 
 use layerfs_rpc::{Dispatcher, Outcome};
 use layerfs_vfs::LocalFs;
-use support::call_record;
+use support::{call_record, xdr_opaque};
 
 const NFS: u32 = 100_003;
 const MOUNT: u32 = 100_005;
-
-fn xdr_opaque(bytes: &[u8]) -> Vec<u8> {
-    let mut out = (bytes.len() as u32).to_be_bytes().to_vec();
-    out.extend_from_slice(bytes);
-    out.resize(layerfs_rpc::xdr::padded(out.len()), 0);
-    out
-}
 
 fn dispatcher(dir: &std::path::Path) -> Dispatcher {
     let fs = Arc::new(LocalFs::open(dir).unwrap());

@@ -280,6 +280,14 @@ pub fn decode<T: nfs3_types::xdr_codec::Unpack>(bytes: &[u8]) -> T {
 
 /// A call record (no record mark) as root over AUTH_SYS with an empty
 /// machine name and no groups, for driving a `Dispatcher` directly.
+/// XDR variable-length opaque data: length, bytes, padding.
+pub fn xdr_opaque(bytes: &[u8]) -> Vec<u8> {
+    let mut out = (bytes.len() as u32).to_be_bytes().to_vec();
+    out.extend_from_slice(bytes);
+    out.resize(layerfs_rpc::xdr::padded(out.len()), 0);
+    out
+}
+
 pub fn call_record(xid: u32, prog: u32, proc: u32, args: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     for w in [xid, 0, 2, prog, 3, proc, 1, 20, 0, 0, 0, 0, 0, 0, 0] {
