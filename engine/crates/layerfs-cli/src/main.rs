@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use layerfs_layers::StackFs;
@@ -68,6 +69,14 @@ struct ServeArgs {
     /// Calls in flight per connection before the server stops reading more from it.
     #[arg(long, default_value_t = ServerConfig::default().window, value_name = "N")]
     window: usize,
+    /// Seconds a client has to send the rest of a call once its first byte
+    /// arrived; a slower one is disconnected.
+    #[arg(long, default_value_t = ServerConfig::default().record_deadline.as_secs(), value_name = "SECS")]
+    record_deadline: u64,
+    /// Seconds without a call after which a client's connection is closed
+    /// (it reconnects when it needs to).
+    #[arg(long, default_value_t = ServerConfig::default().idle_timeout.as_secs(), value_name = "SECS")]
+    idle_timeout: u64,
     /// Threads that run calls, shared by all connections.
     #[arg(long, default_value_t = ServerConfig::default().workers, value_name = "N")]
     workers: usize,
@@ -223,6 +232,8 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         // The kernel's client connects from root's sockets; this user's own
         // tools (libnfs, tests) from theirs. Other local users are refused.
         admit: Admission::Uids(vec![0, rustix::process::geteuid().as_raw()]),
+        record_deadline: Duration::from_secs(args.record_deadline.max(1)),
+        idle_timeout: Duration::from_secs(args.idle_timeout.max(1)),
     };
     let stop = interrupted()?;
     let mut server = layerfs_nfs::serve(fs, host_path, args.listen, config)

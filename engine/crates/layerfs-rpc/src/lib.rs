@@ -13,6 +13,7 @@ pub mod program;
 pub mod record;
 pub mod reply;
 pub mod server;
+mod timeouts;
 pub mod xdr;
 
 pub use envelope::{AuthSys, Credentials};

@@ -23,6 +23,7 @@ use socket2::{Domain, SockRef, Socket, Type};
 use crate::program::{Dispatcher, Outcome};
 use crate::record::Records;
 use crate::reply::{Frame, ReplyWriter};
+use crate::timeouts::{Limits, Timed};
 
 /// Tuning of the server; the defaults suit a loopback mount.
 #[derive(Clone, Debug)]
@@ -33,6 +34,11 @@ pub struct ServerConfig {
     pub workers: usize,
     /// Who may connect.
     pub admit: Admission,
+    /// A record not whole this long after its first byte closes its
+    /// connection (a stalled or trickling sender).
+    pub record_deadline: Duration,
+    /// A connection without a call for this long, and none running, is closed.
+    pub idle_timeout: Duration,
 }
 
 impl Default for ServerConfig {
@@ -41,6 +47,9 @@ impl Default for ServerConfig {
             window: 64,
             workers: 16,
             admit: Admission::Anyone,
+            record_deadline: Duration::from_secs(30),
+            // knfsd's: the Linux client reconnects when it needs to.
+            idle_timeout: Duration::from_secs(6 * 60),
         }
     }
 }
@@ -141,6 +150,10 @@ impl Window {
     fn release(&self) {
         *self.in_flight.lock() -= 1;
         self.freed.notify_all();
+    }
+
+    fn is_busy(&self) -> bool {
+        *self.in_flight.lock() > 0
     }
 
     /// Waits until every call in flight has finished.
@@ -448,7 +461,19 @@ fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Shared) {
     shared.live.lock().push(Arc::downgrade(&conn));
     tracing::debug!(%peer, "connection open");
 
-    let mut records = Records::new(&conn.stream);
+    let limits = Limits {
+        record_deadline: shared.config.record_deadline,
+        idle_timeout: shared.config.idle_timeout,
+    };
+    let busy = || conn.window.is_busy();
+    let timed = match Timed::new(&conn.stream, limits, &busy) {
+        Ok(timed) => timed,
+        Err(e) => {
+            tracing::warn!(%peer, "cannot set the socket's receive timeout: {e}");
+            return;
+        }
+    };
+    let mut records = Records::new(timed);
     // Replies of calls run on this thread, sent together before it next blocks.
     let mut ready = Vec::new();
     let dispatcher = &shared.dispatcher;
@@ -456,6 +481,8 @@ fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Shared) {
         if !records.has_buffered_record() {
             conn.send_replies(std::mem::take(&mut ready));
         }
+        // The clocks start now, not while the reader waited for the window.
+        records.get_ref().next_record(records.buffered() > 0);
         let record = match records.next_record() {
             Ok(Some(record)) => record,
             Ok(None) => break Ok(()),
@@ -491,6 +518,9 @@ fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Shared) {
         Ok(()) => tracing::debug!(%peer, "connection closed by the client"),
         Err(e) if e.kind() == ErrorKind::InvalidData => {
             tracing::warn!(%peer, "closing the connection: {e}")
+        }
+        Err(e) if e.kind() == ErrorKind::TimedOut => {
+            tracing::info!(%peer, "closing the connection: {e}")
         }
         Err(e) => tracing::debug!(%peer, "closing the connection: {e}"),
     }

@@ -272,3 +272,84 @@ fn stop_closes_open_connections_and_ends_every_thread() {
     assert_eq!(server.connections().len(), 0);
     server.stop(); // a second stop is a no-op
 }
+
+fn start_with_limits(record_deadline: Duration, idle_timeout: Duration) -> ServerHandle {
+    let programs: Vec<Box<dyn Program>> = vec![Box::new(TestProgram::new())];
+    let config = ServerConfig {
+        record_deadline,
+        idle_timeout,
+        ..ServerConfig::default()
+    };
+    let server = Server::bind(
+        "127.0.0.1:0".parse().unwrap(),
+        Arc::new(Dispatcher::new(programs)),
+        config,
+    );
+    server.unwrap().spawn().unwrap()
+}
+
+/// Reads until the server closes the stream; how long that took.
+fn time_to_close(mut stream: &TcpStream) -> Duration {
+    let started = Instant::now();
+    let mut buf = [0u8; 64];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return started.elapsed(),
+            Ok(_) => continue,
+            Err(e) => panic!("the server did not close the connection: {e}"),
+        }
+    }
+}
+
+#[test]
+fn a_record_stalled_half_way_closes_its_connection_at_the_deadline() {
+    let server = start_with_limits(Duration::from_millis(300), Duration::from_secs(60));
+    let mut stalled = connect(&server);
+    stalled.write_all(&null_call(1)[..10]).unwrap();
+    let waited = time_to_close(&stalled);
+    assert!(
+        waited >= Duration::from_millis(250),
+        "closed early: {waited:?}"
+    );
+    // Others are served meanwhile and after.
+    let mut other = connect(&server);
+    other.write_all(&null_call(2)).unwrap();
+    assert_eq!(reply_xids(&other, 1), vec![2]);
+}
+
+#[test]
+fn a_record_trickled_a_byte_at_a_time_closes_its_connection_at_the_deadline() {
+    let server = start_with_limits(Duration::from_millis(300), Duration::from_secs(60));
+    let stream = connect(&server);
+    let mut sender = stream.try_clone().unwrap();
+    let call = null_call(1);
+    let trickle = thread::spawn(move || {
+        // 40 bytes at one per 50 ms: 2 s for a record due within 300 ms.
+        for byte in call {
+            if sender.write_all(&[byte]).is_err() {
+                return true;
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        false
+    });
+    time_to_close(&stream);
+    let _ = trickle.join();
+}
+
+#[test]
+fn an_idle_connection_is_closed_and_a_busy_one_is_not() {
+    let server = start_with_limits(Duration::from_secs(30), Duration::from_millis(400));
+    let idle = connect(&server);
+    let mut active = connect(&server);
+    for xid in 0..10 {
+        active.write_all(&null_call(xid)).unwrap();
+        assert_eq!(reply_xids(&active, 1), vec![xid]);
+        thread::sleep(Duration::from_millis(100));
+    }
+    let waited = time_to_close(&idle);
+    assert!(waited < Duration::from_secs(10));
+    // The active one outlived the idle one's limit by far and still answers.
+    active.write_all(&null_call(99)).unwrap();
+    assert_eq!(reply_xids(&active, 1), vec![99]);
+}
