@@ -206,12 +206,7 @@ impl Host {
         }
         if let Some(mode) = set.mode {
             if before.kind != FileKind::Symlink {
-                rustix::fs::chmodat(
-                    dir,
-                    name,
-                    Mode::from_raw_mode(mode & 0o7777),
-                    AtFlags::empty(),
-                )?;
+                chmod_at(dir, name, Mode::from_raw_mode(mode & 0o7777))?;
             }
         }
         if set.uid.is_some() || set.gid.is_some() {
@@ -228,14 +223,48 @@ impl Host {
     }
 }
 
+/// Truncates the regular file `name`: never through a symlink, and without
+/// blocking on a FIFO swapped in for the file.
 fn truncate_at(dir: BorrowedFd<'_>, name: &CStr, size: u64) -> Result<()> {
-    let file = rustix::fs::openat(
+    let flags = OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+    let file = rustix::fs::openat(dir, name, flags | OFlags::NOCTTY, Mode::empty())?;
+    if !rustix::fs::FileType::from_raw_mode(rustix::fs::fstat(&file)?.st_mode).is_file() {
+        return Err(Error::Inval);
+    }
+    Ok(rustix::fs::ftruncate(&file, size)?)
+}
+
+/// Sets the permission bits of `name` in `dir`, never through a symlink:
+/// the entry checked before may have been swapped for a symlink to a file
+/// outside the export since. A symlink found here is left as it is (a
+/// symlink's own mode means nothing on Linux).
+fn chmod_at(dir: BorrowedFd<'_>, name: &CStr, mode: Mode) -> Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        // chmodat cannot refuse a symlink before Linux 6.6 (fchmodat2), and
+        // fchmod refuses an O_PATH descriptor: the descriptor's own entry in
+        // /proc/self/fd names exactly the inode opened, whatever the name
+        // points to by now.
+        let entry = rustix::fs::openat(
+            dir,
+            name,
+            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        if rustix::fs::FileType::from_raw_mode(rustix::fs::fstat(&entry)?.st_mode).is_symlink() {
+            return Ok(());
+        }
+        let path = format!("/proc/self/fd/{}", entry.as_raw_fd());
+        Ok(rustix::fs::chmod(path.as_str(), mode)?)
+    }
+    #[cfg(not(target_os = "linux"))]
+    Ok(rustix::fs::chmodat(
         dir,
         name,
-        OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY,
-        Mode::empty(),
-    )?;
-    Ok(rustix::fs::ftruncate(&file, size)?)
+        mode,
+        AtFlags::SYMLINK_NOFOLLOW,
+    )?)
 }
 
 /// Where a READ of `count` bytes at `offset` of the open `file` (whose
