@@ -33,13 +33,7 @@ fn serve_prints_its_address_first_and_stops_cleanly_on_sigterm() {
     // It accepts connections on that port.
     let stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     drop(stream);
-    rustix::process::kill_process(
-        rustix::process::Pid::from_child(&child),
-        rustix::process::Signal::TERM,
-    )
-    .unwrap();
-    let status = wait(&mut child);
-    assert_eq!(status.code(), Some(0));
+    stops_cleanly_on_sigterm(&mut child);
 }
 
 #[test]
@@ -102,12 +96,7 @@ fn serve_of_a_stack_makes_the_upper_and_says_what_it_serves() {
     assert!(first.starts_with("listening on 127.0.0.1:"), "{first}");
     assert!(second.contains("2 read-only layers"), "{second}");
     assert!(upper.is_dir(), "the upper was not made");
-    rustix::process::kill_process(
-        rustix::process::Pid::from_child(&child),
-        rustix::process::Signal::TERM,
-    )
-    .unwrap();
-    assert_eq!(wait(&mut child).code(), Some(0));
+    stops_cleanly_on_sigterm(&mut child);
 }
 
 #[test]
@@ -131,6 +120,16 @@ fn a_layer_without_an_upper_and_a_dir_with_layers_are_refused() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("/no/such/layer"));
+}
+
+/// Sends SIGTERM and checks that layerfs exits 0.
+fn stops_cleanly_on_sigterm(child: &mut std::process::Child) {
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(child),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    assert_eq!(wait(child).code(), Some(0));
 }
 
 fn wait(child: &mut std::process::Child) -> std::process::ExitStatus {
@@ -210,12 +209,7 @@ fn another_local_user_is_refused_before_a_byte_is_read() {
     let (mut child, port) = start(dir.path());
     assert_eq!(reply_bytes_as(0, port), 28, "root's NULL call is answered");
     assert_eq!(reply_bytes_as(65534, port), 0, "uid 65534 got a reply");
-    rustix::process::kill_process(
-        rustix::process::Pid::from_child(&child),
-        rustix::process::Signal::TERM,
-    )
-    .unwrap();
-    assert_eq!(wait(&mut child).code(), Some(0));
+    stops_cleanly_on_sigterm(&mut child);
 }
 
 #[test]
