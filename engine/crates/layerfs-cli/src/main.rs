@@ -51,6 +51,11 @@ struct ServeArgs {
         conflicts_with = "fuse"
     )]
     listen: SocketAddr,
+    /// Take every NFS caller to be UID:GID (with no other groups), whatever
+    /// uid its credential claims: files are made as that user and every
+    /// permission is checked for it.
+    #[arg(long, value_name = "UID:GID", value_parser = parse_squash, conflicts_with = "fuse")]
+    squash: Option<(u32, u32)>,
     /// Allow --listen on an address other hosts can reach. Any host that
     /// can connect can then act as any user: only on a network you trust.
     #[arg(long, conflicts_with = "fuse")]
@@ -152,6 +157,14 @@ fn filesystem(args: &ServeArgs) -> Result<(Arc<dyn Filesystem>, PathBuf, String)
     Ok((Arc::new(fs), dir, what))
 }
 
+fn parse_squash(text: &str) -> Result<(u32, u32), String> {
+    let (uid, gid) = text
+        .split_once(':')
+        .ok_or_else(|| format!("{text}: give UID:GID, such as 1000:1000"))?;
+    let number = |n: &str| n.parse::<u32>().map_err(|e| format!("{n}: {e}"));
+    Ok((number(uid)?, number(gid)?))
+}
+
 /// A channel that receives once SIGINT or SIGTERM arrives.
 fn interrupted() -> Result<std::sync::mpsc::Receiver<()>, String> {
     let (stop_tx, stop_rx) = std::sync::mpsc::channel();
@@ -236,7 +249,10 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         idle_timeout: Duration::from_secs(args.idle_timeout.max(1)),
     };
     let stop = interrupted()?;
-    let mut server = layerfs_nfs::serve(fs, host_path, args.listen, config)
+    let mut export = layerfs_nfs::Export::new(fs, host_path)
+        .map_err(|e| format!("cannot export {}: {e}", dir.display()))?;
+    export.squash = args.squash;
+    let mut server = layerfs_nfs::serve_export(export, args.listen, config)
         .map_err(|e| format!("{}: {e}", dir.display()))?;
     let addr = server.local_addr();
     let port = addr.port();

@@ -19,6 +19,8 @@ pub struct Export {
     pub id: u64,
     /// The host path of the export, which clients may also mount by.
     pub host_path: Vec<u8>,
+    /// Every caller is taken to be this uid and gid (no other groups).
+    pub squash: Option<(u32, u32)>,
 }
 
 impl Export {
@@ -32,6 +34,7 @@ impl Export {
             fs,
             id,
             host_path: host_path.to_vec(),
+            squash: None,
         })
     }
 
@@ -88,14 +91,24 @@ impl Export {
     }
 }
 
-/// The caller an RPC credential describes; AUTH_NONE is nobody.
-pub fn caller(cred: &Credentials) -> Caller {
-    match cred {
-        Credentials::Sys(sys) => Caller {
-            uid: sys.uid,
-            gid: sys.gid,
-            gids: sys.gids.clone(),
-        },
-        Credentials::None => Caller::nobody(),
+impl Export {
+    /// The caller a credential describes (AUTH_NONE: nobody), or the one
+    /// identity every caller is squashed to.
+    pub fn caller(&self, cred: &Credentials) -> Caller {
+        if let Some((uid, gid)) = self.squash {
+            return Caller {
+                uid,
+                gid,
+                gids: Vec::new(),
+            };
+        }
+        match cred {
+            Credentials::Sys(sys) => Caller {
+                uid: sys.uid,
+                gid: sys.gid,
+                gids: sys.gids.clone(),
+            },
+            Credentials::None => Caller::nobody(),
+        }
     }
 }

@@ -37,11 +37,16 @@ pub fn programs(
     fs: Arc<dyn Filesystem>,
     host_path: &[u8],
 ) -> layerfs_vfs::Result<Vec<Box<dyn Program>>> {
-    let export = Arc::new(Export::new(fs, host_path)?);
-    Ok(vec![
+    Ok(programs_for(Export::new(fs, host_path)?))
+}
+
+/// The NFS and MOUNT programs for `export`.
+pub fn programs_for(export: Export) -> Vec<Box<dyn Program>> {
+    let export = Arc::new(export);
+    vec![
         Box::new(NfsProgram::new(export.clone())),
         Box::new(MountProgram::new(export)),
-    ])
+    ]
 }
 
 /// Serves `fs` over NFSv3 and MOUNT v3 on `addr` (port 0: one the system
@@ -54,8 +59,18 @@ pub fn serve(
     addr: SocketAddr,
     config: ServerConfig,
 ) -> io::Result<ServerHandle> {
-    let programs =
-        programs(fs, host_path).map_err(|e| io::Error::other(format!("cannot export: {e}")))?;
+    let export =
+        Export::new(fs, host_path).map_err(|e| io::Error::other(format!("cannot export: {e}")))?;
+    serve_export(export, addr, config)
+}
+
+/// [`serve`] for an export already made (with its squash, say).
+pub fn serve_export(
+    export: Export,
+    addr: SocketAddr,
+    config: ServerConfig,
+) -> io::Result<ServerHandle> {
+    let programs = programs_for(export);
     Server::bind(addr, Arc::new(Dispatcher::new(programs)), config)
         .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?
         .spawn()

@@ -12,7 +12,7 @@ use nfs3_types::xdr_codec::{List, Opaque, Pack, Unpack};
 use layerfs_vfs::{Caller, Error, FileKind};
 use nfs3_types::nfs3::nfs_fh3;
 
-use crate::export::{caller, Export};
+use crate::export::Export;
 use crate::{MOUNT_PROGRAM, MOUNT_VERSION};
 
 const PROCEDURES: [&str; 6] = ["NULL", "MNT", "DUMP", "UMNT", "UMNTALL", "EXPORT"];
@@ -115,7 +115,7 @@ impl Program for MountProgram {
             0 => Ok(()),
             1 => {
                 let path = path_arg(call.args)?;
-                let res = match self.resolve(&path, &caller(call.cred)) {
+                let res = match self.resolve(&path, &self.export.caller(call.cred)) {
                     Ok(fh) => {
                         self.remember(client, path);
                         mountres3::Ok(mountres3_ok {

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::access::granted;
-use layerfs_rpc::{xdr, Call, FileTail, Program, Refusal, ReplyBuf};
+use layerfs_rpc::{xdr, Call, Credentials, FileTail, Program, Refusal, ReplyBuf};
 use layerfs_vfs::{Attr, Caller, Change, Create, FileId, FileKind, Stability};
 use nfs3_types::nfs3::*;
 use nfs3_types::xdr_codec::{Opaque, Pack, Unpack};
@@ -12,7 +12,7 @@ use nfs3_types::xdr_codec::{Opaque, Pack, Unpack};
 use crate::convert::{fattr, from_time, post_op, set_attr, wcc, wcc_after};
 use crate::drc::{Begun, Key, ReplyCache};
 use crate::error::{status, Error};
-use crate::export::{caller, Export};
+use crate::export::Export;
 use crate::{NFS_PROGRAM, NFS_VERSION};
 
 mod listing;
@@ -64,7 +64,7 @@ impl NfsProgram {
     }
 
     fn run(&self, call: &Call<'_>, reply: &mut ReplyBuf) -> Result<(), Refusal> {
-        let who = caller(call.cred);
+        let who = self.export.caller(call.cred);
         let a = call.args;
         let Some(proc) = Proc::from_number(call.proc) else {
             return Err(Refusal::ProcUnavail);
@@ -645,6 +645,11 @@ impl Program for NfsProgram {
     }
 
     fn call(&self, call: &Call<'_>, reply: &mut ReplyBuf) -> Result<(), Refusal> {
+        // Every check is made for the caller a credential names: a call
+        // without one gets no procedure but NULL.
+        if call.proc != Proc::Null as u32 && matches!(call.cred, Credentials::None) {
+            return Err(Refusal::AuthTooWeak);
+        }
         let Some(proc) = Proc::from_number(call.proc).filter(|p| p.changes()) else {
             return self.run(call, reply);
         };

@@ -78,6 +78,9 @@ pub enum Denial {
 pub enum AuthError {
     /// Malformed credential or verifier, or a flavor this server does not take.
     BadCred,
+    /// A flavor the program does not take for this procedure (AUTH_NONE
+    /// where a caller's identity decides what it may do).
+    TooWeak,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -221,6 +224,7 @@ pub fn denied_reply(xid: u32, why: Denial) -> ReplyBuf {
     let rejected = match why {
         Denial::RpcMismatch => rejected_reply::rpc_mismatch(RPC_VERSION_2, RPC_VERSION_2),
         Denial::Auth(AuthError::BadCred) => rejected_reply::auth_error(auth_stat::AUTH_BADCRED),
+        Denial::Auth(AuthError::TooWeak) => rejected_reply::auth_error(auth_stat::AUTH_TOOWEAK),
     };
     reply(xid, reply_body::MSG_DENIED(rejected))
 }

@@ -32,6 +32,8 @@ pub enum Refusal {
     /// No reply at all, as for a retransmission of a call still running:
     /// the client retransmits again later.
     Dropped,
+    /// Denied AUTH_TOOWEAK: the call needs a credential that names a caller.
+    AuthTooWeak,
 }
 
 /// An RPC program (such as NFS or MOUNT) served over this transport.
@@ -183,6 +185,11 @@ impl Dispatcher {
         match outcome {
             Ok(()) => Some(reply),
             Err(Refusal::Dropped) => None,
+            Err(Refusal::AuthTooWeak) => {
+                self.rejected.fetch_add(1, Relaxed);
+                let denial = envelope::Denial::Auth(envelope::AuthError::TooWeak);
+                Some(envelope::denied_reply(xid, denial))
+            }
             Err(refusal) => {
                 self.rejected.fetch_add(1, Relaxed);
                 let name = entry.program.procedure_name(header.proc).unwrap_or("?");
@@ -190,7 +197,9 @@ impl Dispatcher {
                 let stat = match refusal {
                     Refusal::ProcUnavail => Accepted::ProcUnavail,
                     Refusal::GarbageArgs => Accepted::GarbageArgs,
-                    Refusal::SystemErr | Refusal::Dropped => Accepted::SystemErr,
+                    Refusal::SystemErr | Refusal::Dropped | Refusal::AuthTooWeak => {
+                        Accepted::SystemErr
+                    }
                 };
                 Some(envelope::accepted_reply(xid, stat))
             }
