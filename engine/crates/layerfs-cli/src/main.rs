@@ -82,6 +82,10 @@ struct ServeArgs {
     /// (it reconnects when it needs to).
     #[arg(long, default_value_t = ServerConfig::default().idle_timeout.as_secs(), value_name = "SECS")]
     idle_timeout: u64,
+    /// Connections open at most (each holds a thread); past it the one idle
+    /// the longest is closed to make room.
+    #[arg(long, default_value_t = ServerConfig::default().max_connections, value_name = "N")]
+    max_connections: usize,
     /// Threads that run calls, shared by all connections.
     #[arg(long, default_value_t = ServerConfig::default().workers, value_name = "N")]
     workers: usize,
@@ -247,6 +251,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         admit: Admission::Uids(vec![0, rustix::process::geteuid().as_raw()]),
         record_deadline: Duration::from_secs(args.record_deadline.max(1)),
         idle_timeout: Duration::from_secs(args.idle_timeout.max(1)),
+        max_connections: args.max_connections.max(1),
     };
     let stop = interrupted()?;
     let mut export = layerfs_nfs::Export::new(fs, host_path)

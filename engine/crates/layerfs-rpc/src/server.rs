@@ -15,7 +15,7 @@ use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use socket2::{Domain, SockRef, Socket, Type};
@@ -39,6 +39,10 @@ pub struct ServerConfig {
     pub record_deadline: Duration,
     /// A connection without a call for this long, and none running, is closed.
     pub idle_timeout: Duration,
+    /// Connections open at most (a thread each). A new one past it closes
+    /// the connection idle the longest, as knfsd does, or is refused if
+    /// every one has calls running.
+    pub max_connections: usize,
 }
 
 impl Default for ServerConfig {
@@ -50,6 +54,7 @@ impl Default for ServerConfig {
             record_deadline: Duration::from_secs(30),
             // knfsd's: the Linux client reconnects when it needs to.
             idle_timeout: Duration::from_secs(6 * 60),
+            max_connections: 1024,
         }
     }
 }
@@ -173,6 +178,10 @@ struct Connection {
     stream: TcpStream,
     writer: ReplyWriter<TcpStream>,
     window: Window,
+    /// When its last call arrived, in milliseconds since the server started.
+    last_call: AtomicU64,
+    /// Chosen to make room for a new connection; going.
+    evicted: AtomicBool,
     records: AtomicU64,
     socket_reads: AtomicU64,
     bytes_in: AtomicU64,
@@ -231,11 +240,51 @@ struct Shared {
     live: Mutex<Vec<Weak<Connection>>>,
     /// The reader threads, joined by [`ServerHandle::stop`].
     readers: Mutex<Vec<JoinHandle<()>>>,
+    started: Instant,
     closed: Mutex<TransportStats>,
     stopping: AtomicBool,
 }
 
 impl Shared {
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// Whether a new connection from `peer` may open: below the limit, or
+    /// once the connection idle the longest is on its way out.
+    fn make_room(&self, peer: SocketAddr) -> bool {
+        let live: Vec<Arc<Connection>> = self
+            .live
+            .lock()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter(|c| !c.evicted.load(Relaxed))
+            .collect();
+        if live.len() < self.config.max_connections {
+            return true;
+        }
+        let idle = live
+            .iter()
+            .filter(|c| !c.window.is_busy())
+            .min_by_key(|c| c.last_call.load(Relaxed));
+        match idle {
+            Some(oldest) => {
+                tracing::info!(
+                    closed = %oldest.addr, %peer,
+                    "{} connections open: closing the one idle the longest", live.len()
+                );
+                oldest.evicted.store(true, Relaxed);
+                // Its reader sees the end of the stream and winds it down.
+                let _ = oldest.stream.shutdown(Shutdown::Read);
+                true
+            }
+            None => {
+                tracing::warn!(%peer, "{} connections open, all busy: refused", live.len());
+                false
+            }
+        }
+    }
+
     fn stats(&self) -> TransportStats {
         let mut live = self.live.lock();
         let mut total = *self.closed.lock();
@@ -278,6 +327,7 @@ impl Server {
                 jobs: Mutex::new(Some(jobs)),
                 live: Mutex::new(Vec::new()),
                 readers: Mutex::new(Vec::new()),
+                started: Instant::now(),
                 closed: Mutex::new(TransportStats::default()),
                 stopping: AtomicBool::new(false),
             }),
@@ -396,7 +446,7 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
                 let admitted = stream
                     .local_addr()
                     .is_ok_and(|local| shared.config.admit.admits(local, peer));
-                if !admitted {
+                if !admitted || !shared.make_room(peer) {
                     // Closed before a byte of it is read.
                     continue;
                 }
@@ -453,6 +503,8 @@ fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Shared) {
         stream,
         writer: ReplyWriter::new(write_half),
         window: Window::new(shared.config.window),
+        last_call: AtomicU64::new(shared.now_ms()),
+        evicted: AtomicBool::new(false),
         records: AtomicU64::new(0),
         socket_reads: AtomicU64::new(0),
         bytes_in: AtomicU64::new(0),
@@ -489,6 +541,7 @@ fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Shared) {
             Err(e) => break Err(e),
         };
         conn.records.fetch_add(1, Relaxed);
+        conn.last_call.store(shared.now_ms(), Relaxed);
         let for_worker = if dispatcher.is_quick(record.as_bytes()) {
             if let Outcome::Reply(frame) = dispatcher.handle(record.as_bytes(), conn.peer) {
                 ready.push(frame);

@@ -353,3 +353,35 @@ fn an_idle_connection_is_closed_and_a_busy_one_is_not() {
     active.write_all(&null_call(99)).unwrap();
     assert_eq!(reply_xids(&active, 1), vec![99]);
 }
+
+#[test]
+fn past_the_connection_limit_the_longest_idle_connection_makes_room() {
+    let (release, gate) = mpsc::channel();
+    let program = TestProgram::new();
+    *program.release.lock().unwrap() = Some(gate);
+    let programs: Vec<Box<dyn Program>> = vec![Box::new(program)];
+    let config = ServerConfig {
+        max_connections: 2,
+        ..ServerConfig::default()
+    };
+    let server = Server::bind(
+        "127.0.0.1:0".parse().unwrap(),
+        Arc::new(Dispatcher::new(programs)),
+        config,
+    );
+    let server = server.unwrap().spawn().unwrap();
+    let mut idle = connect(&server);
+    idle.write_all(&null_call(1)).unwrap();
+    assert_eq!(reply_xids(&idle, 1), vec![1]);
+    // A call that runs until released: this connection is busy.
+    let mut busy = connect(&server);
+    busy.write_all(&framed(&call_msg(2, 2, TEST_PROG, 2, 2, (0, &[]), &[])))
+        .unwrap();
+    wait_for_stats(&server, |s| s.records == 2);
+    let mut third = connect(&server);
+    time_to_close(&idle);
+    third.write_all(&null_call(3)).unwrap();
+    assert_eq!(reply_xids(&third, 1), vec![3], "the new one is served");
+    release.send(()).unwrap();
+    assert_eq!(reply_xids(&busy, 1), vec![2], "the busy one was kept");
+}
