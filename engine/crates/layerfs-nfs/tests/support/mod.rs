@@ -278,8 +278,6 @@ pub fn decode<T: nfs3_types::xdr_codec::Unpack>(bytes: &[u8]) -> T {
     T::unpack(&mut r).unwrap().0
 }
 
-/// A call record (no record mark) as root over AUTH_SYS with an empty
-/// machine name and no groups, for driving a `Dispatcher` directly.
 /// XDR variable-length opaque data: length, bytes, padding.
 pub fn xdr_opaque(bytes: &[u8]) -> Vec<u8> {
     let mut out = (bytes.len() as u32).to_be_bytes().to_vec();
@@ -288,6 +286,8 @@ pub fn xdr_opaque(bytes: &[u8]) -> Vec<u8> {
     out
 }
 
+/// A call record (no record mark) as root over AUTH_SYS with an empty
+/// machine name and no groups, for driving a `Dispatcher` directly.
 pub fn call_record(xid: u32, prog: u32, proc: u32, args: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     for w in [xid, 0, 2, prog, 3, proc, 1, 20, 0, 0, 0, 0, 0, 0, 0] {
