@@ -31,7 +31,8 @@ for door in trait fuse; do
 	log=target/overlay-diff-$door.log
 	if ! LAYERFS_DIFF_DOOR=$door LAYERFS_DIFF_CASES=2000 \
 		cargo test -p layerfs-layers --test overlay_diff -- --nocapture >$log 2>&1; then
-		grep -v '^thread\|^called\|^$' $log | tail -n 40
+		# The failing case and why, without the backtrace.
+		grep -E -A 12 'panicked at|Test failed|minimal failing' $log | grep -v '^ *[0-9]*: \|^ *at ' | head -n 60
 		exit 1
 	fi
 	grep -E 'SKIPPED|succeeded|test result' $log

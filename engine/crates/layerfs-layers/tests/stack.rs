@@ -415,3 +415,27 @@ fn a_second_stack_on_a_served_upper_is_refused_and_touches_nothing() {
         a.fileid
     );
 }
+
+#[test]
+fn renaming_over_one_name_of_a_lower_hard_link_leaves_the_other_with_one_link() {
+    // As overlayfs shows it: the name replaced no longer counts.
+    let s = Stack::new(1, |_, d| {
+        std::fs::create_dir(d.join("a")).unwrap();
+        std::fs::write(d.join("b"), b"shared").unwrap();
+        std::fs::hard_link(d.join("b"), d.join("a/a")).unwrap();
+        std::os::unix::fs::symlink("t0", d.join("c")).unwrap();
+    });
+    let fs = s.open();
+    let r = fs.root();
+    let other = at(&fs, "a/a").unwrap();
+    assert_eq!(fs.getattr(other).unwrap().nlink, 2);
+    fs.rename(&root(), r, b"c", r, b"b").unwrap();
+    assert_eq!(fs.getattr(other).unwrap().nlink, 1);
+    assert_eq!(read_all(&fs, other), b"shared");
+    assert_eq!(fs.readlink(&root(), at(&fs, "b").unwrap()).unwrap(), b"t0");
+    assert_eq!(
+        std::fs::read(s.lowers[0].join("b")).unwrap(),
+        b"shared",
+        "a layer changed"
+    );
+}

@@ -559,6 +559,17 @@ impl Filesystem for StackFs {
                 at = self.node(&layers, at)?.parent;
             }
         }
+        // A lower file with other names loses this one: they become one
+        // upper file first, as for an unlink, so they count a link less.
+        let dst = match dst {
+            Some(d) if d.layer != UPPER && d.kind() == FileKind::Regular && d.host.nlink > 1 => {
+                self.remember(to, to_name, d.attr.fileid);
+                self.copy_up(&layers, d.attr.fileid)?;
+                let to_now = self.found(&layers, to)?;
+                layers.lookup(&self.inodes, &to_now.parts, &to_c)?
+            }
+            other => other,
+        };
         let id = src.attr.fileid;
         self.remember(from, from_name, id);
         // The source, whole in the upper: a lower directory cannot move.
