@@ -48,10 +48,14 @@ fi
 
 step "end to end: the Linux kernel FUSE client (native)"
 # Needs root and /dev/fuse; each run says SKIPPED where they are missing.
-for what in flat stack; do
-	echo "-- workload through FUSE, $what"
-	tests/fuse/run.sh target/release/layerfs $what
+for on in tmpfs ext4; do
+	for what in flat stack; do
+		echo "-- workload through FUSE, $what, on $on"
+		tests/fuse/run.sh target/release/layerfs $what $on
+	done
 done
+echo "-- workload through FUSE, flat, on an overlay across filesystems"
+tests/fuse/run.sh target/release/layerfs flat overlay
 echo "-- starting and stopping the door"
 tests/fuse/door.sh target/release/layerfs
 

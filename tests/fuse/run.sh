@@ -2,11 +2,13 @@
 # Runs the kernel-client workloads through a FUSE mount on this machine: the
 # whole of tests/kernel/workload.sh on a flat directory (`flat`), or
 # tests/kernel/layered.sh on a three-layer stack (`stack`), with the data on a
-# tmpfs of its own. Needs root (it mounts, drops caches and chowns) and
-# /dev/fuse; says SKIPPED without them.
-# usage: tests/fuse/run.sh LAYERFS (flat|stack)
+# tmpfs of its own, on a fresh ext4 image (`ext4`), or (flat only: a stack
+# refuses it) on an overlay of a tmpfs under that ext4, whose directory inode
+# numbers are not kept (`overlay`). Needs root (it mounts,
+# drops caches and chowns) and /dev/fuse; says SKIPPED without them.
+# usage: tests/fuse/run.sh LAYERFS (flat|stack) [tmpfs|ext4|overlay]
 set -euo pipefail
-layerfs=$(realpath "$1") what=$2
+layerfs=$(realpath "$1") what=$2 on=${3:-tmpfs}
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 if [[ ! -c /dev/fuse ]]; then
 	echo "SKIPPED: FUSE $what workload: no /dev/fuse"
@@ -17,12 +19,37 @@ if [[ $(id -u) != 0 ]]; then
 	exit 0
 fi
 base=$(mktemp -d /tmp/layerfs-fuse.XXXXXX)
-mount -t tmpfs -o size=2g tmpfs "$base"
+case $on in
+tmpfs) mount -t tmpfs -o size=2g tmpfs "$base" ;;
+ext4 | overlay)
+	if ! command -v mkfs.ext4 >/dev/null; then
+		echo "SKIPPED: FUSE $what workload on ext4: mkfs.ext4 is missing (e2fsprogs)"
+		rmdir "$base"
+		exit 0
+	fi
+	image=$(mktemp /tmp/layerfs-fuse-ext4.XXXXXX)
+	truncate -s 2G "$image"
+	mkfs.ext4 -q -F "$image"
+	if ! mount -o loop "$image" "$base" 2>/dev/null; then
+		echo "SKIPPED: FUSE $what workload on $on: no loop device to mount an ext4 image"
+		rm "$image"
+		rmdir "$base"
+		exit 0
+	fi
+	rm "$image" # freed once unmounted
+	;;
+*)
+	echo "usage: $0 LAYERFS (flat|stack) [tmpfs|ext4|overlay]" >&2
+	exit 2
+	;;
+esac
 mnt=$base/mnt
 mkdir "$mnt"
 cleanup() {
 	pkill -f -- "serve --fuse $mnt" || true
 	umount -l "$mnt" 2>/dev/null || true
+	umount -l "$base/export" 2>/dev/null || true
+	umount -l "$base/lower" 2>/dev/null || true
 	umount -l "$base"
 	rmdir "$base"
 	rm -f /tmp/4k /tmp/1m /tmp/64m /tmp/tree.tar
@@ -31,6 +58,12 @@ trap cleanup EXIT
 case $what in
 flat)
 	mkdir "$base/export"
+	if [[ $on == overlay ]]; then
+		mkdir "$base/lower" "$base/upper" "$base/work"
+		mount -t tmpfs tmpfs "$base/lower"
+		mount -t overlay overlay \
+			-o "lowerdir=$base/lower,upperdir=$base/upper,workdir=$base/work" "$base/export"
+	fi
 	server="exec $layerfs serve --fuse $mnt $base/export"
 	workload=workload.sh
 	;;
