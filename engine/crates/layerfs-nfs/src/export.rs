@@ -1,7 +1,9 @@
-//! What the NFS and MOUNT programs share: the filesystem, its handles and
-//! the identity of callers.
+//! What the NFS and MOUNT programs share: the exported filesystems, their
+//! handles and the identity of callers.
 
 use std::sync::Arc;
+
+use parking_lot::RwLock;
 
 use layerfs_rpc::Credentials;
 use layerfs_vfs::{Attr, Caller, FileId, Filesystem};
@@ -17,7 +19,10 @@ pub struct Export {
     pub fs: Arc<dyn Filesystem>,
     /// Names this export in handles, and is its fsid.
     pub id: u64,
-    /// The host path of the export, which clients may also mount by.
+    /// The path clients mount it by (`/` when a server has one export).
+    pub path: Vec<u8>,
+    /// The host path of the export, which clients may also mount by
+    /// (empty: none).
     pub host_path: Vec<u8>,
     /// Every caller is taken to be this uid and gid (no other groups).
     pub squash: Option<(u32, u32)>,
@@ -33,6 +38,7 @@ impl Export {
         Ok(Export {
             fs,
             id,
+            path: b"/".to_vec(),
             host_path: host_path.to_vec(),
             squash: None,
         })
@@ -55,23 +61,6 @@ impl Export {
 
     pub fn root_handle(&self) -> Result<nfs_fh3, Error> {
         Ok(self.handle(&self.fs.getattr(self.fs.root())?))
-    }
-
-    /// The file a handle names, with its current attributes.
-    /// Whether the file handle that `args` start with names a file the
-    /// filesystem finds without a walk (a bad handle is answered at once).
-    pub fn knows_handle_in(&self, args: &[u8]) -> bool {
-        let Some(len) = args.get(..4) else {
-            return true;
-        };
-        let len = u32::from_be_bytes(len.try_into().expect("4 bytes")) as usize;
-        match args
-            .get(4..4 + len.min(64))
-            .map(|h| FileHandle::decode(h, self.id))
-        {
-            Some(Ok(h)) => self.fs.knows(h.fileid),
-            _ => true,
-        }
     }
 
     /// Runs `op` on the file a handle names, with its current attributes.
@@ -110,5 +99,137 @@ impl Export {
             },
             Credentials::None => Caller::nobody(),
         }
+    }
+}
+
+/// The exports one server serves: found by the export id in a handle, or by
+/// the path a client mounts. Exports come and go while the server runs.
+#[derive(Default)]
+pub struct Exports {
+    all: RwLock<Vec<Arc<Export>>>,
+}
+
+impl Exports {
+    /// A table of one export.
+    pub fn one(export: Export) -> Exports {
+        Exports {
+            all: RwLock::new(vec![Arc::new(export)]),
+        }
+    }
+
+    /// Adds `export`; refused when its id or path is already served.
+    pub fn add(&self, export: Export) -> Result<Arc<Export>, std::io::Error> {
+        let mut all = self.all.write();
+        if let Some(other) = all
+            .iter()
+            .find(|e| e.id == export.id || e.path == export.path)
+        {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                format!(
+                    "export {} clashes with {} (id {:x})",
+                    String::from_utf8_lossy(&export.path),
+                    String::from_utf8_lossy(&other.path),
+                    other.id
+                ),
+            ));
+        }
+        let export = Arc::new(export);
+        all.push(export.clone());
+        Ok(export)
+    }
+
+    /// Stops serving export `id`: its handles are STALE from now on.
+    pub fn remove(&self, id: u64) -> Option<Arc<Export>> {
+        let mut all = self.all.write();
+        let at = all.iter().position(|e| e.id == id)?;
+        Some(all.swap_remove(at))
+    }
+
+    pub fn get(&self, id: u64) -> Option<Arc<Export>> {
+        self.all.read().iter().find(|e| e.id == id).cloned()
+    }
+
+    pub fn list(&self) -> Vec<Arc<Export>> {
+        self.all.read().clone()
+    }
+
+    /// The export of the handle that `args` start with (every NFS
+    /// procedure's arguments but NULL's do): a malformed handle is
+    /// BADHANDLE, one of an export not served is STALE.
+    pub fn of_args(&self, args: &[u8]) -> Result<Arc<Export>, Error> {
+        let id = handle_in(args).ok_or(Error::BadHandle)??;
+        self.get(id).ok_or(Error::Fs(layerfs_vfs::Error::Stale))
+    }
+
+    /// Whether the handle that `args` start with names a file its
+    /// filesystem finds without a walk (a bad handle is answered at once).
+    pub fn knows_handle_in(&self, args: &[u8]) -> bool {
+        let Some(Ok(id)) = handle_in(args) else {
+            return true;
+        };
+        let Some(export) = self.get(id) else {
+            return true;
+        };
+        match args
+            .get(4..)
+            .map(|h| FileHandle::decode(&h[..h.len().min(FileHandle::LEN)], id))
+        {
+            Some(Ok(h)) => export.fs.knows(h.fileid),
+            _ => true,
+        }
+    }
+
+    /// The export a MNT path names and the rest of the path below it: the
+    /// export whose path, or host path, is the longest whole-component
+    /// prefix of `path`.
+    pub fn for_path<'p>(&self, path: &'p [u8]) -> Option<(Arc<Export>, &'p [u8])> {
+        let all = self.all.read();
+        let mut best: Option<(usize, &Arc<Export>, &'p [u8])> = None;
+        for export in all.iter() {
+            for prefix in [&export.path, &export.host_path] {
+                let Some(rest) = below(path, prefix) else {
+                    continue;
+                };
+                if best.is_none_or(|(len, _, _)| prefix.len() > len) {
+                    best = Some((prefix.len(), export, rest));
+                }
+            }
+        }
+        best.map(|(_, export, rest)| (export.clone(), rest))
+    }
+}
+
+/// The rest of `path` below `prefix`, when `prefix` is a whole-component
+/// prefix of it.
+fn below<'p>(path: &'p [u8], prefix: &[u8]) -> Option<&'p [u8]> {
+    if prefix.is_empty() {
+        return None;
+    }
+    let rest = path.strip_prefix(prefix.strip_suffix(b"/").unwrap_or(prefix))?;
+    (rest.is_empty() || rest.starts_with(b"/")).then_some(rest)
+}
+
+/// The export id in the handle that XDR `args` start with; `None` when
+/// there are no bytes for one.
+fn handle_in(args: &[u8]) -> Option<Result<u64, Error>> {
+    let len = u32::from_be_bytes(args.get(..4)?.try_into().expect("4 bytes")) as usize;
+    let bytes = args.get(4..4 + len.min(64))?;
+    Some(FileHandle::export_of(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::below;
+
+    #[test]
+    fn a_mount_path_is_below_whole_components_only() {
+        assert_eq!(below(b"/", b"/"), Some(&b"/"[..]));
+        assert_eq!(below(b"/a/b", b"/"), Some(&b"/a/b"[..]));
+        assert_eq!(below(b"/ws/x", b"/ws"), Some(&b"/x"[..]));
+        assert_eq!(below(b"/ws", b"/ws"), Some(&b""[..]));
+        assert_eq!(below(b"/wsx", b"/ws"), None);
+        assert_eq!(below(b"/w", b"/ws"), None);
+        assert_eq!(below(b"/ws", b""), None);
     }
 }

@@ -14,6 +14,18 @@ const VERSION: u8 = 1;
 /// Bytes in a handle.
 pub const LEN: usize = 25;
 
+impl FileHandle {
+    pub const LEN: usize = LEN;
+
+    /// The export a handle belongs to; a malformed handle is BADHANDLE.
+    pub fn export_of(bytes: &[u8]) -> Result<u64, Error> {
+        if bytes.len() != LEN || bytes[0] != VERSION {
+            return Err(Error::BadHandle);
+        }
+        Ok(u64::from_be_bytes(bytes[1..9].try_into().expect("8 bytes")))
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FileHandle {
     pub export: u64,

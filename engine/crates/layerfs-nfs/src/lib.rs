@@ -19,7 +19,7 @@ use layerfs_vfs::Filesystem;
 
 pub use error::Error;
 
-pub use export::Export;
+pub use export::{Export, Exports};
 pub use handle::FileHandle;
 pub use mount::MountProgram;
 pub use nfs::NfsProgram;
@@ -42,10 +42,15 @@ pub fn programs(
 
 /// The NFS and MOUNT programs for `export`.
 pub fn programs_for(export: Export) -> Vec<Box<dyn Program>> {
-    let export = Arc::new(export);
+    programs_of(Arc::new(Exports::one(export)))
+}
+
+/// The NFS and MOUNT programs for a table of exports, which may change
+/// while they serve.
+pub fn programs_of(exports: Arc<Exports>) -> Vec<Box<dyn Program>> {
     vec![
-        Box::new(NfsProgram::new(export.clone())),
-        Box::new(MountProgram::new(export)),
+        Box::new(NfsProgram::new(exports.clone())),
+        Box::new(MountProgram::new(exports)),
     ]
 }
 
@@ -70,7 +75,16 @@ pub fn serve_export(
     addr: SocketAddr,
     config: ServerConfig,
 ) -> io::Result<ServerHandle> {
-    let programs = programs_for(export);
+    serve_exports(Arc::new(Exports::one(export)), addr, config)
+}
+
+/// Serves every export of `exports`, as they come and go, on `addr`.
+pub fn serve_exports(
+    exports: Arc<Exports>,
+    addr: SocketAddr,
+    config: ServerConfig,
+) -> io::Result<ServerHandle> {
+    let programs = programs_of(exports);
     Server::bind(addr, Arc::new(Dispatcher::new(programs)), config)
         .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?
         .spawn()

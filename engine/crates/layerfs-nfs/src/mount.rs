@@ -3,47 +3,49 @@
 use parking_lot::Mutex;
 use std::sync::Arc;
 
-use layerfs_rpc::{Call, Program, Refusal, ReplyBuf};
+use layerfs_rpc::{Call, Credentials, Program, Refusal, ReplyBuf};
 use nfs3_types::mount::{
     dirpath, export_node, fhandle3, mountbody, mountres3, mountres3_ok, mountstat3, name,
 };
 use nfs3_types::xdr_codec::{List, Opaque, Pack, Unpack};
 
-use layerfs_vfs::{Caller, Error, FileKind};
+use layerfs_vfs::{Error, FileKind};
 use nfs3_types::nfs3::nfs_fh3;
 
-use crate::export::Export;
+use crate::export::Exports;
 use crate::{MOUNT_PROGRAM, MOUNT_VERSION};
 
 const PROCEDURES: [&str; 6] = ["NULL", "MNT", "DUMP", "UMNT", "UMNTALL", "EXPORT"];
 /// AUTH_SYS, the one flavor served.
 const AUTH_UNIX: u32 = 1;
 
-/// MOUNT version 3 for one export, mountable as `/` or by its host path,
-/// and at any directory below.
+/// MOUNT version 3 for a server's exports, each mountable by its path or
+/// its host path, and at any directory below.
 pub struct MountProgram {
-    export: Arc<Export>,
+    exports: Arc<Exports>,
     /// (client address, path) of MNTs not yet UMNTed, for DUMP.
     mounts: Mutex<Vec<(String, Vec<u8>)>>,
 }
 
 impl MountProgram {
-    pub fn new(export: Arc<Export>) -> Self {
+    pub fn new(exports: Arc<Exports>) -> Self {
         MountProgram {
-            export,
+            exports,
             mounts: Mutex::new(Vec::new()),
         }
     }
 
-    /// The directory a MNT path names: `/` or the export's host path, or a
-    /// directory below either (as the Linux server allows), looked up as the caller.
-    fn resolve(&self, path: &[u8], who: &Caller) -> Result<nfs_fh3, mountstat3> {
-        let host = self.export.host_path.as_slice();
-        let rest = match path.strip_prefix(host) {
-            Some(rest) if host.len() > 1 && (rest.is_empty() || rest.starts_with(b"/")) => rest,
-            _ => path.strip_prefix(b"/").ok_or(mountstat3::MNT3ERR_NOENT)?,
-        };
-        let fs = &self.export.fs;
+    /// The directory a MNT path names: an export's path or host path, or a
+    /// directory below either (as the Linux server allows), looked up as
+    /// the caller the export takes `cred` for.
+    fn resolve(&self, path: &[u8], cred: &Credentials) -> Result<nfs_fh3, mountstat3> {
+        let (export, rest) = self
+            .exports
+            .for_path(path)
+            .ok_or(mountstat3::MNT3ERR_NOENT)?;
+        let who = export.caller(cred);
+        let who = &who;
+        let fs = &export.fs;
         let mut dir = fs.getattr(fs.root()).map_err(|_| mountstat3::MNT3ERR_IO)?;
         for component in rest.split(|&b| b == b'/').filter(|n| !n.is_empty()) {
             dir = fs.lookup(who, dir.fileid, component).map_err(|e| match e {
@@ -57,7 +59,7 @@ impl MountProgram {
         if dir.kind != FileKind::Directory {
             return Err(mountstat3::MNT3ERR_NOTDIR);
         }
-        Ok(self.export.handle(&dir))
+        Ok(export.handle(&dir))
     }
 }
 
@@ -115,7 +117,7 @@ impl Program for MountProgram {
             0 => Ok(()),
             1 => {
                 let path = path_arg(call.args)?;
-                let res = match self.resolve(&path, &self.export.caller(call.cred)) {
+                let res = match self.resolve(&path, call.cred) {
                     Ok(fh) => {
                         self.remember(client, path);
                         mountres3::Ok(mountres3_ok {
@@ -155,10 +157,16 @@ impl Program for MountProgram {
                 Ok(())
             }
             5 => {
-                let list = List(vec![export_node {
-                    ex_dir: dirpath(Opaque::borrowed(b"/")),
-                    ex_groups: List(Vec::new()),
-                }]);
+                let exports = self.exports.list();
+                let list = List(
+                    exports
+                        .iter()
+                        .map(|e| export_node {
+                            ex_dir: dirpath(Opaque::borrowed(&e.path)),
+                            ex_groups: List(Vec::new()),
+                        })
+                        .collect(),
+                );
                 put(reply, &list)
             }
             _ => Err(Refusal::ProcUnavail),

@@ -12,7 +12,7 @@ use nfs3_types::xdr_codec::{Opaque, Pack, Unpack};
 use crate::convert::{fattr, from_time, post_op, set_attr, wcc, wcc_after};
 use crate::drc::{Begun, Key, ReplyCache};
 use crate::error::{status, Error};
-use crate::export::Export;
+use crate::export::{Export, Exports};
 use crate::{NFS_PROGRAM, NFS_VERSION};
 
 mod listing;
@@ -33,9 +33,9 @@ const DIR_PREF: u32 = 64 * 1024;
 const PROPERTIES: u32 = 0x0001 | 0x0002 | 0x0008 | 0x0010;
 const REPLY_CACHE_ENTRIES: usize = 4096;
 
-/// NFS version 3 over one export.
+/// NFS version 3 over the exports of one server.
 pub struct NfsProgram {
-    export: Arc<Export>,
+    exports: Arc<Exports>,
     /// One per server instance, the same in WRITE and COMMIT: a new one after
     /// a restart tells clients to resend what they wrote unstably.
     write_verf: writeverf3,
@@ -43,18 +43,54 @@ pub struct NfsProgram {
 }
 
 impl NfsProgram {
-    pub fn new(export: Arc<Export>) -> Self {
+    pub fn new(exports: Arc<Exports>) -> Self {
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default();
         let verf = (now.as_nanos() as u64) ^ (u64::from(std::process::id()) << 48);
         NfsProgram {
-            export,
+            exports,
             write_verf: writeverf3(verf.to_be_bytes()),
             cache: ReplyCache::new(REPLY_CACHE_ENTRIES),
         }
     }
 
+    /// Runs a call on the export its handle names.
+    fn run(&self, call: &Call<'_>, reply: &mut ReplyBuf) -> Result<(), Refusal> {
+        let Some(proc) = Proc::from_number(call.proc) else {
+            return Err(Refusal::ProcUnavail);
+        };
+        if proc == Proc::Null {
+            return Ok(());
+        }
+        match self.exports.of_args(call.args) {
+            Ok(export) => Served {
+                export: &export,
+                write_verf: self.write_verf,
+            }
+            .run(proc, call, reply),
+            Err(e) => fail_without_attributes(proc, e, reply),
+        }
+    }
+}
+
+/// A failure reply that carries no attributes: the status, then FALSE for
+/// each of the procedure's optional attributes.
+fn fail_without_attributes(proc: Proc, e: Error, reply: &mut ReplyBuf) -> Result<(), Refusal> {
+    put(reply, &status(e))?;
+    for _ in 0..proc.optional_attributes_on_failure() {
+        put(reply, &false)?;
+    }
+    Ok(())
+}
+
+/// One call's export, which its procedure runs against.
+struct Served<'a> {
+    export: &'a Export,
+    write_verf: writeverf3,
+}
+
+impl Served<'_> {
     fn fsid(&self) -> u64 {
         self.export.id
     }
@@ -63,12 +99,9 @@ impl NfsProgram {
         self.export.fs.getattr(id).ok()
     }
 
-    fn run(&self, call: &Call<'_>, reply: &mut ReplyBuf) -> Result<(), Refusal> {
+    fn run(&self, proc: Proc, call: &Call<'_>, reply: &mut ReplyBuf) -> Result<(), Refusal> {
         let who = self.export.caller(call.cred);
         let a = call.args;
-        let Some(proc) = Proc::from_number(call.proc) else {
-            return Err(Refusal::ProcUnavail);
-        };
         match proc {
             Proc::Null => Ok(()),
             Proc::Getattr => self.getattr(args(a)?, reply),
@@ -639,7 +672,7 @@ impl Program for NfsProgram {
     fn is_quick(&self, proc: u32, args: &[u8]) -> bool {
         match Proc::from_number(proc) {
             Some(Proc::Null) => true,
-            Some(p) => p.is_quick() && self.export.knows_handle_in(args),
+            Some(p) => p.is_quick() && self.exports.knows_handle_in(args),
             None => false,
         }
     }

@@ -7,11 +7,11 @@ use nfs3_types::xdr_codec::{List, Opaque};
 
 use layerfs_rpc::xdr::padded;
 
-use super::{put, NfsProgram};
+use super::{put, Served};
 use crate::convert::post_op;
 use crate::error::{status, Error};
 
-impl NfsProgram {
+impl Served<'_> {
     /// The start of a READDIR(PLUS) that passed its checks: the directory's
     /// id, attributes and cookie verifier.
     fn open_listing(

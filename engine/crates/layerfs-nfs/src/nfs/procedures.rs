@@ -3,7 +3,7 @@
 
 /// Declares [`Proc`] from the table: one row per procedure.
 macro_rules! procedures {
-    ($($proc:ident = $number:literal, $name:literal, changes: $changes:literal, quick: $quick:literal;)*) => {
+    ($($proc:ident = $number:literal, $name:literal, changes: $changes:literal, quick: $quick:literal, fail: $fail:literal;)*) => {
         /// An NFSv3 procedure.
         #[derive(Clone, Copy, Debug, PartialEq, Eq)]
         pub enum Proc {
@@ -40,33 +40,41 @@ macro_rules! procedures {
                     $(Proc::$proc => $quick,)*
                 }
             }
+
+            /// The optional attributes (`post_op_attr`, and two per
+            /// `wcc_data`) in the procedure's failure reply.
+            pub fn optional_attributes_on_failure(self) -> usize {
+                match self {
+                    $(Proc::$proc => $fail,)*
+                }
+            }
         }
     };
 }
 
 procedures! {
-    Null = 0, "NULL", changes: false, quick: true;
-    Getattr = 1, "GETATTR", changes: false, quick: true;
-    Setattr = 2, "SETATTR", changes: true, quick: false;
-    Lookup = 3, "LOOKUP", changes: false, quick: true;
-    Access = 4, "ACCESS", changes: false, quick: true;
-    Readlink = 5, "READLINK", changes: false, quick: true;
-    Read = 6, "READ", changes: false, quick: false;
-    Write = 7, "WRITE", changes: true, quick: false;
-    Create = 8, "CREATE", changes: true, quick: false;
-    Mkdir = 9, "MKDIR", changes: true, quick: false;
-    Symlink = 10, "SYMLINK", changes: true, quick: false;
-    Mknod = 11, "MKNOD", changes: true, quick: false;
-    Remove = 12, "REMOVE", changes: true, quick: false;
-    Rmdir = 13, "RMDIR", changes: true, quick: false;
-    Rename = 14, "RENAME", changes: true, quick: false;
-    Link = 15, "LINK", changes: true, quick: false;
-    Readdir = 16, "READDIR", changes: false, quick: false;
-    Readdirplus = 17, "READDIRPLUS", changes: false, quick: false;
-    Fsstat = 18, "FSSTAT", changes: false, quick: false;
-    Fsinfo = 19, "FSINFO", changes: false, quick: true;
-    Pathconf = 20, "PATHCONF", changes: false, quick: true;
-    Commit = 21, "COMMIT", changes: false, quick: false;
+    Null = 0, "NULL", changes: false, quick: true, fail: 0;
+    Getattr = 1, "GETATTR", changes: false, quick: true, fail: 0;
+    Setattr = 2, "SETATTR", changes: true, quick: false, fail: 2;
+    Lookup = 3, "LOOKUP", changes: false, quick: true, fail: 1;
+    Access = 4, "ACCESS", changes: false, quick: true, fail: 1;
+    Readlink = 5, "READLINK", changes: false, quick: true, fail: 1;
+    Read = 6, "READ", changes: false, quick: false, fail: 1;
+    Write = 7, "WRITE", changes: true, quick: false, fail: 2;
+    Create = 8, "CREATE", changes: true, quick: false, fail: 2;
+    Mkdir = 9, "MKDIR", changes: true, quick: false, fail: 2;
+    Symlink = 10, "SYMLINK", changes: true, quick: false, fail: 2;
+    Mknod = 11, "MKNOD", changes: true, quick: false, fail: 2;
+    Remove = 12, "REMOVE", changes: true, quick: false, fail: 2;
+    Rmdir = 13, "RMDIR", changes: true, quick: false, fail: 2;
+    Rename = 14, "RENAME", changes: true, quick: false, fail: 4;
+    Link = 15, "LINK", changes: true, quick: false, fail: 3;
+    Readdir = 16, "READDIR", changes: false, quick: false, fail: 1;
+    Readdirplus = 17, "READDIRPLUS", changes: false, quick: false, fail: 1;
+    Fsstat = 18, "FSSTAT", changes: false, quick: false, fail: 1;
+    Fsinfo = 19, "FSINFO", changes: false, quick: true, fail: 1;
+    Pathconf = 20, "PATHCONF", changes: false, quick: true, fail: 1;
+    Commit = 21, "COMMIT", changes: false, quick: false, fail: 2;
 }
 
 #[cfg(test)]

@@ -1,0 +1,116 @@
+//! One server, several exports: each mounted by its path, each handle
+//! answered by its own export, a removed export's handles STALE.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+mod support;
+
+use layerfs_nfs::{Export, Exports};
+use layerfs_rpc::{Dispatcher, Outcome};
+use layerfs_vfs::LocalFs;
+use support::{call_record, xdr_opaque};
+
+const NFS: u32 = 100_003;
+const MOUNT: u32 = 100_005;
+const NFS3ERR_NOENT: u32 = 2;
+const NFS3ERR_STALE: u32 = 70;
+const NFS3ERR_BADHANDLE: u32 = 10001;
+
+fn reply(d: &Dispatcher, record: &[u8]) -> Vec<u8> {
+    let peer: Option<IpAddr> = Some("127.0.0.1".parse().unwrap());
+    let Outcome::Reply(reply) = d.handle(record, peer) else {
+        panic!("no reply")
+    };
+    // Past the record mark, xid, REPLY, MSG_ACCEPTED, verifier and SUCCESS.
+    reply.bytes()[4 + 24..].to_vec()
+}
+
+fn words(bytes: &[u8]) -> Vec<u32> {
+    bytes
+        .chunks(4)
+        .map(|w| u32::from_be_bytes(w.try_into().unwrap()))
+        .collect()
+}
+
+/// MNT `path`: the status, and the handle on success.
+fn mnt(d: &Dispatcher, path: &[u8]) -> Result<Vec<u8>, u32> {
+    let body = reply(d, &call_record(1, MOUNT, 1, &xdr_opaque(path)));
+    match words(&body[..4])[0] {
+        0 => Ok(body[8..8 + 25].to_vec()),
+        status => Err(status),
+    }
+}
+
+fn export_of(dir: &std::path::Path, id: u64, path: &[u8]) -> Export {
+    Export {
+        fs: Arc::new(LocalFs::open(dir).unwrap()),
+        id,
+        path: path.to_vec(),
+        host_path: Vec::new(),
+        squash: None,
+    }
+}
+
+/// LOOKUP `name` in `dir`: the status.
+fn lookup_status(d: &Dispatcher, xid: u32, dir: &[u8], name: &[u8]) -> u32 {
+    let mut args = xdr_opaque(dir);
+    args.extend(xdr_opaque(name));
+    words(&reply(d, &call_record(xid, NFS, 3, &args))[..4])[0]
+}
+
+#[test]
+fn each_export_answers_its_own_handles() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    std::fs::write(a.path().join("only-in-a"), b"a").unwrap();
+    std::fs::write(b.path().join("only-in-b"), b"b").unwrap();
+    let exports = Arc::new(Exports::default());
+    exports.add(export_of(a.path(), 11, b"/a")).unwrap();
+    exports.add(export_of(b.path(), 22, b"/b")).unwrap();
+    let d = Dispatcher::new(layerfs_nfs::programs_of(exports.clone()));
+
+    let root_a = mnt(&d, b"/a").unwrap();
+    let root_b = mnt(&d, b"/b").unwrap();
+    assert_ne!(root_a, root_b);
+    assert_eq!(mnt(&d, b"/c"), Err(2), "no export: MNT3ERR_NOENT");
+    assert_eq!(
+        mnt(&d, b"/ab"),
+        Err(2),
+        "a path is matched by whole components"
+    );
+
+    assert_eq!(lookup_status(&d, 2, &root_a, b"only-in-a"), 0);
+    assert_eq!(lookup_status(&d, 3, &root_a, b"only-in-b"), NFS3ERR_NOENT);
+    assert_eq!(lookup_status(&d, 4, &root_b, b"only-in-b"), 0);
+
+    // Removed, an export's handles are STALE, and the failure reply is
+    // whole: status, then FALSE for the directory's attributes.
+    exports.remove(11).unwrap();
+    let mut args = xdr_opaque(&root_a);
+    args.extend(xdr_opaque(b"only-in-a"));
+    let body = reply(&d, &call_record(5, NFS, 3, &args));
+    assert_eq!(words(&body), [NFS3ERR_STALE, 0]);
+    assert_eq!(lookup_status(&d, 6, &root_b, b"only-in-b"), 0);
+
+    // RENAME fails with two wcc_data: four FALSEs after the status.
+    let mut args = xdr_opaque(&root_a);
+    args.extend(xdr_opaque(b"x"));
+    args.extend(xdr_opaque(&root_a));
+    args.extend(xdr_opaque(b"y"));
+    let body = reply(&d, &call_record(7, NFS, 14, &args));
+    assert_eq!(words(&body), [NFS3ERR_STALE, 0, 0, 0, 0]);
+
+    // A malformed handle is BADHANDLE whichever exports are served.
+    let body = reply(&d, &call_record(8, NFS, 1, &xdr_opaque(&[9; 7])));
+    assert_eq!(words(&body), [NFS3ERR_BADHANDLE]);
+}
+
+#[test]
+fn an_export_clashing_by_id_or_path_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let exports = Exports::default();
+    exports.add(export_of(dir.path(), 1, b"/a")).unwrap();
+    assert!(exports.add(export_of(dir.path(), 1, b"/b")).is_err());
+    assert!(exports.add(export_of(dir.path(), 2, b"/a")).is_err());
+    assert!(exports.add(export_of(dir.path(), 2, b"/b")).is_ok());
+}
