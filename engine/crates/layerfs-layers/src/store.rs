@@ -65,6 +65,35 @@ impl Store {
         Ok(ids)
     }
 
+    /// The layer named `id`, if the store has it.
+    pub fn layer(&self, id: &str) -> Option<LayerId> {
+        let valid = !id.is_empty() && id.bytes().all(|b| b.is_ascii_hexdigit());
+        let id = LayerId(id.to_string());
+        (valid && self.layer_dir(&id).is_dir()).then_some(id)
+    }
+
+    /// Imports a directory (as [`Store::import_dir`]) or a tarball (as
+    /// [`Store::import_tar`]), whichever `source` is.
+    pub fn import(&self, source: &Path) -> io::Result<LayerId> {
+        let meta = fs::metadata(source)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", source.display())))?;
+        if meta.is_dir() {
+            self.import_dir(source)
+        } else {
+            self.import_tar(source)
+        }
+    }
+
+    /// Removes layer `id`: first out of `layers/` with one rename, so a
+    /// crash leaves the layer whole or gone, then its files.
+    pub fn remove(&self, id: &LayerId) -> io::Result<()> {
+        let doomed = self.staging_dir()?;
+        fs::remove_dir(&doomed)?;
+        fs::rename(self.layer_dir(id), &doomed)?;
+        File::open(self.root.join("layers"))?.sync_all()?;
+        remove_tree(&doomed)
+    }
+
     /// Imports a copy of the tree at `src` (symlinks copied, not followed).
     pub fn import_dir(&self, src: &Path) -> io::Result<LayerId> {
         self.stage(|staged| copy_tree(src, staged))
@@ -180,6 +209,32 @@ fn copy_tree(src: &Path, dst: &Path) -> io::Result<()> {
             fs::set_permissions(&to, fs::Permissions::from_mode(meta.mode() & 0o7777))?;
         }
         let _ = std::os::unix::fs::lchown(&to, Some(meta.uid()), Some(meta.gid()));
+    }
+    Ok(())
+}
+
+/// Removes the tree at `path`, read-only directories included (a layer's
+/// directories keep the modes they were imported with).
+pub fn remove_tree(path: &Path) -> io::Result<()> {
+    match fs::remove_dir_all(path) {
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+            let _ = make_writable(path);
+            fs::remove_dir_all(path)
+        }
+        other => other,
+    }
+}
+
+/// Gives the owner write and search permission on every directory under
+/// `dir`, so its entries can be removed.
+fn make_writable(dir: &Path) -> io::Result<()> {
+    let mode = fs::symlink_metadata(dir)?.mode();
+    fs::set_permissions(dir, fs::Permissions::from_mode((mode & 0o7777) | 0o700))?;
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() {
+            make_writable(&entry.path())?;
+        }
     }
     Ok(())
 }

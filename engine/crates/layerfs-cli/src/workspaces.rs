@@ -1,0 +1,324 @@
+//! The workspace commands: each one request to the store's daemon, its
+//! answer printed for people or, with --json, for scripts.
+
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use layerfs_daemon::catalog::Door;
+use layerfs_daemon::protocol::{LayerInfo, Reply, Request, Stats, WorkspaceInfo};
+use layerfs_rpc::{Admission, ServerConfig};
+use serde::de::DeserializeOwned;
+
+use crate::interrupted;
+
+#[derive(clap::Args)]
+pub struct DaemonArgs {
+    /// Seconds a client has to send the rest of an NFS call once its first
+    /// byte arrived.
+    #[arg(long, default_value_t = ServerConfig::default().record_deadline.as_secs(), value_name = "SECS")]
+    record_deadline: u64,
+    /// Seconds without a call after which an NFS connection is closed.
+    #[arg(long, default_value_t = ServerConfig::default().idle_timeout.as_secs(), value_name = "SECS")]
+    idle_timeout: u64,
+}
+
+#[derive(clap::Subcommand)]
+pub enum LayerCommand {
+    /// Import a directory or a layer tarball (OCI/Docker, plain or gzip;
+    /// whiteouts kept) as a layer; prints its id. The same content gives
+    /// the same id.
+    Import {
+        /// A directory or a .tar / .tar.gz file.
+        source: PathBuf,
+    },
+    /// List the layers and the workspaces using each.
+    Ls,
+    /// Remove a layer no workspace uses.
+    Rm {
+        /// The layer's id, or its first characters (at least 4).
+        id: String,
+    },
+}
+
+#[derive(clap::Args)]
+pub struct CreateArgs {
+    /// The workspace's name: letters, digits, '.', '_', '-'.
+    name: String,
+    /// A layer id (or its first 4+ characters), or a workspace whose layers
+    /// (commits included, changes not yet committed excluded) to start
+    /// from; repeat for more, bottom first. None: an empty workspace.
+    #[arg(long, value_name = "LAYER|WORKSPACE")]
+    from: Vec<String>,
+}
+
+#[derive(clap::Args)]
+pub struct MountArgs {
+    name: String,
+    /// An existing, empty directory.
+    path: PathBuf,
+    /// Through the kernel's NFS client (the default as root on Linux when
+    /// the kernel has one, and on macOS).
+    #[arg(long, conflicts_with = "fuse")]
+    nfs: bool,
+    /// Through FUSE (Linux; the default for a user who is not root, or
+    /// without a kernel NFS client).
+    #[arg(long)]
+    fuse: bool,
+}
+
+#[derive(clap::Args)]
+pub struct UnmountArgs {
+    /// A workspace's name, or the directory it is mounted on.
+    target: String,
+}
+
+#[derive(clap::Args)]
+pub struct CommitArgs {
+    name: String,
+    /// Says what the new layer holds (shown by `layer ls`).
+    #[arg(long, short)]
+    message: Option<String>,
+}
+
+#[derive(clap::Args)]
+pub struct RmArgs {
+    name: String,
+    /// Unmount it first if mounted; remove it even if others were made from it.
+    #[arg(long)]
+    force: bool,
+}
+
+/// Runs the daemon in the foreground until SIGINT or SIGTERM.
+pub fn daemon(client: Client, args: DaemonArgs) -> Result<(), String> {
+    let store = client.store_path()?;
+    let server = ServerConfig {
+        // The kernel's NFS client connects from root's sockets; this user's
+        // own tools from theirs. Other local users are refused.
+        admit: Admission::Uids(vec![0, rustix::process::geteuid().as_raw()]),
+        record_deadline: Duration::from_secs(args.record_deadline.max(1)),
+        idle_timeout: Duration::from_secs(args.idle_timeout.max(1)),
+        ..ServerConfig::default()
+    };
+    let stop = interrupted()?;
+    layerfs_daemon::run(layerfs_daemon::DaemonConfig { store, server }, stop)
+}
+
+/// What every command needs to reach the daemon.
+pub struct Client {
+    pub store: Option<PathBuf>,
+    pub json: bool,
+}
+
+/// An existing path, made absolute for the daemon (which has its own
+/// working directory).
+fn absolute(path: &Path) -> Result<PathBuf, String> {
+    path.canonicalize().map_err(|e| match e.kind() {
+        io::ErrorKind::NotFound => format!("{}: does not exist", path.display()),
+        _ => format!("{}: {e}", path.display()),
+    })
+}
+
+impl Client {
+    fn store_path(&self) -> Result<PathBuf, String> {
+        match &self.store {
+            Some(store) => Ok(store.clone()),
+            None => layerfs_daemon::paths::default_store(),
+        }
+    }
+
+    /// Sends `request`; prints the answer as JSON with --json, or hands it
+    /// back for printing.
+    fn call<T: DeserializeOwned>(&self, request: Request) -> Result<Option<T>, String> {
+        let store = self.store_path()?;
+        let no_daemon = || {
+            format!(
+                "no layerfs daemon is running for the store {}: start one with `layerfs daemon{}`",
+                store.display(),
+                self.store
+                    .as_ref()
+                    .map(|s| format!(" --store {}", s.display()))
+                    .unwrap_or_default()
+            )
+        };
+        let store = store.canonicalize().map_err(|_| no_daemon())?;
+        let socket = layerfs_daemon::paths::control_socket(&store).map_err(|e| e.to_string())?;
+        let reply: Reply =
+            layerfs_daemon::control::call(&socket, &request).map_err(|e| match e.kind() {
+                io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused => no_daemon(),
+                _ => format!("cannot talk to the daemon at {}: {e}", socket.display()),
+            })?;
+        if self.json {
+            let text = serde_json::to_string_pretty(&reply).map_err(|e| e.to_string())?;
+            println!("{text}");
+        }
+        if !reply.ok {
+            return Err(reply.error.unwrap_or_else(|| "the daemon refused".into()));
+        }
+        if self.json {
+            return Ok(None);
+        }
+        serde_json::from_value(reply.data)
+            .map(Some)
+            .map_err(|e| format!("cannot read the daemon's answer: {e}"))
+    }
+
+    pub fn layer(&self, command: LayerCommand) -> Result<(), String> {
+        match command {
+            LayerCommand::Import { source } => {
+                let source = absolute(&source)?;
+                if let Some(layer) = self.call::<LayerInfo>(Request::LayerImport { source })? {
+                    println!("{}", layer.id);
+                }
+            }
+            LayerCommand::Ls => {
+                if let Some(layers) = self.call::<Vec<LayerInfo>>(Request::LayerLs)? {
+                    print_layers(&layers);
+                }
+            }
+            LayerCommand::Rm { id } => {
+                if let Some(id) = self.call::<String>(Request::LayerRm { id })? {
+                    println!("removed layer {id}");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn create(&self, args: CreateArgs) -> Result<(), String> {
+        let request = Request::Create {
+            name: args.name,
+            from: args.from,
+        };
+        if let Some(w) = self.call::<WorkspaceInfo>(request)? {
+            let n = w.layers.len();
+            println!(
+                "created {} over {n} layer{}",
+                w.name,
+                if n == 1 { "" } else { "s" }
+            );
+        }
+        Ok(())
+    }
+
+    pub fn mount(&self, args: MountArgs) -> Result<(), String> {
+        let door = match (args.nfs, args.fuse) {
+            (true, _) => Some(Door::Nfs),
+            (_, true) => Some(Door::Fuse),
+            _ => None,
+        };
+        let request = Request::Mount {
+            name: args.name,
+            path: absolute(&args.path)?,
+            door,
+        };
+        if let Some(w) = self.call::<WorkspaceInfo>(request)? {
+            if let Some(m) = &w.mount {
+                println!("mounted {} on {} ({})", w.name, m.path.display(), m.door);
+            }
+        }
+        Ok(())
+    }
+
+    pub fn unmount(&self, args: UnmountArgs) -> Result<(), String> {
+        // A mount point is sent as the absolute path it was mounted on.
+        let target = match Path::new(&args.target).canonicalize() {
+            Ok(path) if args.target.contains('/') => path.to_string_lossy().into_owned(),
+            _ => args.target,
+        };
+        if let Some(w) = self.call::<WorkspaceInfo>(Request::Unmount { target })? {
+            println!("unmounted {}", w.name);
+        }
+        Ok(())
+    }
+
+    pub fn commit(&self, args: CommitArgs) -> Result<(), String> {
+        let request = Request::Commit {
+            name: args.name,
+            message: args.message,
+        };
+        if let Some(layer) = self.call::<LayerInfo>(request)? {
+            println!("{}", layer.id);
+        }
+        Ok(())
+    }
+
+    pub fn ls(&self) -> Result<(), String> {
+        if let Some(all) = self.call::<Vec<WorkspaceInfo>>(Request::Ls)? {
+            let mut out = io::stdout().lock();
+            let _ = writeln!(out, "{:<20} {:>6}  {:<10} MOUNT", "NAME", "LAYERS", "STATE");
+            for w in all {
+                let mount = w
+                    .mount
+                    .map(|m| format!("{} ({})", m.path.display(), m.door))
+                    .unwrap_or_default();
+                let _ = writeln!(
+                    out,
+                    "{:<20} {:>6}  {:<10} {mount}",
+                    w.name,
+                    w.layers.len(),
+                    w.state
+                );
+            }
+        }
+        Ok(())
+    }
+
+    pub fn rm(&self, args: RmArgs) -> Result<(), String> {
+        let request = Request::Rm {
+            name: args.name,
+            force: args.force,
+        };
+        if let Some(name) = self.call::<String>(request)? {
+            println!("removed {name}");
+        }
+        Ok(())
+    }
+
+    pub fn stats(&self) -> Result<(), String> {
+        let Some(s) = self.call::<Stats>(Request::Stats)? else {
+            return Ok(());
+        };
+        let per = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+        println!("NFS server on {}", s.nfs);
+        println!("connections      {}", s.connections);
+        println!(
+            "records          {} ({:.2} socket reads per record)",
+            s.records,
+            per(s.socket_reads, s.records)
+        );
+        println!(
+            "replies          {} ({:.2} socket writes per reply)",
+            s.replies,
+            per(s.socket_writes, s.replies)
+        );
+        println!("bytes in / out   {} / {}", s.bytes_in, s.bytes_out);
+        for (program, proc, calls) in s.calls {
+            let program = match program {
+                100_003 => "NFS".to_string(),
+                100_005 => "MOUNT".to_string(),
+                n => n.to_string(),
+            };
+            println!("  {program:<5} {proc:<12} {calls}");
+        }
+        Ok(())
+    }
+}
+
+fn print_layers(layers: &[LayerInfo]) {
+    let mut out = io::stdout().lock();
+    let _ = writeln!(out, "{:<16} {:<24} MESSAGE", "LAYER", "USED BY");
+    for l in layers {
+        let message = match (&l.message, &l.workspace) {
+            (Some(m), _) => m.clone(),
+            (None, Some(w)) => format!("(commit of {w})"),
+            (None, None) => String::new(),
+        };
+        let _ = writeln!(
+            out,
+            "{:<16} {:<24} {message}",
+            &l.id[..l.id.len().min(16)],
+            l.used_by.join(",")
+        );
+    }
+}

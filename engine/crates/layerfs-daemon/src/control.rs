@@ -1,0 +1,156 @@
+//! The control socket: a Unix socket in a directory only its user can open,
+//! which also admits only the daemon's own uid and root by their peer
+//! credentials. One thread per client, a bounded number of clients.
+
+use std::io::{self, BufReader};
+use std::os::fd::AsFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::protocol::{read_message, write_message, Reply, Request};
+
+/// Clients served at once; more are told to try again.
+const MAX_CLIENTS: usize = 32;
+/// A client silent this long between requests is disconnected.
+const CLIENT_IDLE: Duration = Duration::from_secs(60);
+
+/// Binds the control socket at `path`, replacing a socket a dead daemon left
+/// (the caller holds the store's lock, so no live daemon owns it).
+pub fn bind(path: &Path) -> io::Result<UnixListener> {
+    if let Some(dir) = path.parent() {
+        crate::paths::private_dir(dir)?;
+    }
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    UnixListener::bind(path).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("cannot listen on {}: {e}", path.display()),
+        )
+    })
+}
+
+/// Serves clients of `listener` with `handle`, on a thread of its own.
+pub fn spawn(
+    listener: UnixListener,
+    handle: Arc<dyn Fn(Request) -> Reply + Send + Sync>,
+) -> io::Result<std::thread::JoinHandle<()>> {
+    let clients = Arc::new(AtomicUsize::new(0));
+    std::thread::Builder::new()
+        .name("layerfs-control".into())
+        .spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                if clients.fetch_add(1, Ordering::AcqRel) >= MAX_CLIENTS {
+                    clients.fetch_sub(1, Ordering::AcqRel);
+                    let _ =
+                        write_message(&mut &stream, &Reply::error("the daemon is busy: try again"));
+                    continue;
+                }
+                let (handle, clients) = (handle.clone(), clients.clone());
+                let spawned = std::thread::Builder::new()
+                    .name("layerfs-client".into())
+                    .spawn(move || {
+                        serve_client(stream, &*handle);
+                        clients.fetch_sub(1, Ordering::AcqRel);
+                    });
+                if spawned.is_err() {
+                    tracing::warn!("cannot start a thread for a control client");
+                }
+            }
+        })
+}
+
+/// Whether a client of this uid may talk to a daemon running as `own`.
+pub fn admitted(uid: u32, own: u32) -> bool {
+    uid == own || uid == 0
+}
+
+fn serve_client(stream: UnixStream, handle: &dyn Fn(Request) -> Reply) {
+    let own = rustix::process::geteuid().as_raw();
+    match peer_uid(&stream) {
+        Ok(uid) if admitted(uid, own) => {}
+        Ok(uid) => {
+            tracing::warn!(uid, "control client refused: not this daemon's user");
+            let why = format!("uid {uid} may not control the daemon of uid {own}");
+            let _ = write_message(&mut &stream, &Reply::error(why));
+            return;
+        }
+        Err(e) => {
+            tracing::warn!("control client refused: no peer credentials: {e}");
+            return;
+        }
+    }
+    let _ = stream.set_read_timeout(Some(CLIENT_IDLE));
+    let mut input = BufReader::new(&stream);
+    loop {
+        let line = match read_message(&mut input) {
+            Ok(Some(line)) => line,
+            Ok(None) => return,
+            Err(e) => {
+                // Past a bad frame the stream cannot be followed: answer, close.
+                let _ = write_message(&mut &stream, &Reply::error(format!("bad request: {e}")));
+                return;
+            }
+        };
+        let reply = match serde_json::from_slice::<Request>(&line) {
+            Ok(request) => handle(request),
+            Err(e) => Reply::error(format!("bad request: {e}")),
+        };
+        if write_message(&mut &stream, &reply).is_err() {
+            return;
+        }
+    }
+}
+
+/// The uid of the process at the other end of `stream`.
+fn peer_uid(stream: &UnixStream) -> io::Result<u32> {
+    #[cfg(target_os = "linux")]
+    {
+        let cred = rustix::net::sockopt::socket_peercred(stream.as_fd())?;
+        Ok(cred.uid.as_raw())
+    }
+    #[cfg(target_os = "macos")]
+    {
+        use std::os::fd::AsRawFd;
+        let (mut uid, mut gid) = (0, 0);
+        // SAFETY: a valid socket and two out-pointers to locals.
+        if unsafe { libc::getpeereid(stream.as_fd().as_raw_fd(), &mut uid, &mut gid) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(uid)
+    }
+}
+
+/// Sends `request` to the daemon at `socket` and returns its reply.
+pub fn call(socket: &Path, request: &Request) -> io::Result<Reply> {
+    let stream = UnixStream::connect(socket)?;
+    write_message(&mut &stream, request)?;
+    let mut input = BufReader::new(&stream);
+    let line = read_message(&mut input)?.ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the daemon closed the connection",
+        )
+    })?;
+    serde_json::from_slice(&line).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_daemons_user_and_root_are_admitted() {
+        assert!(admitted(1000, 1000));
+        assert!(admitted(0, 1000));
+        assert!(!admitted(1001, 1000));
+        assert!(admitted(0, 0));
+        assert!(!admitted(65534, 0));
+    }
+}

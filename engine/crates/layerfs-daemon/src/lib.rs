@@ -1,0 +1,20 @@
+//! The workspace daemon: a store of layers and workspaces, each workspace
+//! mounted through the kernel's NFS client (one NFS server for all of them)
+//! or through FUSE, driven by the `layerfs` command over a control socket.
+//!
+//! ```text
+//! <store>/layers/<id>/         layers (layerfs_layers::Store)
+//! <store>/workspaces/<name>/   workspaces (layerfs_layers::Workspace)
+//! <store>/catalog.redb         what the store holds beyond files: workspaces,
+//!                              their mounts, layer notes, the NFS port
+//! <store>/daemon.lock          held by the one daemon serving the store
+//! ```
+
+pub mod catalog;
+pub mod control;
+mod daemon;
+pub mod mounting;
+pub mod paths;
+pub mod protocol;
+
+pub use daemon::{run, DaemonConfig};

@@ -1,0 +1,184 @@
+//! The control protocol: one JSON object per line each way, a request and
+//! then its reply, at most [`MAX_MESSAGE`] bytes.
+
+use std::io::{self, BufRead, Read, Write};
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::catalog::{Door, MountRecord};
+
+/// The largest request or reply line: far above any request (names and
+/// paths), and it bounds what a client can make the daemon hold.
+pub const MAX_MESSAGE: usize = 1024 * 1024;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    LayerImport {
+        source: PathBuf,
+    },
+    LayerLs,
+    LayerRm {
+        id: String,
+    },
+    Create {
+        name: String,
+        from: Vec<String>,
+    },
+    Mount {
+        name: String,
+        path: PathBuf,
+        door: Option<Door>,
+    },
+    Unmount {
+        target: String,
+    },
+    Commit {
+        name: String,
+        message: Option<String>,
+    },
+    Ls,
+    Rm {
+        name: String,
+        force: bool,
+    },
+    Stats,
+}
+
+/// A reply: `ok` with its data, or the error to show the user.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Reply {
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(default)]
+    pub data: serde_json::Value,
+}
+
+impl Reply {
+    pub fn ok(data: impl Serialize) -> Reply {
+        Reply {
+            ok: true,
+            error: None,
+            data: serde_json::to_value(data).unwrap_or_default(),
+        }
+    }
+
+    pub fn error(message: impl Into<String>) -> Reply {
+        Reply {
+            ok: false,
+            error: Some(message.into()),
+            data: serde_json::Value::Null,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LayerInfo {
+    pub id: String,
+    pub message: Option<String>,
+    /// The workspace whose commit made it.
+    pub workspace: Option<String>,
+    pub created: u64,
+    /// Workspaces stacked on it.
+    pub used_by: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WorkspaceInfo {
+    pub name: String,
+    pub layers: Vec<String>,
+    pub parent: Option<String>,
+    pub created: u64,
+    pub mount: Option<MountRecord>,
+    /// `mounted`, `unmounted`, or what went wrong with its mount.
+    pub state: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Stats {
+    /// Where the NFS server listens.
+    pub nfs: String,
+    pub connections: u64,
+    pub records: u64,
+    pub socket_reads: u64,
+    pub replies: u64,
+    pub socket_writes: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    /// (program, procedure, calls) for every procedure called.
+    pub calls: Vec<(u32, String, u64)>,
+}
+
+/// Reads one message: `None` at a clean end of stream; an error for a line
+/// longer than [`MAX_MESSAGE`] (the rest of the stream is not read) or a
+/// stream that ends inside a line.
+pub fn read_message(input: &mut impl BufRead) -> io::Result<Option<Vec<u8>>> {
+    let mut line = Vec::new();
+    let read = input
+        .by_ref()
+        .take(MAX_MESSAGE as u64 + 1)
+        .read_until(b'\n', &mut line)?;
+    if read == 0 {
+        return Ok(None);
+    }
+    if line.last() != Some(&b'\n') {
+        let why = if line.len() > MAX_MESSAGE {
+            format!("a message longer than {MAX_MESSAGE} bytes")
+        } else {
+            "a message cut short".to_string()
+        };
+        return Err(io::Error::new(io::ErrorKind::InvalidData, why));
+    }
+    line.pop();
+    Ok(Some(line))
+}
+
+pub fn write_message(output: &mut impl Write, message: &impl Serialize) -> io::Result<()> {
+    let mut line = serde_json::to_vec(message).map_err(io::Error::other)?;
+    line.push(b'\n');
+    output.write_all(&line)?;
+    output.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_are_lines_within_the_cap() {
+        let mut input = &b"{\"op\":\"ls\"}\nrest"[..];
+        let first = read_message(&mut input).unwrap().unwrap();
+        assert_eq!(
+            serde_json::from_slice::<Request>(&first).unwrap(),
+            Request::Ls
+        );
+        let cut = read_message(&mut input).unwrap_err();
+        assert!(cut.to_string().contains("cut short"), "{cut}");
+        assert_eq!(read_message(&mut &b""[..]).unwrap(), None);
+
+        let long = vec![b'x'; MAX_MESSAGE + 10];
+        let e = read_message(&mut &long[..]).unwrap_err();
+        assert!(e.to_string().contains("longer than"), "{e}");
+        let mut exact = vec![b'x'; MAX_MESSAGE];
+        exact.push(b'\n');
+        assert_eq!(
+            read_message(&mut &exact[..]).unwrap().unwrap().len(),
+            MAX_MESSAGE
+        );
+    }
+
+    #[test]
+    fn requests_round_trip() {
+        let request = Request::Mount {
+            name: "w".into(),
+            path: "/mnt/w".into(),
+            door: Some(Door::Fuse),
+        };
+        let mut out = Vec::new();
+        write_message(&mut out, &request).unwrap();
+        let line = read_message(&mut &out[..]).unwrap().unwrap();
+        assert_eq!(serde_json::from_slice::<Request>(&line).unwrap(), request);
+    }
+}
