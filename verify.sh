@@ -58,6 +58,8 @@ echo "-- workload through FUSE, flat, on an overlay across filesystems"
 tests/fuse/run.sh target/release/layerfs flat overlay
 echo "-- starting and stopping the door"
 tests/fuse/door.sh target/release/layerfs
+echo "-- the workspace daemon through FUSE: import, create, mount, commit, kill -9, restart"
+tests/daemon/fuse.sh target/release/layerfs
 
 step "end to end: the Linux kernel NFSv3 client (QEMU)"
 if command -v qemu-system-x86_64 >/dev/null && command -v busybox >/dev/null; then

@@ -79,6 +79,7 @@ fn serve_client(stream: UnixStream, handle: &dyn Fn(Request) -> Reply) {
             tracing::warn!(uid, "control client refused: not this daemon's user");
             let why = format!("uid {uid} may not control the daemon of uid {own}");
             let _ = write_message(&mut &stream, &Reply::error(why));
+            linger_for_reading(&stream);
             return;
         }
         Err(e) => {
@@ -106,6 +107,15 @@ fn serve_client(stream: UnixStream, handle: &dyn Fn(Request) -> Reply) {
             return;
         }
     }
+}
+
+/// Lets a refused client read its answer: closing a Unix socket with its
+/// request unread would reset the connection before the client reads.
+/// What it sent is read (a bounded amount, briefly) and dropped.
+fn linger_for_reading(stream: &UnixStream) {
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+    let _ = io::copy(&mut io::Read::take(stream, 64 * 1024), &mut io::sink());
 }
 
 /// The uid of the process at the other end of `stream`.

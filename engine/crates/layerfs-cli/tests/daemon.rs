@@ -1,0 +1,293 @@
+//! The workspace daemon and its commands as a user meets them: errors,
+//! a second daemon, the control socket's defences. Mounting is exercised
+//! end to end by tests/daemon/fuse.sh (FUSE) and the QEMU harness (NFS).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+const BIN: &str = env!("CARGO_BIN_EXE_layerfs");
+
+/// A daemon on a store of its own, with its own runtime directory.
+struct Daemon {
+    child: Child,
+    store: PathBuf,
+    runtime: tempfile::TempDir,
+    _base: tempfile::TempDir,
+    socket: PathBuf,
+}
+
+impl Daemon {
+    fn start() -> Daemon {
+        let base = tempfile::tempdir().unwrap();
+        let runtime = tempfile::tempdir().unwrap();
+        let store = base.path().join("store");
+        let (child, first) = spawn_daemon(&store, runtime.path());
+        let socket = first
+            .rsplit_once("control socket ")
+            .map(|(_, s)| PathBuf::from(s.trim()))
+            .unwrap_or_else(|| panic!("first line was {first:?}"));
+        assert!(socket.starts_with(runtime.path()), "{socket:?}");
+        Daemon {
+            child,
+            store,
+            runtime,
+            _base: base,
+            socket,
+        }
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        layerfs(&self.store, self.runtime.path(), args)
+    }
+
+    /// Runs a command that must succeed; its stdout.
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "layerfs {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// Runs a command that must fail with one line on stderr containing `what`.
+    fn fails(&self, args: &[&str], what: &str) {
+        let out = self.run(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "layerfs {args:?} succeeded");
+        assert!(err.contains(what), "layerfs {args:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let pid = rustix::process::Pid::from_child(&self.child);
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `layerfs daemon` and returns it with the first line it printed.
+fn spawn_daemon(store: &Path, runtime: &Path) -> (Child, String) {
+    let mut child = Command::new(BIN)
+        .args(["daemon", "--store", store.to_str().unwrap()])
+        .env("XDG_RUNTIME_DIR", runtime)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    (child, first)
+}
+
+fn layerfs(store: &Path, runtime: &Path, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env("LAYERFS_STORE", store)
+        .env("XDG_RUNTIME_DIR", runtime)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn a_command_without_a_daemon_says_how_to_start_one() {
+    let base = tempfile::tempdir().unwrap();
+    let runtime = tempfile::tempdir().unwrap();
+    for args in [&["ls"][..], &["layer", "ls"], &["commit", "w"]] {
+        let out = layerfs(&base.path().join("store"), runtime.path(), args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(
+            err.contains("no layerfs daemon is running") && err.contains("layerfs daemon"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn a_second_daemon_on_one_store_is_refused() {
+    let d = Daemon::start();
+    let out = Command::new(BIN)
+        .args(["daemon", "--store", d.store.to_str().unwrap()])
+        .env("XDG_RUNTIME_DIR", d.runtime.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("another layerfs daemon") && err.contains(&d.child.id().to_string()),
+        "{err}"
+    );
+    // The first one still answers.
+    d.ok(&["ls"]);
+}
+
+#[test]
+fn mistakes_get_one_line_that_says_what_to_do() {
+    let d = Daemon::start();
+    let layer = tempfile::tempdir().unwrap();
+    std::fs::write(layer.path().join("file"), b"x").unwrap();
+    let id = d.ok(&["layer", "import", layer.path().to_str().unwrap()]);
+    let id = id.trim();
+    d.ok(&["create", "w", "--from", id]);
+    let empty = tempfile::tempdir().unwrap();
+    let full = tempfile::tempdir().unwrap();
+    std::fs::write(full.path().join("x"), b"").unwrap();
+    let empty_path = empty.path().to_str().unwrap();
+
+    d.fails(&["create", "w"], "already exists");
+    d.fails(&["create", "bad/name"], "a workspace name is");
+    d.fails(&["create", "..", "--from", id], "a workspace name is");
+    d.fails(
+        &["create", "v", "--from", "0123456789"],
+        "no layer 0123456789",
+    );
+    d.fails(&["mount", "nope", empty_path], "no workspace \"nope\"");
+    d.fails(&["mount", "w", "/no/such/dir"], "does not exist");
+    d.fails(&["mount", "w", full.path().to_str().unwrap()], "not empty");
+    d.fails(&["unmount", "w"], "not mounted");
+    d.fails(&["commit", "nope"], "no workspace");
+    d.fails(&["rm", "nope"], "no workspace");
+    d.fails(&["layer", "rm", id], "in use by workspace w");
+    d.fails(&["layer", "rm", "abc"], "no layer abc");
+    d.fails(&["layer", "import", "/no/such/layer"], "does not exist");
+
+    // Nothing of the refused requests was kept.
+    let ls = d.ok(&["ls"]);
+    assert_eq!(ls.lines().count(), 2, "{ls}");
+    d.ok(&["rm", "w"]);
+    d.ok(&["layer", "rm", &id[..8]]);
+    assert_eq!(d.ok(&["layer", "ls"]).lines().count(), 1);
+}
+
+#[test]
+fn layers_come_from_directories_and_tarballs_and_commits() {
+    let d = Daemon::start();
+    let src = tempfile::tempdir().unwrap();
+    std::fs::create_dir(src.path().join("etc")).unwrap();
+    std::fs::write(src.path().join("etc/os-release"), b"ID=demo\n").unwrap();
+    std::fs::write(src.path().join(".wh.gone"), b"").unwrap();
+    let tarball = src.path().with_extension("tar.gz");
+    let tar = Command::new("tar")
+        .arg("-czf")
+        .arg(&tarball)
+        .arg("-C")
+        .arg(src.path())
+        .arg(".")
+        .status()
+        .unwrap();
+    assert!(tar.success());
+    let from_dir = d.ok(&["layer", "import", src.path().to_str().unwrap()]);
+    let from_tar = d.ok(&["layer", "import", tarball.to_str().unwrap()]);
+    assert_eq!(from_dir, from_tar, "the same content, the same layer");
+    let _ = std::fs::remove_file(&tarball);
+
+    d.ok(&["create", "w", "--from", from_dir.trim()]);
+    let committed = d.ok(&["commit", "w", "--message", "nothing yet"]);
+    d.ok(&["create", "child", "--from", "w"]);
+
+    let out = d.run(&["--json", "ls"]);
+    assert!(out.status.success());
+    let reply: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let child = &reply["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["name"] == "child")
+        .unwrap()
+        .clone();
+    assert_eq!(child["parent"], "w");
+    assert_eq!(
+        child["layers"],
+        serde_json::json!([from_dir.trim(), committed.trim()])
+    );
+    let layers = d.ok(&["layer", "ls"]);
+    assert!(layers.contains("nothing yet"), "{layers}");
+    d.fails(&["rm", "w"], "were made from w");
+    d.ok(&["rm", "--force", "w"]);
+}
+
+#[test]
+fn a_bad_or_oversized_control_message_gets_an_error_and_the_daemon_lives() {
+    let d = Daemon::start();
+    let ask = |bytes: &[u8]| -> String {
+        let mut stream = UnixStream::connect(&d.socket).unwrap();
+        let _ = stream.write_all(bytes);
+        let _ = stream.shutdown(std::net::Shutdown::Write);
+        let mut reply = String::new();
+        let _ = stream.read_to_string(&mut reply);
+        reply
+    };
+    assert!(ask(b"not json\n").contains("bad request"));
+    assert!(ask(b"{\"op\":\"explode\"}\n").contains("bad request"));
+    assert!(ask(b"{\"op\":\"ls\"}").contains("cut short"));
+    let mut huge = vec![b'{'; 3 * 1024 * 1024];
+    huge.push(b'\n');
+    assert!(ask(&huge).contains("longer than"));
+    d.ok(&["ls"]);
+}
+
+#[test]
+fn another_users_control_request_is_refused() {
+    if !rustix::process::geteuid().is_root() {
+        println!("SKIPPED: switching to another uid needs root");
+        return;
+    }
+    let d = Daemon::start();
+    // The socket's directory is 0700: another user cannot even reach it.
+    let socket = d.socket.clone();
+    let as_nobody = move |socket: PathBuf| {
+        std::thread::spawn(move || {
+            // This thread alone becomes uid 65534.
+            rustix::thread::set_thread_res_uid(
+                rustix::process::Uid::from_raw(65534),
+                rustix::process::Uid::from_raw(65534),
+                rustix::process::Uid::from_raw(65534),
+            )
+            .unwrap();
+            let mut stream = UnixStream::connect(&socket)?;
+            stream.write_all(b"{\"op\":\"ls\"}\n")?;
+            let mut reply = String::new();
+            stream.read_to_string(&mut reply)?;
+            Ok::<_, std::io::Error>(reply)
+        })
+        .join()
+        .unwrap()
+    };
+    let e = as_nobody(socket.clone()).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied, "{e}");
+    // Opened up, the peer's credentials still keep it out.
+    let dir = socket.parent().unwrap();
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711)).unwrap();
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let reply = as_nobody(socket.clone()).unwrap();
+    assert!(reply.contains("uid 65534 may not control"), "{reply}");
+    assert!(!reply.contains("\"ok\":true"), "{reply}");
+    // The command itself will not use a socket directory others can open.
+    d.fails(&["ls"], "with mode 0700");
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    d.ok(&["ls"]);
+}
+
+#[test]
+fn every_command_has_help() {
+    for command in [
+        "daemon", "layer", "create", "mount", "unmount", "commit", "ls", "rm", "stats",
+    ] {
+        let out = Command::new(BIN)
+            .args([command, "--help"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{command} --help");
+        assert!(String::from_utf8_lossy(&out.stdout).contains("--store"));
+    }
+}

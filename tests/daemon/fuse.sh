@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# The workspace daemon end to end through FUSE on this machine: import a
+# directory and an OCI tarball, make a workspace on both, mount it, change
+# files, commit, make a second workspace from the commit and see the
+# changes there; kill -9 the daemon and start it again (it mounts the
+# workspace again, nothing synced is lost); SIGTERM leaves no mount.
+# Needs root and /dev/fuse; says SKIPPED without them.
+# usage: tests/daemon/fuse.sh LAYERFS
+set -euo pipefail
+layerfs=$(realpath "$1")
+if [[ ! -c /dev/fuse || $(id -u) != 0 ]]; then
+	echo "SKIPPED: the daemon through FUSE: needs root and /dev/fuse"
+	exit 0
+fi
+t=$(mktemp -d /tmp/layerfs-daemon.XXXXXX)
+export LAYERFS_STORE=$t/store XDG_RUNTIME_DIR=$t/run
+mkdir -m 700 "$t/run"
+daemon=
+cleanup() {
+	[[ -n $daemon ]] && kill -TERM "$daemon" 2>/dev/null && wait "$daemon" || true
+	for m in $(awk -v t="$t/" 'index($2, t) == 1 {print $2}' /proc/mounts); do umount -l "$m"; done
+	rm -rf "$t"
+}
+trap cleanup EXIT
+step() { printf '== %s\n' "$*"; }
+fail() { echo "FAILED: $*"; [[ -f $t/daemon.log ]] && tail -20 "$t/daemon.log"; exit 1; }
+mounted() { awk -v m="$1" '$2 == m {f=1} END {exit !f}' /proc/mounts; }
+start_daemon() {
+	coproc DAEMON { exec "$layerfs" daemon 2>>"$t/daemon.log"; }
+	daemon=$DAEMON_PID
+	local ready
+	read -r -t 30 ready <&"${DAEMON[0]}" || fail "the daemon never said it was ready"
+	[[ $ready == "layerfs daemon ready"* ]] || fail "first line: $ready"
+}
+check() { # check FILE CONTENT
+	[[ $(cat "$1") == "$2" ]] || fail "$1 holds '$(cat "$1" 2>&1)', not '$2'"
+}
+
+step "daemon up; a directory and an OCI tarball imported"
+start_daemon
+mkdir -p "$t/base/etc" "$t/top/etc" "$t/w" "$t/w2"
+echo base >"$t/base/etc/name"
+echo doomed >"$t/base/etc/doomed"
+echo top >"$t/top/etc/name"
+touch "$t/top/etc/.wh.doomed"
+tar -C "$t/top" -czf "$t/top.tar.gz" .
+base=$("$layerfs" layer import "$t/base")
+top=$("$layerfs" layer import "$t/top.tar.gz")
+[[ $base != "$top" ]] || fail "two layers got one id"
+
+step "create, mount, see both layers, change files"
+"$layerfs" create w --from "$base" --from "$top"
+"$layerfs" mount w "$t/w" --fuse
+mounted "$t/w" || fail "not mounted"
+check "$t/w/etc/name" top
+[[ -e $t/w/etc/doomed ]] && fail "the tarball's whiteout does not hide etc/doomed"
+echo changed >"$t/w/etc/name"
+echo new >"$t/w/new"
+rm "$t/w/etc/name" && echo again >"$t/w/etc/name"
+"$layerfs" ls | grep -q "^w .*mounted" || fail "ls: $("$layerfs" ls)"
+
+step "commit; a second workspace from the commit sees the changes"
+commit=$("$layerfs" commit w --message "first changes")
+"$layerfs" layer ls | grep -q "first changes" || fail "layer ls: $("$layerfs" layer ls)"
+check "$t/w/etc/name" again
+"$layerfs" create w2 --from w
+"$layerfs" mount w2 "$t/w2"
+check "$t/w2/etc/name" again
+check "$t/w2/new" new
+[[ -e $t/w2/etc/doomed ]] && fail "w2 shows etc/doomed"
+"$layerfs" layer rm "$commit" 2>/dev/null && fail "a layer in use was removed"
+
+step "kill -9 of the daemon: the restarted daemon mounts again, nothing synced is lost"
+dd if=/dev/urandom of="$t/w/synced" bs=64k count=16 conv=fsync status=none
+want=$(sha256sum <"$t/w/synced")
+kill -9 "$daemon"
+wait "$daemon" 2>/dev/null || true
+daemon=
+cat "$t/w/new" 2>/dev/null && fail "a dead FUSE mount still answered"
+start_daemon
+mounted "$t/w" || fail "w not mounted again"
+[[ $(sha256sum <"$t/w/synced") == "$want" ]] || fail "synced data changed across the crash"
+check "$t/w/new" new
+check "$t/w2/new" new
+"$layerfs" ls | grep -q "^w2 .*mounted" || fail "ls after restart: $("$layerfs" ls)"
+
+step "unmount by path; SIGTERM unmounts the rest and exits 0"
+"$layerfs" unmount "$t/w2"
+mounted "$t/w2" && fail "w2 still mounted"
+kill -TERM "$daemon"
+rc=0
+wait "$daemon" || rc=$?
+daemon=
+[[ $rc == 0 ]] || fail "exit status $rc after SIGTERM"
+mounted "$t/w" && fail "w still mounted after SIGTERM"
+out=$("$layerfs" ls 2>&1) && fail "ls without a daemon succeeded"
+grep -q "no layerfs daemon is running" <<<"$out" || fail "ls without a daemon: $out"
+start_daemon
+"$layerfs" ls | grep -q "^w .*unmounted" || fail "after SIGTERM w is recorded unmounted: $("$layerfs" ls)"
+echo "PASSED: the daemon through FUSE"
