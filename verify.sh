@@ -86,6 +86,11 @@ if command -v qemu-system-x86_64 >/dev/null && command -v busybox >/dev/null; th
 		echo "-- three-layer workspace on $on"
 		kc --server "$(serve $on stack)" --workload tests/kernel/layered.sh
 	done
+	# The daemon serves and mounts the workspaces itself; killed with -9
+	# under a writer and started again, the writer finishes.
+	echo "-- the workspace daemon over NFS: a kill -9 under a writer and a restart"
+	kc --no-mount --workload tests/kernel/daemon.sh \
+		--server "exec $PWD/target/release/layerfs daemon --store /run/lfs-store --nfs-port 20490"
 else
 	echo "SKIPPED: QEMU is not installed (apt-get install qemu-system-x86 busybox-static xz-utils)"
 fi

@@ -14,6 +14,10 @@ use crate::interrupted;
 
 #[derive(clap::Args)]
 pub struct DaemonArgs {
+    /// The 127.0.0.1 port of the NFS server, kept in the store for the next
+    /// start [default: the one the store keeps, or a free one the first time]
+    #[arg(long, value_name = "PORT")]
+    nfs_port: Option<u16>,
     /// Seconds a client has to send the rest of an NFS call once its first
     /// byte arrived.
     #[arg(long, default_value_t = ServerConfig::default().record_deadline.as_secs(), value_name = "SECS")]
@@ -101,7 +105,12 @@ pub fn daemon(client: Client, args: DaemonArgs) -> Result<(), String> {
         ..ServerConfig::default()
     };
     let stop = interrupted()?;
-    layerfs_daemon::run(layerfs_daemon::DaemonConfig { store, server }, stop)
+    let config = layerfs_daemon::DaemonConfig {
+        store,
+        nfs_port: args.nfs_port,
+        server,
+    };
+    layerfs_daemon::run(config, stop)
 }
 
 /// What every command needs to reach the daemon.

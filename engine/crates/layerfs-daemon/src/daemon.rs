@@ -24,6 +24,9 @@ use crate::protocol::{LayerInfo, Reply, Request, Stats, WorkspaceInfo};
 
 pub struct DaemonConfig {
     pub store: PathBuf,
+    /// The NFS port to listen on and keep; `None`: the one the store keeps,
+    /// or one the system picks the first time.
+    pub nfs_port: Option<u16>,
     /// The NFS server's settings; its admission list is the daemon's.
     pub server: ServerConfig,
 }
@@ -45,7 +48,7 @@ pub fn run(config: DaemonConfig, stop: Receiver<()>) -> Result<(), String> {
     let _lock = lock_store(&root)?;
     let daemon = Arc::new(Daemon::open(&root).map_err(|e| format!("{}: {e}", root.display()))?);
     daemon.export_recorded_nfs_mounts();
-    let server = daemon.listen(config.server)?;
+    let server = daemon.listen(config.nfs_port, config.server)?;
     let port = server.local_addr().port();
     *daemon.server.lock() = Some(server);
     daemon.mount_recorded();
@@ -204,9 +207,17 @@ impl Daemon {
 
     /// Listens on the store's port (a new one the first time), waiting a
     /// little for it if a dead daemon's connections still hold it.
-    fn listen(&self, config: ServerConfig) -> Outcome<ServerHandle> {
+    fn listen(&self, asked: Option<u16>, config: ServerConfig) -> Outcome<ServerHandle> {
         let kept = self.catalog.nfs_port().map_err(|e| e.to_string())?;
-        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, kept.unwrap_or(0)));
+        let port = asked.or(kept).unwrap_or(0);
+        if let (Some(asked), Some(kept)) = (asked, kept) {
+            if asked != kept {
+                tracing::warn!(
+                    "NFS port {asked} instead of {kept}: mounts made on {kept} will not find the server"
+                );
+            }
+        }
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
         let deadline = std::time::Instant::now() + PORT_WAIT;
         let server = loop {
             match layerfs_nfs::serve_exports(self.exports.clone(), addr, config.clone()) {
@@ -225,7 +236,7 @@ impl Daemon {
                 }
             }
         };
-        if kept.is_none() {
+        if kept != Some(server.local_addr().port()) {
             self.catalog
                 .set_nfs_port(server.local_addr().port())
                 .map_err(|e| e.to_string())?;

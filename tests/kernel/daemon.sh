@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The workspace daemon through the Linux kernel NFS client, run in the QEMU
+# guest by tools/kernel-client/run --no-mount with the daemon as its server
+# (`layerfs daemon --store /run/lfs-store --nfs-port $NFS_PORT`):
+# import, create, mount over NFS, change, commit, a second workspace from
+# the commit; then kill -9 of the daemon under a writer and a restart: the
+# writer finishes, its checksum matches, no ESTALE; SIGTERM leaves no mount.
+set -euo pipefail
+layerfs=${LAYERFS:-$PWD/target/release/layerfs}
+export LAYERFS_STORE=/run/lfs-store
+t=/run/lfs-daemon-test
+w=$MNT w2=$t/w2
+fail() { echo "FAILED: $*"; exit 1; }
+step() { printf '== %s\n' "$*"; }
+nfs_mounted() { awk -v m="$1" '$2 == m && $3 == "nfs" {f=1} END {exit !f}' /proc/mounts; }
+check() { [[ $(cat "$1") == "$2" ]] || fail "$1 holds '$(cat "$1" 2>&1)', not '$2'"; }
+daemon_pid() { pgrep -f -- "layerfs daemon" | head -n 1; }
+mkdir -p "$t/base/etc" "$t/top/etc" "$w2"
+for _ in $(seq 100); do "$layerfs" ls >/dev/null 2>&1 && break; sleep 0.1; done
+
+step "import a directory and an OCI tarball; create; mount over NFS"
+echo base >"$t/base/etc/name"
+echo doomed >"$t/base/etc/doomed"
+echo top >"$t/top/etc/name"
+touch "$t/top/etc/.wh.doomed"
+tar -C "$t/top" -czf "$t/top.tar.gz" .
+base=$("$layerfs" layer import "$t/base")
+top=$("$layerfs" layer import "$t/top.tar.gz")
+"$layerfs" create w --from "$base" --from "$top"
+"$layerfs" mount w "$w" --nfs
+nfs_mounted "$w" || fail "w is not an NFS mount: $(grep " $w " /proc/mounts)"
+check "$w/etc/name" top
+[[ -e $w/etc/doomed ]] && fail "the whiteout does not hide etc/doomed"
+echo changed >"$w/etc/name"
+echo new >"$w/new"
+
+step "commit; a second workspace from it sees the changes"
+"$layerfs" commit w --message "over NFS" >/dev/null
+check "$w/etc/name" changed
+"$layerfs" create w2 --from w
+"$layerfs" mount w2 "$w2" --nfs
+check "$w2/etc/name" changed
+check "$w2/new" new
+
+step "kill -9 of the daemon under a writer; a restart; the writer finishes"
+dd if=/dev/urandom of="$t/src" bs=256k count=64 status=none
+want=$(sha256sum <"$t/src" | cut -d' ' -f1)
+(
+	for i in $(seq 0 63); do
+		dd if="$t/src" of="$w/big" bs=256k skip=$i seek=$i count=1 conv=notrunc,fsync status=none ||
+			{ echo "write $i failed"; exit 1; }
+	done
+) >"$t/writer.log" 2>&1 &
+writer=$!
+for _ in $(seq 600); do
+	[[ $(stat -c %s "$w/big" 2>/dev/null || echo 0) -ge $((4 * 262144)) ]] && break
+	sleep 0.05
+done
+old=$(daemon_pid)
+[[ -n $old ]] || fail "no daemon"
+kill -9 "$old"
+echo "   killed the daemon (pid $old) at $(stat -c %s "$t/src" >/dev/null; date +%T)"
+sleep 1
+kill -0 "$writer" 2>/dev/null || echo "   (the writer had already finished)"
+"$layerfs" daemon --store /run/lfs-store >"$t/daemon2.log" 2>&1 &
+restarted=$!
+wait "$writer" || fail "the writer failed: $(cat "$t/writer.log")"
+got=$(sha256sum <"$w/big" | cut -d' ' -f1)
+[[ $got == "$want" ]] || fail "checksum $got after the crash, wrote $want"
+check "$w/new" new
+check "$w2/etc/name" changed
+ls -la "$w" >/dev/null || fail "listing after the restart"
+"$layerfs" ls | grep -q "^w .*mounted" || fail "ls: $("$layerfs" ls)"
+
+step "unmount by path; SIGTERM unmounts the rest, exits 0, leaves no mount"
+"$layerfs" unmount "$w2"
+nfs_mounted "$w2" && fail "w2 still mounted"
+kill -TERM "$restarted"
+rc=0
+wait "$restarted" || rc=$?
+[[ $rc == 0 ]] || fail "exit status $rc after SIGTERM: $(tail -5 "$t/daemon2.log")"
+nfs_mounted "$w" && fail "w still mounted after SIGTERM"
+echo "PASSED: the daemon through the kernel NFS client"
