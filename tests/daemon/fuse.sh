@@ -97,4 +97,24 @@ out=$("$layerfs" ls 2>&1) && fail "ls without a daemon succeeded"
 grep -q "no layerfs daemon is running" <<<"$out" || fail "ls without a daemon: $out"
 start_daemon
 "$layerfs" ls | grep -q "^w .*unmounted" || fail "after SIGTERM w is recorded unmounted: $("$layerfs" ls)"
+kill -TERM "$daemon"
+wait "$daemon" || fail "the daemon's exit status after SIGTERM"
+daemon=
+
+step "layerfs demo: a mounted workspace over two generated layers; Ctrl-C removes it all"
+coproc DEMO { exec "$layerfs" demo "$t/w" 2>>"$t/daemon.log"; }
+demo=$DEMO_PID
+while read -r -t 30 line <&"${DEMO[0]}"; do
+	[[ $line == Ctrl-C* ]] && break
+done
+[[ ${line:-} == Ctrl-C* ]] || fail "the demo never said how to stop it"
+mounted "$t/w" || fail "the demo's workspace is not mounted"
+[[ $("$t/w/bin/hello") == "hello from the tools layer" ]] || fail "bin/hello"
+[[ -e $t/w/docs/old-notes.txt ]] && fail "the demo's whiteout hides nothing"
+kill -INT "$demo"
+rc=0
+wait "$demo" || rc=$?
+[[ $rc == 0 ]] || fail "the demo's exit status $rc after Ctrl-C"
+mounted "$t/w" && fail "the demo left its mount"
+[[ -e /tmp/layerfs-demo-$demo ]] && fail "the demo left its store"
 echo "PASSED: the daemon through FUSE"

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
+mod demo;
 mod serve;
 mod workspaces;
 
@@ -42,6 +43,11 @@ enum Command {
     /// was mounted. The first line printed says it is ready. Logs go to
     /// stderr (RUST_LOG=debug for more).
     Daemon(workspaces::DaemonArgs),
+    /// Try layerfs: a daemon on a throwaway store with two small generated
+    /// layers, and a workspace over them mounted (through FUSE on Linux
+    /// without a kernel NFS client, else NFS); prints what to try. Ctrl-C
+    /// unmounts and removes it all.
+    Demo(demo::DemoArgs),
     /// Layers: import, list, remove.
     #[command(subcommand)]
     Layer(workspaces::LayerCommand),
@@ -91,6 +97,7 @@ fn main() -> ExitCode {
         Command::Serve(args) if args.fuse.is_some() => serve::serve_fuse(args),
         Command::Serve(args) => serve::serve(args),
         Command::Daemon(args) => workspaces::daemon(client, args),
+        Command::Demo(args) => demo::demo(args),
         Command::Layer(command) => client.layer(command),
         Command::Create(args) => client.create(args),
         Command::Mount(args) => client.mount(args),

@@ -96,14 +96,7 @@ pub struct RmArgs {
 /// Runs the daemon in the foreground until SIGINT or SIGTERM.
 pub fn daemon(client: Client, args: DaemonArgs) -> Result<(), String> {
     let store = client.store_path()?;
-    let server = ServerConfig {
-        // The kernel's NFS client connects from root's sockets; this user's
-        // own tools from theirs. Other local users are refused.
-        admit: Admission::Uids(vec![0, rustix::process::geteuid().as_raw()]),
-        record_deadline: Duration::from_secs(args.record_deadline.max(1)),
-        idle_timeout: Duration::from_secs(args.idle_timeout.max(1)),
-        ..ServerConfig::default()
-    };
+    let server = daemon_server_config(Some(args.record_deadline), Some(args.idle_timeout));
     let stop = interrupted()?;
     let config = layerfs_daemon::DaemonConfig {
         store,
@@ -111,6 +104,23 @@ pub fn daemon(client: Client, args: DaemonArgs) -> Result<(), String> {
         server,
     };
     layerfs_daemon::run(config, stop)
+}
+
+/// The daemon's NFS server settings, with the given limits in seconds.
+pub fn daemon_server_config(
+    record_deadline: Option<u64>,
+    idle_timeout: Option<u64>,
+) -> ServerConfig {
+    let defaults = ServerConfig::default();
+    ServerConfig {
+        // The kernel's NFS client connects from root's sockets; this user's
+        // own tools from theirs. Other local users are refused.
+        admit: Admission::Uids(vec![0, rustix::process::geteuid().as_raw()]),
+        record_deadline: record_deadline
+            .map_or(defaults.record_deadline, |s| Duration::from_secs(s.max(1))),
+        idle_timeout: idle_timeout.map_or(defaults.idle_timeout, |s| Duration::from_secs(s.max(1))),
+        ..defaults
+    }
 }
 
 /// What every command needs to reach the daemon.

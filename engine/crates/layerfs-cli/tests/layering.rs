@@ -60,6 +60,13 @@ fn libraries_keep_to_their_layer() {
     ];
     for (krate, never) in forbidden {
         let deps = library_deps(krate);
+        // The daemon sits above every library; only the command uses it.
+        assert!(
+            !deps
+                .iter()
+                .any(|d| d == "layerfs-daemon" || d == "layerfs-cli"),
+            "{krate} depends on the daemon or the command: {deps:?}"
+        );
         for dep in never {
             assert!(
                 !deps.iter().any(|d| d == dep),
@@ -70,4 +77,5 @@ fn libraries_keep_to_their_layer() {
     // The parser sees dependencies at all.
     assert!(library_deps("layerfs-nfs").contains(&"layerfs-vfs".to_string()));
     assert!(library_deps("layerfs-cli").contains(&"layerfs-fuse".to_string()));
+    assert!(library_deps("layerfs-daemon").contains(&"layerfs-layers".to_string()));
 }

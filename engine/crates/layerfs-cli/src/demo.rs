@@ -1,0 +1,149 @@
+//! `layerfs demo`: a daemon on a throwaway store with two small generated
+//! layers, one workspace mounted over them, and what to try; Ctrl-C
+//! unmounts and removes it all.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use layerfs_daemon::protocol::{Reply, Request};
+
+use crate::interrupted;
+use crate::workspaces::daemon_server_config;
+
+#[derive(clap::Args)]
+pub struct DemoArgs {
+    /// Where to mount the workspace (an empty directory) [default: a new
+    /// directory next to the demo store]
+    #[arg(value_name = "PATH")]
+    mountpoint: Option<PathBuf>,
+}
+
+pub fn demo(args: DemoArgs) -> Result<(), String> {
+    let base = std::env::temp_dir().join(format!("layerfs-demo-{}", std::process::id()));
+    std::fs::create_dir(&base).map_err(|e| format!("cannot make {}: {e}", base.display()))?;
+    // Readable by all, so a FUSE or NFS mount below it can be reached.
+    let _ = std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755));
+    let result = run(&base, args);
+    if let Err(e) = layerfs_layers::remove_tree(&base) {
+        eprintln!("layerfs: cannot remove {}: {e}", base.display());
+    }
+    result
+}
+
+fn run(base: &Path, args: DemoArgs) -> Result<(), String> {
+    let store = base.join("store");
+    let mountpoint = match args.mountpoint {
+        Some(path) => path,
+        None => {
+            let path = base.join("workspace");
+            std::fs::create_dir(&path).map_err(|e| e.to_string())?;
+            path
+        }
+    };
+    let mountpoint = mountpoint
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", mountpoint.display()))?;
+    let (base_layer, tools_layer) = (base.join("layer-base"), base.join("layer-tools"));
+    generate_layers(&base_layer, &tools_layer)
+        .map_err(|e| format!("cannot make the layers: {e}"))?;
+
+    let stop = interrupted()?;
+    let config = layerfs_daemon::DaemonConfig {
+        store: store.clone(),
+        nfs_port: None,
+        server: daemon_server_config(None, None),
+    };
+    let daemon = std::thread::spawn(move || layerfs_daemon::run(config, stop));
+    std::fs::create_dir_all(&store).map_err(|e| e.to_string())?;
+    let socket =
+        layerfs_daemon::paths::control_socket(&store.canonicalize().map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+    let ask = |request: Request| -> Result<Reply, String> {
+        let reply = layerfs_daemon::control::call(&socket, &request).map_err(|e| e.to_string())?;
+        match reply.ok {
+            true => Ok(reply),
+            false => Err(reply.error.unwrap_or_default()),
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while ask(Request::Ls).is_err() {
+        if daemon.is_finished() {
+            return daemon
+                .join()
+                .map_err(|_| "the daemon panicked".to_string())?;
+        }
+        if Instant::now() > deadline {
+            return Err("the daemon did not start within 20 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut ids = Vec::new();
+    for layer in [&base_layer, &tools_layer] {
+        let reply = ask(Request::LayerImport {
+            source: layer.clone(),
+        })?;
+        ids.push(reply.data["id"].as_str().unwrap_or_default().to_string());
+    }
+    ask(Request::Create {
+        name: "demo".into(),
+        from: ids,
+    })?;
+    let mounted = ask(Request::Mount {
+        name: "demo".into(),
+        path: mountpoint.clone(),
+        door: None,
+    })?;
+    let door = mounted.data["mount"]["door"]
+        .as_str()
+        .unwrap_or("?")
+        .to_string();
+    let (m, s) = (mountpoint.display(), store.display());
+    println!(
+        "\nworkspace \"demo\" is mounted on {m} ({door}), over two layers:\n  \
+         base: README, etc/os-release, docs/guide.txt, docs/old-notes.txt\n  \
+         tools: bin/hello, and a whiteout that hides docs/old-notes.txt\n\n\
+         try, in another terminal:\n  \
+         ls -la {m} {m}/docs\n  \
+         cat {m}/README; {m}/bin/hello\n  \
+         echo mine > {m}/notes.txt; rm {m}/docs/guide.txt\n  \
+         layerfs --store {s} commit demo --message 'my changes'\n  \
+         layerfs --store {s} layer ls\n  \
+         layerfs --store {s} create second --from demo\n  \
+         layerfs --store {s} ls\n\n\
+         Ctrl-C unmounts everything and removes the demo store.\n"
+    );
+    daemon
+        .join()
+        .map_err(|_| "the daemon panicked".to_string())?
+}
+
+/// Two small layers: a base, and a layer of tools over it that also hides a
+/// file of the base (an OCI whiteout).
+fn generate_layers(base: &Path, tools: &Path) -> std::io::Result<()> {
+    for dir in ["etc", "docs"] {
+        std::fs::create_dir_all(base.join(dir))?;
+    }
+    std::fs::write(
+        base.join("README"),
+        "This workspace is two read-only layers under a writable one.\n\
+         Whatever you change lands in the writable layer; `layerfs commit`\n\
+         turns it into a new layer.\n",
+    )?;
+    std::fs::write(
+        base.join("etc/os-release"),
+        "NAME=\"layerfs demo\"\nID=demo\n",
+    )?;
+    std::fs::write(base.join("docs/guide.txt"), "The base layer's guide.\n")?;
+    std::fs::write(
+        base.join("docs/old-notes.txt"),
+        "Hidden by the tools layer.\n",
+    )?;
+    std::fs::create_dir_all(tools.join("bin"))?;
+    std::fs::create_dir_all(tools.join("docs"))?;
+    let hello = tools.join("bin/hello");
+    std::fs::write(&hello, "#!/bin/sh\necho \"hello from the tools layer\"\n")?;
+    std::fs::set_permissions(&hello, std::fs::Permissions::from_mode(0o755))?;
+    std::fs::write(tools.join("docs/.wh.old-notes.txt"), "")?;
+    Ok(())
+}
