@@ -14,7 +14,12 @@ fail() { echo "FAILED: $*"; exit 1; }
 step() { printf '== %s\n' "$*"; }
 nfs_mounted() { awk -v m="$1" '$2 == m && $3 == "nfs" {f=1} END {exit !f}' /proc/mounts; }
 check() { [[ $(cat "$1") == "$2" ]] || fail "$1 holds '$(cat "$1" 2>&1)', not '$2'"; }
-daemon_pid() { pgrep -f -- "layerfs daemon" | head -n 1; }
+daemon_pid() { # without procps, which a fresh machine may lack
+	local p
+	for p in /proc/[0-9]*; do
+		[[ $(tr '\0' ' ' <"$p/cmdline" 2>/dev/null) == *"layerfs daemon"* ]] && { echo "${p#/proc/}"; return; }
+	done
+}
 mkdir -p "$t/base/etc" "$t/top/etc" "$w2"
 for _ in $(seq 100); do "$layerfs" ls >/dev/null 2>&1 && break; sleep 0.1; done
 
@@ -58,8 +63,9 @@ for _ in $(seq 600); do
 done
 old=$(daemon_pid)
 [[ -n $old ]] || fail "no daemon"
+written=$(stat -c %s "$w/big")
 kill -9 "$old"
-echo "   killed the daemon (pid $old) at $(stat -c %s "$t/src" >/dev/null; date +%T)"
+echo "   killed the daemon (pid $old) with $written bytes written"
 sleep 1
 kill -0 "$writer" 2>/dev/null || echo "   (the writer had already finished)"
 "$layerfs" daemon --store /run/lfs-store >"$t/daemon2.log" 2>&1 &
