@@ -312,14 +312,17 @@ impl Client {
             per(s.socket_writes, s.replies)
         );
         println!("bytes in / out   {} / {}", s.bytes_in, s.bytes_out);
-        for (program, proc, calls) in s.calls {
-            let program = match program {
-                100_003 => "NFS".to_string(),
-                100_005 => "MOUNT".to_string(),
-                n => n.to_string(),
-            };
-            println!("  {program:<5} {proc:<12} {calls}");
+        println!(
+            "{:<6} {:<12} {:>10} {:>10} {:>10}",
+            "", "procedure", "calls", "p50 (us)", "p99 (us)"
+        );
+        for p in s.procedures {
+            println!(
+                "{:<6} {:<12} {:>10} {:>10} {:>10}",
+                p.program, p.procedure, p.calls, p.p50_us, p.p99_us
+            );
         }
+        println!("(times are what each procedure ran, at most 2x the true figure)");
         Ok(())
     }
 }

@@ -291,3 +291,42 @@ fn every_command_has_help() {
         assert!(String::from_utf8_lossy(&out.stdout).contains("--store"));
     }
 }
+
+#[test]
+fn a_restart_sweeps_what_a_crash_left_half_made() {
+    let base = tempfile::tempdir().unwrap();
+    let runtime = tempfile::tempdir().unwrap();
+    let store = base.path().join("store");
+    let (mut child, _) = spawn_daemon(&store, runtime.path());
+    let out = layerfs(&store, runtime.path(), &["create", "kept"]);
+    assert!(out.status.success());
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // A workspace made but never recorded, and an import cut short.
+    std::fs::create_dir_all(store.join("workspaces/half-made/tree/1")).unwrap();
+    std::fs::create_dir_all(store.join("staging/123-0/etc")).unwrap();
+    let (mut child, first) = spawn_daemon(&store, runtime.path());
+    assert!(first.starts_with("layerfs daemon ready"), "{first}");
+    assert!(!store.join("workspaces/half-made").exists());
+    assert!(!store.join("staging/123-0").exists());
+    assert!(store.join("workspaces/kept").is_dir());
+    let ls = layerfs(&store, runtime.path(), &["ls"]);
+    assert!(String::from_utf8_lossy(&ls.stdout).contains("kept"));
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+#[test]
+fn a_store_that_cannot_be_made_is_a_clear_error() {
+    let base = tempfile::tempdir().unwrap();
+    std::fs::write(base.path().join("file"), b"").unwrap();
+    let out = Command::new(BIN)
+        .args(["daemon", "--store"])
+        .arg(base.path().join("file/store"))
+        .env("XDG_RUNTIME_DIR", base.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("cannot make the store"), "{err}");
+}

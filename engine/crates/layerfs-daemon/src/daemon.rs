@@ -20,7 +20,7 @@ use serde::Serialize;
 
 use crate::catalog::{Catalog, Door, LayerNote, MountRecord, WorkspaceRecord};
 use crate::mounting;
-use crate::protocol::{LayerInfo, Reply, Request, Stats, WorkspaceInfo};
+use crate::protocol::{LayerInfo, ProcedureFigures, Reply, Request, Stats, WorkspaceInfo};
 
 pub struct DaemonConfig {
     pub store: PathBuf,
@@ -759,11 +759,21 @@ impl Daemon {
             socket_writes: t.socket_writes,
             bytes_in: t.bytes_in,
             bytes_out: t.bytes_out,
-            calls: server
+            procedures: server
                 .dispatcher()
-                .calls()
+                .procedures()
                 .into_iter()
-                .map(|(program, proc, n)| (program, proc.to_string(), n))
+                .map(|p| ProcedureFigures {
+                    program: match p.program {
+                        layerfs_nfs::NFS_PROGRAM => "NFS".into(),
+                        layerfs_nfs::MOUNT_PROGRAM => "MOUNT".into(),
+                        n => n.to_string(),
+                    },
+                    procedure: p.name.into(),
+                    calls: p.calls,
+                    p50_us: p.p50.as_micros() as u64,
+                    p99_us: p.p99.as_micros() as u64,
+                })
                 .collect(),
         })
     }

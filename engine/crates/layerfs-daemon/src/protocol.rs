@@ -107,8 +107,19 @@ pub struct Stats {
     pub socket_writes: u64,
     pub bytes_in: u64,
     pub bytes_out: u64,
-    /// (program, procedure, calls) for every procedure called.
-    pub calls: Vec<(u32, String, u64)>,
+    /// Every procedure called.
+    pub procedures: Vec<ProcedureFigures>,
+}
+
+/// Calls to one procedure and how long they ran, to within a factor of two.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProcedureFigures {
+    /// `NFS` or `MOUNT`.
+    pub program: String,
+    pub procedure: String,
+    pub calls: u64,
+    pub p50_us: u64,
+    pub p99_us: u64,
 }
 
 /// Reads one message: `None` at a clean end of stream; an error for a line

@@ -8,6 +8,7 @@
 //! over `Read`/`Write`, so tests drive it without sockets.
 
 pub mod envelope;
+pub mod latency;
 pub mod peer;
 pub mod program;
 pub mod record;
@@ -17,7 +18,7 @@ mod timeouts;
 pub mod xdr;
 
 pub use envelope::{AuthSys, Credentials};
-pub use program::{Call, Dispatcher, Outcome, Program, Refusal};
+pub use program::{Call, Dispatcher, Outcome, ProcedureStats, Program, Refusal};
 pub use record::{Receive, Record, Records, READ_AHEAD, RECORD_LIMIT};
 pub use reply::{FileTail, Frame, ReplyBuf, ReplyWriter, Transmit};
 pub use server::{Admission, Server, ServerConfig, ServerHandle, TransportStats};

@@ -6,8 +6,10 @@
 use std::net::IpAddr;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
 
 use crate::envelope::{self, Accepted, CallHeader, Credentials, Envelope};
+use crate::latency::{quantile, Latency};
 use crate::reply::{Frame, ReplyBuf};
 
 /// One call as a program sees it.
@@ -73,6 +75,19 @@ struct ProgramEntry {
     /// Index `proc` counts calls to that procedure; the last slot counts calls
     /// to procedures that do not exist.
     calls: Vec<AtomicU64>,
+    /// How long each procedure ran, by the same index.
+    latency: Vec<Latency>,
+}
+
+/// One procedure's figures: calls, and how long they ran (the procedure
+/// itself, not the wait for a worker), to within a factor of two.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcedureStats {
+    pub program: u32,
+    pub name: &'static str,
+    pub calls: u64,
+    pub p50: Duration,
+    pub p99: Duration,
 }
 
 /// Routes records to programs and counts what it did.
@@ -92,6 +107,7 @@ impl Dispatcher {
             .map(|program| ProgramEntry {
                 program,
                 calls: (0..=COUNTED_PROCS).map(|_| AtomicU64::new(0)).collect(),
+                latency: (0..=COUNTED_PROCS).map(|_| Latency::default()).collect(),
             })
             .collect();
         Dispatcher {
@@ -175,6 +191,7 @@ impl Dispatcher {
         let mut reply = envelope::accepted_reply(xid, Accepted::Success);
         // A bug in a procedure must cost one call, not the worker thread and
         // with it the connection's window slot: it is answered SYSTEM_ERR.
+        let started = Instant::now();
         let outcome =
             panic::catch_unwind(AssertUnwindSafe(|| entry.program.call(&call, &mut reply)))
                 .unwrap_or_else(|_| {
@@ -182,6 +199,7 @@ impl Dispatcher {
                     tracing::error!(xid, proc = name, "procedure panicked; answered SYSTEM_ERR");
                     Err(Refusal::SystemErr)
                 });
+        entry.latency[slot].record(started.elapsed());
         match outcome {
             Ok(()) => Some(reply),
             Err(Refusal::Dropped) => None,
@@ -214,6 +232,33 @@ impl Dispatcher {
     /// Records dropped without a reply.
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Relaxed)
+    }
+
+    /// Calls and their p50/p99 running times, for procedures called at
+    /// least once.
+    pub fn procedures(&self) -> Vec<ProcedureStats> {
+        let mut out = Vec::new();
+        for entry in &self.programs {
+            for (proc, latency) in entry.latency.iter().enumerate() {
+                let counts = latency.counts();
+                let calls = counts.iter().sum();
+                let (Some(p50), Some(p99)) = (quantile(&counts, 0.5), quantile(&counts, 0.99))
+                else {
+                    continue;
+                };
+                out.push(ProcedureStats {
+                    program: entry.program.number(),
+                    name: entry
+                        .program
+                        .procedure_name(proc as u32)
+                        .unwrap_or("(unknown)"),
+                    calls,
+                    p50,
+                    p99,
+                });
+            }
+        }
+        out
     }
 
     /// Calls that reached a program, as (program, procedure name, count), for

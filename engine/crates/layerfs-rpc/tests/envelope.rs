@@ -212,6 +212,16 @@ fn the_dispatcher_counts_calls_and_rejections() {
     );
     assert_eq!(d.rejected(), 1);
     assert_eq!(d.dropped(), 1);
+    // Every call that ran was timed.
+    let timed: Vec<_> = d
+        .procedures()
+        .into_iter()
+        .map(|p| {
+            assert!(p.p50 <= p.p99, "{p:?}");
+            (p.program, p.name, p.calls)
+        })
+        .collect();
+    assert_eq!(timed, d.calls());
 }
 
 #[test]
