@@ -1,12 +1,12 @@
 //! The workspace commands: each one request to the store's daemon, its
 //! answer printed for people or, with --json, for scripts.
 
-use std::io::{self, Write};
+use std::io::{self, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use layerfs_daemon::catalog::Door;
-use layerfs_daemon::protocol::{LayerInfo, Reply, Request, Stats, WorkspaceInfo};
+use layerfs_daemon::protocol::{LayerInfo, Progress, Reply, Request, Stats, WorkspaceInfo};
 use layerfs_rpc::{Admission, ServerConfig};
 use serde::de::DeserializeOwned;
 
@@ -162,11 +162,14 @@ impl Client {
         };
         let store = store.canonicalize().map_err(|_| no_daemon())?;
         let socket = layerfs_daemon::paths::control_socket(&store).map_err(|e| e.to_string())?;
+        let mut bar = ProgressShown::new(!self.json && io::stderr().is_terminal());
         let reply: Reply =
-            layerfs_daemon::control::call(&socket, &request).map_err(|e| match e.kind() {
-                io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused => no_daemon(),
-                _ => format!("cannot talk to the daemon at {}: {e}", socket.display()),
-            })?;
+            layerfs_daemon::control::call_with_progress(&socket, &request, &mut |p| bar.show(p))
+                .map_err(|e| match e.kind() {
+                    io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused => no_daemon(),
+                    _ => format!("cannot talk to the daemon at {}: {e}", socket.display()),
+                })?;
+        drop(bar);
         if self.json {
             let text = serde_json::to_string_pretty(&reply).map_err(|e| e.to_string())?;
             println!("{text}");
@@ -324,6 +327,44 @@ impl Client {
         }
         println!("(times are what each procedure ran, at most 2x the true figure)");
         Ok(())
+    }
+}
+
+/// A progress bar on the terminal for a long request; nothing when output
+/// is not a terminal or is JSON.
+struct ProgressShown {
+    enabled: bool,
+    bar: Option<indicatif::ProgressBar>,
+}
+
+impl ProgressShown {
+    fn new(enabled: bool) -> ProgressShown {
+        ProgressShown { enabled, bar: None }
+    }
+
+    fn show(&mut self, p: Progress) {
+        if !self.enabled {
+            return;
+        }
+        let bar = self.bar.get_or_insert_with(|| {
+            let bar = indicatif::ProgressBar::new(p.total);
+            if let Ok(style) = indicatif::ProgressStyle::with_template(
+                "[{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} {eta}",
+            ) {
+                bar.set_style(style.progress_chars("=> "));
+            }
+            bar
+        });
+        bar.set_length(p.total);
+        bar.set_position(p.done);
+    }
+}
+
+impl Drop for ProgressShown {
+    fn drop(&mut self) {
+        if let Some(bar) = self.bar.take() {
+            bar.finish_and_clear();
+        }
     }
 }
 

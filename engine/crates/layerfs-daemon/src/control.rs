@@ -10,7 +10,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::protocol::{read_message, write_message, Reply, Request};
+use crate::protocol::{read_message, write_message, Answer, Progress, Reply, Request};
+
+/// Answers one request; long ones tell the `Progress` callback as they go.
+pub type Handler = dyn Fn(Request, &mut dyn FnMut(Progress)) -> Reply + Send + Sync;
+
+/// Progress lines at most this often.
+const PROGRESS_EVERY: Duration = Duration::from_millis(100);
 
 /// Clients served at once; more are told to try again.
 const MAX_CLIENTS: usize = 32;
@@ -38,7 +44,7 @@ pub fn bind(path: &Path) -> io::Result<UnixListener> {
 /// Serves clients of `listener` with `handle`, on a thread of its own.
 pub fn spawn(
     listener: UnixListener,
-    handle: Arc<dyn Fn(Request) -> Reply + Send + Sync>,
+    handle: Arc<Handler>,
 ) -> io::Result<std::thread::JoinHandle<()>> {
     let clients = Arc::new(AtomicUsize::new(0));
     std::thread::Builder::new()
@@ -71,7 +77,7 @@ pub fn admitted(uid: u32, own: u32) -> bool {
     uid == own || uid == 0
 }
 
-fn serve_client(stream: UnixStream, handle: &dyn Fn(Request) -> Reply) {
+fn serve_client(stream: UnixStream, handle: &Handler) {
     let own = rustix::process::geteuid().as_raw();
     match peer_uid(&stream) {
         Ok(uid) if admitted(uid, own) => {}
@@ -99,8 +105,16 @@ fn serve_client(stream: UnixStream, handle: &dyn Fn(Request) -> Reply) {
                 return;
             }
         };
+        // The first progress at once, then at most one per PROGRESS_EVERY.
+        let mut last: Option<std::time::Instant> = None;
+        let mut progress = |p: Progress| {
+            if last.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY) {
+                last = Some(std::time::Instant::now());
+                let _ = write_message(&mut &stream, &Answer::Progress { progress: p });
+            }
+        };
         let reply = match serde_json::from_slice::<Request>(&line) {
-            Ok(request) => handle(request),
+            Ok(request) => handle(request, &mut progress),
             Err(e) => Reply::error(format!("bad request: {e}")),
         };
         if write_message(&mut &stream, &reply).is_err() {
@@ -139,16 +153,31 @@ fn peer_uid(stream: &UnixStream) -> io::Result<u32> {
 
 /// Sends `request` to the daemon at `socket` and returns its reply.
 pub fn call(socket: &Path, request: &Request) -> io::Result<Reply> {
+    call_with_progress(socket, request, &mut |_| {})
+}
+
+/// [`call`], telling `progress` what the daemon says of a long request.
+pub fn call_with_progress(
+    socket: &Path,
+    request: &Request,
+    progress: &mut dyn FnMut(Progress),
+) -> io::Result<Reply> {
     let stream = UnixStream::connect(socket)?;
     write_message(&mut &stream, request)?;
     let mut input = BufReader::new(&stream);
-    let line = read_message(&mut input)?.ok_or_else(|| {
-        io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "the daemon closed the connection",
-        )
-    })?;
-    serde_json::from_slice(&line).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+    loop {
+        let line = read_message(&mut input)?.ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the daemon closed the connection",
+            )
+        })?;
+        match serde_json::from_slice(&line) {
+            Ok(Answer::Progress { progress: p }) => progress(p),
+            Ok(Answer::Reply(reply)) => return Ok(reply),
+            Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e)),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -162,5 +191,32 @@ mod tests {
         assert!(!admitted(1001, 1000));
         assert!(admitted(0, 0));
         assert!(!admitted(65534, 0));
+    }
+
+    #[test]
+    fn progress_comes_before_the_reply_and_no_more_often_than_set() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("s");
+        let listener = UnixListener::bind(&socket).unwrap();
+        let handler: Arc<Handler> = Arc::new(|request, progress| {
+            for done in 1..=1000 {
+                progress(Progress { done, total: 1000 });
+            }
+            Reply::ok(format!("{request:?}"))
+        });
+        spawn(listener, handler).unwrap();
+        let mut seen = Vec::new();
+        let reply = call_with_progress(&socket, &Request::Ls, &mut |p| seen.push(p)).unwrap();
+        assert_eq!(reply, Reply::ok("Ls"));
+        assert_eq!(
+            seen.first(),
+            Some(&Progress {
+                done: 1,
+                total: 1000
+            })
+        );
+        assert!(seen.len() < 100, "{} progress lines", seen.len());
+        // Without a progress callback the reply is the same.
+        assert_eq!(call(&socket, &Request::Ls).unwrap(), Reply::ok("Ls"));
     }
 }

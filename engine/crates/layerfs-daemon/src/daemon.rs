@@ -20,7 +20,9 @@ use serde::Serialize;
 
 use crate::catalog::{Catalog, Door, LayerNote, MountRecord, WorkspaceRecord};
 use crate::mounting;
-use crate::protocol::{LayerInfo, ProcedureFigures, Reply, Request, Stats, WorkspaceInfo};
+use crate::protocol::{
+    LayerInfo, ProcedureFigures, Progress, Reply, Request, Stats, WorkspaceInfo,
+};
 
 pub struct DaemonConfig {
     pub store: PathBuf,
@@ -56,8 +58,11 @@ pub fn run(config: DaemonConfig, stop: Receiver<()>) -> Result<(), String> {
     let socket = crate::paths::control_socket(&root).map_err(|e| e.to_string())?;
     let listener = crate::control::bind(&socket).map_err(|e| e.to_string())?;
     let handler = daemon.clone();
-    crate::control::spawn(listener, Arc::new(move |r| handler.handle(r)))
-        .map_err(|e| format!("cannot start the control thread: {e}"))?;
+    crate::control::spawn(
+        listener,
+        Arc::new(move |r, p: &mut dyn FnMut(Progress)| handler.handle(r, p)),
+    )
+    .map_err(|e| format!("cannot start the control thread: {e}"))?;
     let mut out = io::stdout().lock();
     let _ = writeln!(
         out,
@@ -387,16 +392,16 @@ impl Daemon {
         }
     }
 
-    fn handle(&self, request: Request) -> Reply {
+    fn handle(&self, request: Request, progress: &mut dyn FnMut(Progress)) -> Reply {
         tracing::debug!(?request, "control request");
         let reply = match request {
-            Request::LayerImport { source } => reply(self.layer_import(&source)),
+            Request::LayerImport { source } => reply(self.layer_import(&source, progress)),
             Request::LayerLs => reply(self.layer_ls()),
             Request::LayerRm { id } => reply(self.layer_rm(&id)),
             Request::Create { name, from } => reply(self.create(&name, &from)),
             Request::Mount { name, path, door } => reply(self.mount(&name, &path, door)),
             Request::Unmount { target } => reply(self.unmount(&target)),
-            Request::Commit { name, message } => reply(self.commit(&name, message)),
+            Request::Commit { name, message } => reply(self.commit(&name, message, progress)),
             Request::Ls => reply(self.ls()),
             Request::Rm { name, force } => reply(self.rm(&name, force)),
             Request::Stats => reply(self.stats()),
@@ -407,14 +412,20 @@ impl Daemon {
         reply
     }
 
-    fn layer_import(&self, source: &Path) -> Outcome<LayerInfo> {
+    fn layer_import(
+        &self,
+        source: &Path,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Outcome<LayerInfo> {
         if !source.is_absolute() {
             return Err(format!("{}: give an absolute path", source.display()));
         }
         let _serial = self.open.lock();
         let id = self
             .store
-            .import(source)
+            .import(source, &mut |done, total| {
+                progress(Progress { done, total })
+            })
             .map_err(|e| format!("cannot import {}: {e}", source.display()))?;
         let note = self.catalog.note(id.as_str()).map_err(|e| e.to_string())?;
         if note == LayerNote::default() {
@@ -656,7 +667,12 @@ impl Daemon {
         Ok(())
     }
 
-    fn commit(&self, name: &str, message: Option<String>) -> Outcome<LayerInfo> {
+    fn commit(
+        &self,
+        name: &str,
+        message: Option<String>,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Outcome<LayerInfo> {
         let mut open = self.open.lock();
         let mut record = self.record(name)?;
         let o = self.ensure_open(&mut open, name)?;
@@ -666,7 +682,9 @@ impl Daemon {
             .map_err(|e| format!("cannot commit {name}: {e}"))?;
         let layer = self
             .store
-            .import_dir(&committed)
+            .import_dir_with(&committed, &mut |done, total| {
+                progress(Progress { done, total })
+            })
             .map_err(|e| format!("committed {name}, but cannot add it to the store: {e}"))?;
         record.layers.push(layer.to_string());
         self.catalog

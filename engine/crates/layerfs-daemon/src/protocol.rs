@@ -1,5 +1,6 @@
 //! The control protocol: one JSON object per line each way, a request and
-//! then its reply, at most [`MAX_MESSAGE`] bytes.
+//! then its reply, at most [`MAX_MESSAGE`] bytes. A long request (an import,
+//! a commit) may send [`Progress`] lines before its reply.
 
 use std::io::{self, BufRead, Read, Write};
 use std::path::PathBuf;
@@ -72,6 +73,21 @@ impl Reply {
             data: serde_json::Value::Null,
         }
     }
+}
+
+/// How far a long request has got: bytes done of bytes in all.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Progress {
+    pub done: u64,
+    pub total: u64,
+}
+
+/// What the daemon sends: progress, or the reply that ends the request.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Answer {
+    Progress { progress: Progress },
+    Reply(Reply),
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

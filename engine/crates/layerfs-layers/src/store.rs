@@ -73,14 +73,16 @@ impl Store {
     }
 
     /// Imports a directory (as [`Store::import_dir`]) or a tarball (as
-    /// [`Store::import_tar`]), whichever `source` is.
-    pub fn import(&self, source: &Path) -> io::Result<LayerId> {
+    /// [`Store::import_tar`]), whichever `source` is, telling `progress`
+    /// (bytes done, bytes in all) as it goes: a directory's file bytes
+    /// copied, a tarball's bytes read.
+    pub fn import(&self, source: &Path, progress: Progress<'_>) -> io::Result<LayerId> {
         let meta = fs::metadata(source)
             .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", source.display())))?;
         if meta.is_dir() {
-            self.import_dir(source)
+            self.import_dir_with(source, progress)
         } else {
-            self.import_tar(source)
+            self.import_tar_with(source, progress)
         }
     }
 
@@ -96,7 +98,18 @@ impl Store {
 
     /// Imports a copy of the tree at `src` (symlinks copied, not followed).
     pub fn import_dir(&self, src: &Path) -> io::Result<LayerId> {
-        self.stage(|staged| copy_tree(src, staged))
+        self.import_dir_with(src, &mut |_, _| {})
+    }
+
+    /// [`Store::import_dir`], telling `progress` the file bytes copied.
+    pub fn import_dir_with(&self, src: &Path, progress: Progress<'_>) -> io::Result<LayerId> {
+        let total = file_bytes(src)?;
+        let mut copied = Copied {
+            done: 0,
+            total,
+            progress,
+        };
+        self.stage(|staged| copy_tree(src, staged, &mut copied))
     }
 
     /// Imports an OCI/Docker layer tarball, plain or gzip-compressed. Its
@@ -104,10 +117,24 @@ impl Store {
     /// layer (`../`, an absolute path, a path through a symlink) fails the
     /// import and nothing of it is kept.
     pub fn import_tar(&self, tarball: &Path) -> io::Result<LayerId> {
+        self.import_tar_with(tarball, &mut |_, _| {})
+    }
+
+    /// [`Store::import_tar`], telling `progress` the tarball's bytes read.
+    pub fn import_tar_with(&self, tarball: &Path, progress: Progress<'_>) -> io::Result<LayerId> {
         let mut file = BufReader::new(File::open(tarball)?);
         let mut magic = [0u8; 2];
         let gzip = file.read_exact(&mut magic).is_ok() && magic == [0x1f, 0x8b];
-        let file = BufReader::new(File::open(tarball)?);
+        let file = File::open(tarball)?;
+        let total = file.metadata()?.len();
+        let file = BufReader::new(Counted {
+            inner: file,
+            copied: Copied {
+                done: 0,
+                total,
+                progress,
+            },
+        });
         let reader: Box<dyn Read> = if gzip {
             Box::new(flate2::read::GzDecoder::new(file))
         } else {
@@ -180,9 +207,55 @@ impl Store {
     }
 }
 
+/// Told (bytes done, bytes in all) as an import goes.
+pub type Progress<'a> = &'a mut dyn FnMut(u64, u64);
+
+/// Bytes an import has gone through, and whom to tell.
+struct Copied<'a> {
+    done: u64,
+    total: u64,
+    progress: Progress<'a>,
+}
+
+impl Copied<'_> {
+    fn add(&mut self, bytes: u64) {
+        self.done += bytes;
+        (self.progress)(self.done, self.total.max(self.done));
+    }
+}
+
+/// A reader that counts what is read through it.
+struct Counted<'a, R> {
+    inner: R,
+    copied: Copied<'a>,
+}
+
+impl<R: Read> Read for Counted<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.copied.add(n as u64);
+        Ok(n)
+    }
+}
+
+/// The bytes of the regular files under `dir`.
+fn file_bytes(dir: &Path) -> io::Result<u64> {
+    let mut total = 0;
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        let meta = fs::symlink_metadata(entry.path())?;
+        if meta.is_dir() {
+            total += file_bytes(&entry.path())?;
+        } else if meta.is_file() {
+            total += meta.len();
+        }
+    }
+    Ok(total)
+}
+
 /// Copies `src` into the existing directory `dst`: directories, files and
 /// symlinks with their permission bits, owners where allowed, and mtimes.
-fn copy_tree(src: &Path, dst: &Path) -> io::Result<()> {
+fn copy_tree(src: &Path, dst: &Path, copied: &mut Copied<'_>) -> io::Result<()> {
     for entry in fs::read_dir(src)? {
         let entry = entry?;
         let from = entry.path();
@@ -191,11 +264,11 @@ fn copy_tree(src: &Path, dst: &Path) -> io::Result<()> {
         let kind = meta.file_type();
         if kind.is_dir() {
             fs::create_dir(&to)?;
-            copy_tree(&from, &to)?;
+            copy_tree(&from, &to, copied)?;
         } else if kind.is_symlink() {
             symlink(fs::read_link(&from)?, &to)?;
         } else if kind.is_file() {
-            fs::copy(&from, &to)?;
+            copied.add(fs::copy(&from, &to)?);
         } else {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
