@@ -330,3 +330,40 @@ fn a_store_that_cannot_be_made_is_a_clear_error() {
     assert!(!out.status.success());
     assert!(err.contains("cannot make the store"), "{err}");
 }
+
+#[test]
+fn a_commit_cut_short_by_a_crash_is_recorded_at_the_next_start() {
+    let base = tempfile::tempdir().unwrap();
+    let runtime = tempfile::tempdir().unwrap();
+    let store = base.path().join("store");
+    let (mut child, _) = spawn_daemon(&store, runtime.path());
+    let out = layerfs(&store, runtime.path(), &["create", "w"]);
+    assert!(out.status.success());
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // What Workspace::commit leaves before the daemon records it: the old
+    // upper is a layer of the stack, and a new, empty upper is on top.
+    let ws = store.join("workspaces/w").canonicalize().unwrap();
+    std::fs::write(ws.join("tree/1/made-before-the-crash"), b"kept").unwrap();
+    std::fs::create_dir(ws.join("tree/2")).unwrap();
+    std::fs::write(
+        ws.join("stack"),
+        format!(
+            "{}\n{}\n",
+            ws.join("tree/1").display(),
+            ws.join("tree/2").display()
+        ),
+    )
+    .unwrap();
+    let (mut child, first) = spawn_daemon(&store, runtime.path());
+    assert!(first.starts_with("layerfs daemon ready"), "{first}");
+    let out = layerfs(&store, runtime.path(), &["--json", "ls"]);
+    let reply: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let layers = reply["data"][0]["layers"].as_array().unwrap().clone();
+    assert_eq!(layers.len(), 1, "{reply}");
+    let id = layers[0].as_str().unwrap();
+    let kept = store.join("layers").join(id).join("made-before-the-crash");
+    assert_eq!(std::fs::read(kept).unwrap(), b"kept");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}

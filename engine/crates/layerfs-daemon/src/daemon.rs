@@ -178,6 +178,7 @@ impl Daemon {
             problems: Mutex::new(HashMap::new()),
         };
         daemon.sweep_orphans()?;
+        daemon.record_unrecorded_commits()?;
         Ok(daemon)
     }
 
@@ -206,6 +207,27 @@ impl Daemon {
                 tracing::info!(workspace = %name, "removing what a crash left of a workspace");
                 remove_tree(&entry.path())?;
             }
+        }
+        Ok(())
+    }
+
+    /// A commit is made in the workspace first (its stack file changes in
+    /// one rename) and recorded in the catalog after: a crash between leaves
+    /// a stack with more layers than the record. Those committed layers are
+    /// added to the store (the same content gives the same id) and recorded.
+    fn record_unrecorded_commits(&self) -> io::Result<()> {
+        for (name, mut record) in self.catalog.workspaces()? {
+            let stack = Workspace::stack_of(&self.workspace_dir(&name))?;
+            let layers = &stack[..stack.len().saturating_sub(1)];
+            if layers.len() <= record.layers.len() {
+                continue;
+            }
+            for committed in &layers[record.layers.len()..] {
+                let layer = self.store.import_dir(committed)?;
+                tracing::info!(workspace = %name, %layer, "recording a commit a crash cut short");
+                record.layers.push(layer.to_string());
+            }
+            self.catalog.put_workspace(&name, &record)?;
         }
         Ok(())
     }

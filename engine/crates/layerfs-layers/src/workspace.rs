@@ -63,6 +63,12 @@ impl Workspace {
         })
     }
 
+    /// The stack of the workspace in `dir`, bottom first, its upper last,
+    /// read without opening it.
+    pub fn stack_of(dir: &Path) -> io::Result<Vec<PathBuf>> {
+        read_stack(dir)
+    }
+
     /// The filesystem clients are served.
     pub fn fs(&self) -> Arc<StackFs> {
         self.fs.clone()
