@@ -87,6 +87,14 @@ check "$t/w2/new" new
 step "unmount by path; SIGTERM unmounts the rest and exits 0"
 "$layerfs" unmount "$t/w2"
 mounted "$t/w2" && fail "w2 still mounted"
+mkdir "$t/dead"
+"$layerfs" serve --fuse "$t/dead" "$t/base" >/dev/null 2>&1 &
+for _ in $(seq 100); do mounted "$t/dead" && break; sleep 0.1; done
+kill -9 $!
+wait $! 2>/dev/null || true
+"$layerfs" mount w2 "$t/dead" >/dev/null || fail "mount over a dead FUSE mount"
+check "$t/dead/new" new
+"$layerfs" unmount w2
 kill -TERM "$daemon"
 rc=0
 wait "$daemon" || rc=$?

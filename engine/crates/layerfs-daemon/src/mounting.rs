@@ -6,8 +6,17 @@ use std::io;
 use std::path::Path;
 
 /// The mount point a workspace may be mounted on: an existing, empty
-/// directory.
+/// directory. A dead FUSE mount left there by a daemon that crashed is
+/// detached first.
 pub fn check_mountpoint(path: &Path) -> io::Result<()> {
+    #[cfg(target_os = "linux")]
+    if std::fs::read_dir(path).is_err_and(|e| e.raw_os_error() == Some(libc_enotconn())) {
+        tracing::warn!(
+            "{}: a dead FUSE mount is there: detaching it",
+            path.display()
+        );
+        let _ = rustix::mount::unmount(path, rustix::mount::UnmountFlags::DETACH);
+    }
     let mut entries = std::fs::read_dir(path).map_err(|e| {
         let why = match e.kind() {
             io::ErrorKind::NotFound => "does not exist: make it with mkdir".to_string(),
@@ -50,10 +59,14 @@ pub fn is_mountpoint(path: &Path) -> bool {
             use std::os::unix::fs::MetadataExt;
             m.dev() != p.dev() || m.ino() == p.ino()
         }
-        // ENOTCONN: a FUSE mount whose server died.
-        (Err(e), _) => e.raw_os_error() == Some(107),
+        (Err(e), _) => e.raw_os_error() == Some(libc_enotconn()),
         _ => false,
     }
+}
+
+/// ENOTCONN: what a FUSE mount whose server died answers.
+fn libc_enotconn() -> i32 {
+    rustix::io::Errno::NOTCONN.raw_os_error()
 }
 
 #[cfg(target_os = "linux")]
