@@ -330,20 +330,28 @@ impl Client {
     }
 }
 
-/// A progress bar on the terminal for a long request; nothing when output
-/// is not a terminal or is JSON.
+/// A progress bar on the terminal for a request that takes a while;
+/// nothing when output is not a terminal or is JSON.
 struct ProgressShown {
     enabled: bool,
+    started: std::time::Instant,
     bar: Option<indicatif::ProgressBar>,
 }
 
+/// A request quicker than this shows no bar.
+const BAR_AFTER: Duration = Duration::from_millis(500);
+
 impl ProgressShown {
     fn new(enabled: bool) -> ProgressShown {
-        ProgressShown { enabled, bar: None }
+        ProgressShown {
+            enabled,
+            started: std::time::Instant::now(),
+            bar: None,
+        }
     }
 
     fn show(&mut self, p: Progress) {
-        if !self.enabled {
+        if !self.enabled || (self.bar.is_none() && self.started.elapsed() < BAR_AFTER) {
             return;
         }
         let bar = self.bar.get_or_insert_with(|| {
