@@ -114,6 +114,29 @@ fn filesystem(args: &ServeArgs) -> Result<(Arc<dyn Filesystem>, PathBuf, String)
     Ok((Arc::new(fs), dir, what))
 }
 
+/// The key that signs the export's handles, kept where handles must outlive
+/// a restart: with a stack's state in its upper, or for a plain directory in
+/// the user's store directory (shared by every directory served).
+fn handle_key(args: &ServeArgs) -> Result<layerfs_nfs::HandleKey, String> {
+    let path = match &args.upper {
+        Some(upper) => upper
+            .join(layerfs_layers::STATE_IN_UPPER)
+            .join("handle.key"),
+        None => match layerfs_daemon::paths::default_store() {
+            Ok(store) => {
+                std::fs::create_dir_all(&store)
+                    .map_err(|e| format!("cannot make {}: {e}", store.display()))?;
+                store.join("handle.key")
+            }
+            Err(e) => {
+                tracing::warn!("{e}: file handles will not survive a restart of this server");
+                return layerfs_nfs::HandleKey::random().map_err(|e| e.to_string());
+            }
+        },
+    };
+    layerfs_nfs::HandleKey::load_or_create(&path).map_err(|e| e.to_string())
+}
+
 fn parse_squash(text: &str) -> Result<(u32, u32), String> {
     let (uid, gid) = text
         .split_once(':')
@@ -200,6 +223,7 @@ pub fn serve(args: ServeArgs) -> Result<(), String> {
     let mut export = layerfs_nfs::Export::new(fs, host_path)
         .map_err(|e| format!("cannot export {}: {e}", dir.display()))?;
     export.squash = args.squash;
+    export.key = handle_key(&args)?;
     let mut server = layerfs_nfs::serve_export(export, args.listen, config)
         .map_err(|e| format!("{}: {e}", dir.display()))?;
     let addr = server.local_addr();

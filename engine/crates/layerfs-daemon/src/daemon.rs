@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use layerfs_layers::{remove_tree, LayerId, Store, Workspace};
-use layerfs_nfs::{Export, Exports};
+use layerfs_nfs::{Export, Exports, HandleKey};
 use layerfs_rpc::{ServerConfig, ServerHandle};
 use parking_lot::Mutex;
 use serde::Serialize;
@@ -127,6 +127,7 @@ struct Open {
 
 struct Daemon {
     root: PathBuf,
+    key: HandleKey,
     store: Store,
     catalog: Catalog,
     exports: Arc<Exports>,
@@ -167,12 +168,16 @@ fn check_name(name: &str) -> Outcome<()> {
 impl Daemon {
     fn open(root: &Path) -> io::Result<Daemon> {
         let store = Store::open(root)?;
+        // Signs every NFS handle of the store's workspaces: kept, so handles
+        // outlive a restart; private, so no one can forge one.
+        let key = HandleKey::load_or_create(&root.join("handle.key"))?;
         let catalog = Catalog::open(&root.join("catalog.redb"))?;
         let daemon = Daemon {
             root: root.to_path_buf(),
+            key,
             store,
             catalog,
-            exports: Arc::new(Exports::default()),
+            exports: Arc::new(Exports::new(key)),
             server: Mutex::new(None),
             open: Mutex::new(HashMap::new()),
             problems: Mutex::new(HashMap::new()),
@@ -318,6 +323,7 @@ impl Daemon {
             path: format!("/{name}").into_bytes(),
             host_path: Vec::new(),
             squash: None,
+            key: self.key,
         };
         self.exports
             .add(export)

@@ -12,7 +12,7 @@ use crate::Error;
 use nfs3_types::nfs3::nfs_fh3;
 use nfs3_types::xdr_codec::Opaque;
 
-use crate::handle::FileHandle;
+use crate::handle::{FileHandle, HandleKey};
 
 /// One exported filesystem.
 pub struct Export {
@@ -26,9 +26,14 @@ pub struct Export {
     pub host_path: Vec<u8>,
     /// Every caller is taken to be this uid and gid (no other groups).
     pub squash: Option<(u32, u32)>,
+    /// Signs its handles; kept with the store so handles outlive restarts.
+    pub key: HandleKey,
 }
 
 impl Export {
+    /// An export of `fs` as `/`, its handles signed with a fresh key (set
+    /// `key` to one kept with the store for handles that outlive the
+    /// process).
     pub fn new(fs: Arc<dyn Filesystem>, host_path: &[u8]) -> layerfs_vfs::Result<Export> {
         let root = fs.getattr(fs.root())?;
         // From the root's identity, not its path or the start time, so
@@ -41,6 +46,7 @@ impl Export {
             path: b"/".to_vec(),
             host_path: host_path.to_vec(),
             squash: None,
+            key: HandleKey::random()?,
         })
     }
 
@@ -56,7 +62,7 @@ impl Export {
             fileid: attr.fileid,
             generation: attr.generation,
         }
-        .bytes()
+        .bytes(&self.key)
     }
 
     pub fn root_handle(&self) -> Result<nfs_fh3, Error> {
@@ -74,7 +80,7 @@ impl Export {
     }
 
     pub fn resolve(&self, fh: &nfs_fh3) -> Result<(FileId, Attr), Error> {
-        let h = FileHandle::decode(fh.data.as_ref(), self.id)?;
+        let h = FileHandle::decode(fh.data.as_ref(), self.id, &self.key)?;
         let attr = self.fs.check_generation(h.fileid, h.generation)?;
         Ok((h.fileid, attr))
     }
@@ -103,22 +109,39 @@ impl Export {
 }
 
 /// The exports one server serves: found by the export id in a handle, or by
-/// the path a client mounts. Exports come and go while the server runs.
-#[derive(Default)]
+/// the path a client mounts. Exports come and go while the server runs;
+/// all of them sign handles with the table's key.
 pub struct Exports {
+    key: HandleKey,
     all: RwLock<Vec<Arc<Export>>>,
 }
 
 impl Exports {
+    /// An empty table whose exports sign handles with `key`.
+    pub fn new(key: HandleKey) -> Exports {
+        Exports {
+            key,
+            all: RwLock::new(Vec::new()),
+        }
+    }
+
     /// A table of one export.
     pub fn one(export: Export) -> Exports {
         Exports {
+            key: export.key,
             all: RwLock::new(vec![Arc::new(export)]),
         }
     }
 
-    /// Adds `export`; refused when its id or path is already served.
+    /// Adds `export`; refused when its id or path is already served, or its
+    /// key is not the table's.
     pub fn add(&self, export: Export) -> Result<Arc<Export>, std::io::Error> {
+        if export.key != self.key {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "an export must sign handles with its server's key",
+            ));
+        }
         let mut all = self.all.write();
         if let Some(other) = all
             .iter()
@@ -155,28 +178,30 @@ impl Exports {
     }
 
     /// The export of the handle that `args` start with (every NFS
-    /// procedure's arguments but NULL's do): a malformed handle is
-    /// BADHANDLE, one of an export not served is STALE.
+    /// procedure's arguments but NULL's do): a malformed or forged handle is
+    /// BADHANDLE, one of ours for an export no longer served is STALE.
     pub fn of_args(&self, args: &[u8]) -> Result<Arc<Export>, Error> {
-        let id = handle_in(args).ok_or(Error::BadHandle)??;
-        self.get(id).ok_or(Error::Fs(layerfs_vfs::Error::Stale))
+        let bytes = handle_in(args).ok_or(Error::BadHandle)?;
+        let handle = FileHandle::unchecked(bytes)?;
+        match self.get(handle.export) {
+            Some(export) => Ok(export),
+            None if FileHandle::signed_with(bytes, &self.key) => {
+                Err(Error::Fs(layerfs_vfs::Error::Stale))
+            }
+            None => Err(Error::BadHandle),
+        }
     }
 
     /// Whether the handle that `args` start with names a file its
-    /// filesystem finds without a walk (a bad handle is answered at once).
+    /// filesystem finds without a walk (a bad handle is answered at once;
+    /// the MAC is checked when the call runs).
     pub fn knows_handle_in(&self, args: &[u8]) -> bool {
-        let Some(Ok(id)) = handle_in(args) else {
+        let Some(Ok(handle)) = handle_in(args).map(FileHandle::unchecked) else {
             return true;
         };
-        let Some(export) = self.get(id) else {
-            return true;
-        };
-        match args
-            .get(4..)
-            .map(|h| FileHandle::decode(&h[..h.len().min(FileHandle::LEN)], id))
-        {
-            Some(Ok(h)) => export.fs.knows(h.fileid),
-            _ => true,
+        match self.get(handle.export) {
+            Some(export) => export.fs.knows(handle.fileid),
+            None => true,
         }
     }
 
@@ -210,12 +235,11 @@ fn below<'p>(path: &'p [u8], prefix: &[u8]) -> Option<&'p [u8]> {
     (rest.is_empty() || rest.starts_with(b"/")).then_some(rest)
 }
 
-/// The export id in the handle that XDR `args` start with; `None` when
-/// there are no bytes for one.
-fn handle_in(args: &[u8]) -> Option<Result<u64, Error>> {
+/// The bytes of the handle that XDR `args` start with; `None` when there
+/// are no bytes for one.
+fn handle_in(args: &[u8]) -> Option<&[u8]> {
     let len = u32::from_be_bytes(args.get(..4)?.try_into().expect("4 bytes")) as usize;
-    let bytes = args.get(4..4 + len.min(64))?;
-    Some(FileHandle::export_of(bytes))
+    args.get(4..4 + len.min(64))
 }
 
 #[cfg(test)]

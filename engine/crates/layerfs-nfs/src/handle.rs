@@ -1,28 +1,103 @@
-//! File handles: what a client holds to name a file.
+//! File handles: what a client holds to name a file, and cannot forge.
 //!
-//! Layout (25 bytes, within NFSv3's 64): version, export id, file id and the
-//! file's generation, all big-endian. The file id and generation come from
-//! the filesystem, so a handle outlives a server restart for as long as its
-//! file exists, and a file deleted and replaced under the same id is told
-//! apart (STALE) by its generation.
+//! Layout (41 bytes, within NFSv3's 64): version, export id, file id, the
+//! file's generation (all big-endian), then 16 bytes of a keyed MAC
+//! (BLAKE3 keyed with the server's [`HandleKey`]) over the 25 bytes before.
+//! The file id and generation come from the filesystem, and the key is kept
+//! with the store, so a handle outlives a server restart for as long as its
+//! file exists; a file deleted and replaced under the same id is told apart
+//! (STALE) by its generation. A handle that is guessed, changed, or made
+//! with another key is BADHANDLE: a client learns nothing from it.
+
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::Path;
 
 use layerfs_vfs::FileId;
 
 use crate::Error;
 
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
+/// Bytes the MAC covers.
+const BODY: usize = 25;
+/// Bytes of MAC kept: 128 bits, so a forgery succeeds with chance 2^-128.
+const MAC: usize = 16;
 /// Bytes in a handle.
-pub const LEN: usize = 25;
+pub const LEN: usize = BODY + MAC;
 
-impl FileHandle {
-    pub const LEN: usize = LEN;
+/// The secret handles are signed with: one per store, kept in a file only
+/// its owner can read.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct HandleKey([u8; 32]);
 
-    /// The export a handle belongs to; a malformed handle is BADHANDLE.
-    pub fn export_of(bytes: &[u8]) -> Result<u64, Error> {
-        if bytes.len() != LEN || bytes[0] != VERSION {
-            return Err(Error::BadHandle);
+impl std::fmt::Debug for HandleKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HandleKey(..)")
+    }
+}
+
+impl HandleKey {
+    /// A fresh key: handles signed with it die with the process.
+    pub fn random() -> io::Result<HandleKey> {
+        let mut key = [0; 32];
+        getrandom::fill(&mut key).map_err(|e| io::Error::other(format!("no randomness: {e}")))?;
+        Ok(HandleKey(key))
+    }
+
+    pub const fn from_bytes(key: [u8; 32]) -> HandleKey {
+        HandleKey(key)
+    }
+
+    /// The key in the file at `path`, made (mode 0600) with a fresh key if
+    /// there is none. A key file others can read, or of the wrong size, is
+    /// refused with the reason.
+    pub fn load_or_create(path: &Path) -> io::Result<HandleKey> {
+        let fail = |why: String| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}: {why}", path.display()),
+            )
+        };
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+        {
+            Ok(mut file) => {
+                let key = HandleKey::random()?;
+                file.write_all(&key.0)?;
+                file.sync_all()?;
+                if let Some(dir) = path.parent() {
+                    std::fs::File::open(dir)?.sync_all()?;
+                }
+                return Ok(key);
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
         }
-        Ok(u64::from_be_bytes(bytes[1..9].try_into().expect("8 bytes")))
+        let mut file = std::fs::File::open(path)?;
+        let meta = file.metadata()?;
+        if meta.mode() & 0o077 != 0 {
+            return Err(fail(format!(
+                "a handle key others can read (mode {:o}): chmod 600 it, or remove it to make a new one",
+                meta.mode() & 0o7777
+            )));
+        }
+        let mut key = [0; 32];
+        let mut rest = Vec::new();
+        file.read_exact(&mut key)
+            .and_then(|()| file.read_to_end(&mut rest))
+            .map_err(|e| fail(format!("not a handle key: {e}")))?;
+        if !rest.is_empty() {
+            return Err(fail("not a handle key: longer than 32 bytes".into()));
+        }
+        Ok(HandleKey(key))
+    }
+
+    fn mac(&self, body: &[u8]) -> [u8; MAC] {
+        let hash = blake3::keyed_hash(&self.0, body);
+        hash.as_bytes()[..MAC].try_into().expect("16 bytes")
     }
 }
 
@@ -34,31 +109,45 @@ pub struct FileHandle {
 }
 
 impl FileHandle {
-    pub fn encode(&self) -> Vec<u8> {
-        self.bytes().to_vec()
-    }
+    pub const LEN: usize = LEN;
 
-    pub fn bytes(&self) -> [u8; LEN] {
+    pub fn bytes(&self, key: &HandleKey) -> [u8; LEN] {
         let mut out = [0; LEN];
         out[0] = VERSION;
         out[1..9].copy_from_slice(&self.export.to_be_bytes());
         out[9..17].copy_from_slice(&self.fileid.to_be_bytes());
         out[17..25].copy_from_slice(&self.generation.to_be_bytes());
+        let mac = key.mac(&out[..BODY]);
+        out[BODY..].copy_from_slice(&mac);
         out
     }
 
-    /// Decodes a handle of export `export`: a malformed handle is BADHANDLE,
-    /// another export's is STALE.
-    pub fn decode(bytes: &[u8], export: u64) -> Result<FileHandle, Error> {
+    /// The fields of a handle of the right shape, its MAC not checked: for
+    /// routing a call, never for serving it.
+    pub fn unchecked(bytes: &[u8]) -> Result<FileHandle, Error> {
         if bytes.len() != LEN || bytes[0] != VERSION {
             return Err(Error::BadHandle);
         }
         let word = |at: usize| u64::from_be_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
-        let handle = FileHandle {
+        Ok(FileHandle {
             export: word(1),
             fileid: word(9),
             generation: word(17),
-        };
+        })
+    }
+
+    /// Whether `bytes` carry a MAC made with `key`.
+    pub fn signed_with(bytes: &[u8], key: &HandleKey) -> bool {
+        bytes.len() == LEN && constant_time_eq(&key.mac(&bytes[..BODY]), &bytes[BODY..])
+    }
+
+    /// Decodes a handle of export `export` signed with `key`: a malformed,
+    /// changed or foreign handle is BADHANDLE, another export's is STALE.
+    pub fn decode(bytes: &[u8], export: u64, key: &HandleKey) -> Result<FileHandle, Error> {
+        let handle = FileHandle::unchecked(bytes)?;
+        if !FileHandle::signed_with(bytes, key) {
+            return Err(Error::BadHandle);
+        }
         if handle.export != export {
             return Err(Error::Fs(layerfs_vfs::Error::Stale));
         }
@@ -66,38 +155,86 @@ impl FileHandle {
     }
 }
 
+/// Compares without stopping at the first difference, so the time taken
+/// does not tell how much of a forged MAC was right.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0, |d, (x, y)| d | (x ^ y)) == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    const H: FileHandle = FileHandle {
+        export: 7,
+        fileid: 42,
+        generation: 99,
+    };
+
     #[test]
     fn a_handle_round_trips_and_fits_nfsv3() {
-        let h = FileHandle {
-            export: 7,
-            fileid: 42,
-            generation: 99,
-        };
-        let bytes = h.encode();
+        let key = HandleKey::random().unwrap();
+        let bytes = H.bytes(&key);
         assert!(bytes.len() <= 64);
-        assert_eq!(FileHandle::decode(&bytes, 7), Ok(h));
+        assert_eq!(FileHandle::decode(&bytes, 7, &key), Ok(H));
     }
 
     #[test]
-    fn malformed_and_foreign_handles_are_refused() {
-        let bytes = FileHandle {
-            export: 7,
-            fileid: 42,
-            generation: 99,
-        }
-        .encode();
-        assert_eq!(FileHandle::decode(&bytes[..24], 7), Err(Error::BadHandle));
-        assert_eq!(FileHandle::decode(&[], 7), Err(Error::BadHandle));
-        let mut wrong_version = bytes.clone();
-        wrong_version[0] = 2;
-        assert_eq!(FileHandle::decode(&wrong_version, 7), Err(Error::BadHandle));
+    fn malformed_forged_and_foreign_handles_are_refused() {
+        let key = HandleKey::from_bytes([1; 32]);
+        let bytes = H.bytes(&key);
         assert_eq!(
-            FileHandle::decode(&bytes, 8),
+            FileHandle::decode(&bytes[..LEN - 1], 7, &key),
+            Err(Error::BadHandle)
+        );
+        assert_eq!(FileHandle::decode(&[], 7, &key), Err(Error::BadHandle));
+        let mut wrong_version = bytes;
+        wrong_version[0] = 1;
+        assert_eq!(
+            FileHandle::decode(&wrong_version, 7, &key),
+            Err(Error::BadHandle)
+        );
+        // Any one bit changed anywhere: the MAC no longer holds.
+        for at in 1..LEN {
+            let mut forged = bytes;
+            forged[at] ^= 1;
+            assert_eq!(
+                FileHandle::decode(&forged, 7, &key),
+                Err(Error::BadHandle),
+                "byte {at}"
+            );
+        }
+        // Another store's key.
+        let other = HandleKey::from_bytes([2; 32]);
+        assert_eq!(
+            FileHandle::decode(&H.bytes(&other), 7, &key),
+            Err(Error::BadHandle)
+        );
+        // Ours, but of another export.
+        assert_eq!(
+            FileHandle::decode(&bytes, 8, &key),
             Err(Error::Fs(layerfs_vfs::Error::Stale))
         );
+    }
+
+    #[test]
+    fn a_key_file_is_made_private_and_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("handle.key");
+        let key = HandleKey::load_or_create(&path).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().mode() & 0o777, 0o600);
+        assert_eq!(HandleKey::load_or_create(&path).unwrap(), key);
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = HandleKey::load_or_create(&path).unwrap_err();
+        assert!(e.to_string().contains("chmod 600"), "{e}");
+        std::fs::write(dir.path().join("short"), b"abc").unwrap();
+        std::fs::set_permissions(
+            dir.path().join("short"),
+            std::fs::Permissions::from_mode(0o600),
+        )
+        .unwrap();
+        let e = HandleKey::load_or_create(&dir.path().join("short")).unwrap_err();
+        assert!(e.to_string().contains("not a handle key"), "{e}");
     }
 }

@@ -43,7 +43,7 @@ fn root_handle(d: &Dispatcher) -> Vec<u8> {
     let Outcome::Reply(mnt) = d.handle(&call_record(1, MOUNT, 1, &xdr_opaque(b"/")), peer) else {
         panic!("MNT");
     };
-    mnt.bytes()[4 + 24 + 8..4 + 24 + 8 + 25].to_vec()
+    mnt.bytes()[4 + 24 + 8..4 + 24 + 8 + layerfs_nfs::FileHandle::LEN].to_vec()
 }
 
 #[test]

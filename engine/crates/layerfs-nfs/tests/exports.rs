@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 mod support;
 
-use layerfs_nfs::{Export, Exports};
+use layerfs_nfs::{Export, Exports, FileHandle, HandleKey};
 use layerfs_rpc::{Dispatcher, Outcome};
 use layerfs_vfs::LocalFs;
 use support::{call_record, xdr_opaque};
@@ -37,10 +37,12 @@ fn words(bytes: &[u8]) -> Vec<u32> {
 fn mnt(d: &Dispatcher, path: &[u8]) -> Result<Vec<u8>, u32> {
     let body = reply(d, &call_record(1, MOUNT, 1, &xdr_opaque(path)));
     match words(&body[..4])[0] {
-        0 => Ok(body[8..8 + 25].to_vec()),
+        0 => Ok(body[8..8 + FileHandle::LEN].to_vec()),
         status => Err(status),
     }
 }
+
+const KEY: HandleKey = HandleKey::from_bytes([3; 32]);
 
 fn export_of(dir: &std::path::Path, id: u64, path: &[u8]) -> Export {
     Export {
@@ -49,6 +51,7 @@ fn export_of(dir: &std::path::Path, id: u64, path: &[u8]) -> Export {
         path: path.to_vec(),
         host_path: Vec::new(),
         squash: None,
+        key: KEY,
     }
 }
 
@@ -64,7 +67,7 @@ fn each_export_answers_its_own_handles() {
     let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     std::fs::write(a.path().join("only-in-a"), b"a").unwrap();
     std::fs::write(b.path().join("only-in-b"), b"b").unwrap();
-    let exports = Arc::new(Exports::default());
+    let exports = Arc::new(Exports::new(KEY));
     exports.add(export_of(a.path(), 11, b"/a")).unwrap();
     exports.add(export_of(b.path(), 22, b"/b")).unwrap();
     let d = Dispatcher::new(layerfs_nfs::programs_of(exports.clone()));
@@ -103,12 +106,34 @@ fn each_export_answers_its_own_handles() {
     // A malformed handle is BADHANDLE whichever exports are served.
     let body = reply(&d, &call_record(8, NFS, 1, &xdr_opaque(&[9; 7])));
     assert_eq!(words(&body), [NFS3ERR_BADHANDLE]);
+
+    // One signed with another key is BADHANDLE, for a served export or not;
+    // one of ours, changed in any byte, too.
+    let foreign = HandleKey::from_bytes([4; 32]);
+    for export in [22, 11] {
+        let h = FileHandle {
+            export,
+            fileid: 1,
+            generation: 0,
+        };
+        let body = reply(&d, &call_record(9, NFS, 1, &xdr_opaque(&h.bytes(&foreign))));
+        assert_eq!(words(&body), [NFS3ERR_BADHANDLE], "export {export}");
+    }
+    for at in [1, 9, 17, FileHandle::LEN - 1] {
+        let mut forged = root_b.clone();
+        forged[at] ^= 0x80;
+        let body = reply(&d, &call_record(10, NFS, 1, &xdr_opaque(&forged)));
+        assert_eq!(words(&body), [NFS3ERR_BADHANDLE], "byte {at} changed");
+    }
 }
 
 #[test]
 fn an_export_clashing_by_id_or_path_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let exports = Exports::default();
+    let exports = Exports::new(KEY);
+    let mut other_key = export_of(dir.path(), 3, b"/c");
+    other_key.key = HandleKey::from_bytes([5; 32]);
+    assert!(exports.add(other_key).is_err());
     exports.add(export_of(dir.path(), 1, b"/a")).unwrap();
     assert!(exports.add(export_of(dir.path(), 1, b"/b")).is_err());
     assert!(exports.add(export_of(dir.path(), 2, b"/a")).is_err());

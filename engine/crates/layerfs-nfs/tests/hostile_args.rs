@@ -61,7 +61,7 @@ fn random_arguments_never_break_the_server() {
     let Outcome::Reply(reply) = dispatcher.handle(&mnt, peer) else {
         panic!("MNT dropped")
     };
-    let root_fh = reply.bytes()[4 + 28 + 4..4 + 28 + 4 + 25].to_vec();
+    let root_fh = reply.bytes()[4 + 28 + 4..4 + 28 + 4 + layerfs_nfs::FileHandle::LEN].to_vec();
 
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let mut xid = 10;
@@ -71,7 +71,7 @@ fn random_arguments_never_break_the_server() {
         let mut args = Vec::new();
         if rng.below(2) == 0 {
             // A valid handle, then random bytes: reaches the procedures' decoders.
-            args.extend_from_slice(&25u32.to_be_bytes());
+            args.extend_from_slice(&(layerfs_nfs::FileHandle::LEN as u32).to_be_bytes());
             args.extend_from_slice(&root_fh);
             args.extend_from_slice(&[0, 0, 0]);
         }
@@ -100,7 +100,7 @@ fn random_arguments_never_break_the_server() {
         "nothing created outside"
     );
     // And it still serves: NULL and GETATTR of the root.
-    let mut getattr = 25u32.to_be_bytes().to_vec();
+    let mut getattr = (layerfs_nfs::FileHandle::LEN as u32).to_be_bytes().to_vec();
     getattr.extend_from_slice(&root_fh);
     getattr.extend_from_slice(&[0, 0, 0]);
     let Outcome::Reply(reply) = dispatcher.handle(&call_record(1, 100_003, 1, &getattr), peer)

@@ -164,21 +164,21 @@ async fn forged_truncated_and_foreign_handles_are_refused() {
             .unwrap_err(),
         nfsstat3::NFS3ERR_BADHANDLE
     );
-    // A handle with a file id that does not exist in this export.
+    // A handle changed to name another file id, or another generation of
+    // the file: its MAC no longer holds.
     let mut forged = fh.data.to_vec();
     forged[9..17].copy_from_slice(&u64::MAX.to_be_bytes());
     assert_eq!(
         getattr(&mut c, &bad(forged)).await.unwrap_err(),
-        nfsstat3::NFS3ERR_STALE
+        nfsstat3::NFS3ERR_BADHANDLE
     );
-    // The right file id with the wrong generation.
     let mut regen = fh.data.to_vec();
     regen[24] ^= 1;
     assert_eq!(
         getattr(&mut c, &bad(regen)).await.unwrap_err(),
-        nfsstat3::NFS3ERR_STALE
+        nfsstat3::NFS3ERR_BADHANDLE
     );
-    // Another export's handle.
+    // Another export's handle, signed with the same key (one store).
     assert_eq!(
         getattr(&mut c2, &fh).await.unwrap_err(),
         nfsstat3::NFS3ERR_STALE

@@ -145,7 +145,7 @@ fn a_panicking_create_is_answered_once_and_its_retransmission_runs() {
     let Outcome::Reply(mnt) = d.handle(&call_record(1, MOUNT, 1, &xdr_opaque(b"/")), peer) else {
         panic!("MNT");
     };
-    let root = mnt.bytes()[4 + 24 + 8..4 + 24 + 8 + 25].to_vec();
+    let root = mnt.bytes()[4 + 24 + 8..4 + 24 + 8 + layerfs_nfs::FileHandle::LEN].to_vec();
     // CREATE "f", UNCHECKED, no attributes.
     let mut create = xdr_opaque(&root);
     create.extend(xdr_opaque(b"f"));

@@ -15,12 +15,15 @@ use support::{call_record, xdr_opaque};
 const NFS: u32 = 100_003;
 const MOUNT: u32 = 100_005;
 
+/// A server on `dir` with the key a store would keep across restarts.
 fn dispatcher(dir: &std::path::Path) -> Dispatcher {
     let fs = Arc::new(LocalFs::open(dir).unwrap());
-    Dispatcher::new(layerfs_nfs::programs(fs, dir.as_os_str().as_encoded_bytes()).unwrap())
+    let mut export = layerfs_nfs::Export::new(fs, dir.as_os_str().as_encoded_bytes()).unwrap();
+    export.key = layerfs_nfs::HandleKey::from_bytes([7; 32]);
+    Dispatcher::new(layerfs_nfs::programs_for(export))
 }
 
-/// The 25-byte handle that a MNT or LOOKUP reply carries first.
+/// The handle that a MNT or LOOKUP reply carries first.
 fn handle_in(d: &Dispatcher, record: &[u8]) -> Vec<u8> {
     let peer: Option<IpAddr> = Some("127.0.0.1".parse().unwrap());
     let Outcome::Reply(reply) = d.handle(record, peer) else {
@@ -28,8 +31,8 @@ fn handle_in(d: &Dispatcher, record: &[u8]) -> Vec<u8> {
     };
     let body = &reply.bytes()[4 + 24..];
     assert_eq!(body[..4], [0, 0, 0, 0], "status");
-    assert_eq!(body[4..8], [0, 0, 0, 25], "handle length");
-    body[8..8 + 25].to_vec()
+    assert_eq!(body[4..8], [0, 0, 0, 41], "handle length");
+    body[8..8 + layerfs_nfs::FileHandle::LEN].to_vec()
 }
 
 #[test]

@@ -38,11 +38,15 @@ pub fn serve(dir: &Path) -> ServerHandle {
     serve_fs(Arc::new(LocalFs::open(dir).unwrap()), dir)
 }
 
-/// Serves `fs`, known by the host path `dir`.
+/// Serves `fs`, known by the host path `dir`, its handles signed with one
+/// key for every server of a test run (as a store keeps its key), so they
+/// outlive a restart.
 pub fn serve_fs(fs: Arc<dyn layerfs_vfs::Filesystem>, dir: &Path) -> ServerHandle {
     let host_path = dir.as_os_str().as_encoded_bytes();
     let addr = "127.0.0.1:0".parse().unwrap();
-    layerfs_nfs::serve(fs, host_path, addr, ServerConfig::default()).unwrap()
+    let mut export = layerfs_nfs::Export::new(fs, host_path).unwrap();
+    export.key = layerfs_nfs::HandleKey::from_bytes([7; 32]);
+    layerfs_nfs::serve_export(export, addr, ServerConfig::default()).unwrap()
 }
 
 pub type Conn = Nfs3Connection<TokioIo<TcpStream>>;
