@@ -3,11 +3,12 @@
 use parking_lot::Mutex;
 use std::sync::Arc;
 
+use layerfs_rpc::xdr::Cursor;
 use layerfs_rpc::{Call, Credentials, Program, Refusal, ReplyBuf};
 use nfs3_types::mount::{
     dirpath, export_node, fhandle3, mountbody, mountres3, mountres3_ok, mountstat3, name,
 };
-use nfs3_types::xdr_codec::{List, Opaque, Pack, Unpack};
+use nfs3_types::xdr_codec::{List, Opaque, Pack};
 
 use layerfs_vfs::{Error, FileKind};
 use nfs3_types::nfs3::nfs_fh3;
@@ -63,13 +64,13 @@ impl MountProgram {
     }
 }
 
+/// The directory path of MNT and UMNT, its length checked before anything
+/// is allocated for it.
 fn path_arg(args: &[u8]) -> Result<Vec<u8>, Refusal> {
-    let mut r = args;
-    let (path, _) = dirpath::unpack(&mut r).map_err(|_| Refusal::GarbageArgs)?;
-    if path.0.len() > nfs3_types::mount::MNTPATHLEN {
-        return Err(Refusal::GarbageArgs);
-    }
-    Ok(path.0.to_vec())
+    Cursor::new(args)
+        .opaque(nfs3_types::mount::MNTPATHLEN)
+        .map(<[u8]>::to_vec)
+        .ok_or(Refusal::GarbageArgs)
 }
 
 fn put(reply: &mut ReplyBuf, value: &impl Pack) -> Result<(), Refusal> {

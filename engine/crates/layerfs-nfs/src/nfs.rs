@@ -15,6 +15,7 @@ use crate::error::{status, Error};
 use crate::export::{Export, Exports};
 use crate::{NFS_PROGRAM, NFS_VERSION};
 
+mod arg_lengths;
 mod listing;
 mod procedures;
 mod write_args;
@@ -62,6 +63,9 @@ impl NfsProgram {
         };
         if proc == Proc::Null {
             return Ok(());
+        }
+        if !arg_lengths::fit(proc.lengths(), call.args) {
+            return Err(Refusal::GarbageArgs);
         }
         match self.exports.of_args(call.args) {
             Ok(export) => Served {

@@ -3,7 +3,7 @@
 
 /// Declares [`Proc`] from the table: one row per procedure.
 macro_rules! procedures {
-    ($($proc:ident = $number:literal, $name:literal, changes: $changes:literal, quick: $quick:literal, fail: $fail:literal;)*) => {
+    ($($proc:ident = $number:literal, $name:literal, changes: $changes:literal, quick: $quick:literal, fail: $fail:literal, lengths: [$($field:ident),*];)*) => {
         /// An NFSv3 procedure.
         #[derive(Clone, Copy, Debug, PartialEq, Eq)]
         pub enum Proc {
@@ -41,6 +41,15 @@ macro_rules! procedures {
                 }
             }
 
+            /// The arguments' fields up to the last one with a length, for
+            /// [`super::arg_lengths::fit`].
+            pub fn lengths(self) -> &'static [super::arg_lengths::Field] {
+                use super::arg_lengths::Field::*;
+                match self {
+                    $(Proc::$proc => &[$($field),*],)*
+                }
+            }
+
             /// The optional attributes (`post_op_attr`, and two per
             /// `wcc_data`) in the procedure's failure reply.
             pub fn optional_attributes_on_failure(self) -> usize {
@@ -53,28 +62,28 @@ macro_rules! procedures {
 }
 
 procedures! {
-    Null = 0, "NULL", changes: false, quick: true, fail: 0;
-    Getattr = 1, "GETATTR", changes: false, quick: true, fail: 0;
-    Setattr = 2, "SETATTR", changes: true, quick: false, fail: 2;
-    Lookup = 3, "LOOKUP", changes: false, quick: true, fail: 1;
-    Access = 4, "ACCESS", changes: false, quick: true, fail: 1;
-    Readlink = 5, "READLINK", changes: false, quick: true, fail: 1;
-    Read = 6, "READ", changes: false, quick: false, fail: 1;
-    Write = 7, "WRITE", changes: true, quick: false, fail: 2;
-    Create = 8, "CREATE", changes: true, quick: false, fail: 2;
-    Mkdir = 9, "MKDIR", changes: true, quick: false, fail: 2;
-    Symlink = 10, "SYMLINK", changes: true, quick: false, fail: 2;
-    Mknod = 11, "MKNOD", changes: true, quick: false, fail: 2;
-    Remove = 12, "REMOVE", changes: true, quick: false, fail: 2;
-    Rmdir = 13, "RMDIR", changes: true, quick: false, fail: 2;
-    Rename = 14, "RENAME", changes: true, quick: false, fail: 4;
-    Link = 15, "LINK", changes: true, quick: false, fail: 3;
-    Readdir = 16, "READDIR", changes: false, quick: false, fail: 1;
-    Readdirplus = 17, "READDIRPLUS", changes: false, quick: false, fail: 1;
-    Fsstat = 18, "FSSTAT", changes: false, quick: false, fail: 1;
-    Fsinfo = 19, "FSINFO", changes: false, quick: true, fail: 1;
-    Pathconf = 20, "PATHCONF", changes: false, quick: true, fail: 1;
-    Commit = 21, "COMMIT", changes: false, quick: false, fail: 2;
+    Null = 0, "NULL", changes: false, quick: true, fail: 0, lengths: [];
+    Getattr = 1, "GETATTR", changes: false, quick: true, fail: 0, lengths: [Handle];
+    Setattr = 2, "SETATTR", changes: true, quick: false, fail: 2, lengths: [Handle];
+    Lookup = 3, "LOOKUP", changes: false, quick: true, fail: 1, lengths: [Handle, Bytes];
+    Access = 4, "ACCESS", changes: false, quick: true, fail: 1, lengths: [Handle];
+    Readlink = 5, "READLINK", changes: false, quick: true, fail: 1, lengths: [Handle];
+    Read = 6, "READ", changes: false, quick: false, fail: 1, lengths: [Handle];
+    Write = 7, "WRITE", changes: true, quick: false, fail: 2, lengths: [Handle];
+    Create = 8, "CREATE", changes: true, quick: false, fail: 2, lengths: [Handle, Bytes];
+    Mkdir = 9, "MKDIR", changes: true, quick: false, fail: 2, lengths: [Handle, Bytes];
+    Symlink = 10, "SYMLINK", changes: true, quick: false, fail: 2, lengths: [Handle, Bytes, Sattr, Bytes];
+    Mknod = 11, "MKNOD", changes: true, quick: false, fail: 2, lengths: [Handle, Bytes];
+    Remove = 12, "REMOVE", changes: true, quick: false, fail: 2, lengths: [Handle, Bytes];
+    Rmdir = 13, "RMDIR", changes: true, quick: false, fail: 2, lengths: [Handle, Bytes];
+    Rename = 14, "RENAME", changes: true, quick: false, fail: 4, lengths: [Handle, Bytes, Handle, Bytes];
+    Link = 15, "LINK", changes: true, quick: false, fail: 3, lengths: [Handle, Handle, Bytes];
+    Readdir = 16, "READDIR", changes: false, quick: false, fail: 1, lengths: [Handle];
+    Readdirplus = 17, "READDIRPLUS", changes: false, quick: false, fail: 1, lengths: [Handle];
+    Fsstat = 18, "FSSTAT", changes: false, quick: false, fail: 1, lengths: [Handle];
+    Fsinfo = 19, "FSINFO", changes: false, quick: true, fail: 1, lengths: [Handle];
+    Pathconf = 20, "PATHCONF", changes: false, quick: true, fail: 1, lengths: [Handle];
+    Commit = 21, "COMMIT", changes: false, quick: false, fail: 2, lengths: [Handle];
 }
 
 #[cfg(test)]

@@ -1,0 +1,92 @@
+//! Every length in a call's arguments checked against the bytes that follow
+//! it, before `nfs3_types` decodes them. Its decoder allocates what a length
+//! claims before reading, so a handle or name claiming 4 GiB in a record of
+//! a few bytes would have the server allocate 4 GiB (found by the
+//! `nfs_calls` fuzz target). What the table in `procedures.rs` declares,
+//! up to each procedure's last variable-length field, is walked here.
+
+use layerfs_rpc::xdr::Cursor;
+use nfs3_types::nfs3::NFS3_FHSIZE;
+
+/// A field of a procedure's arguments, as far as lengths go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Field {
+    /// A file handle: at most 64 bytes.
+    Handle,
+    /// A name or a path (SYMLINK's target, MOUNT's directory): as long as
+    /// what follows; past the protocol's limits it gets its status
+    /// (NAMETOOLONG), not GARBAGE_ARGS.
+    Bytes,
+    /// `sattr3`, which has no length but must be walked to reach what
+    /// follows it.
+    Sattr,
+}
+
+/// Whether every field's length fits in the bytes after it.
+pub fn fit(fields: &[Field], args: &[u8]) -> bool {
+    let mut r = Cursor::new(args);
+    fields.iter().all(|field| match field {
+        Field::Handle => r.opaque(NFS3_FHSIZE).is_some(),
+        Field::Bytes => r.opaque(usize::MAX).is_some(),
+        Field::Sattr => sattr(&mut r).is_some(),
+    })
+}
+
+/// Walks an `sattr3`: mode, uid, gid (optional u32s), size (optional u64),
+/// atime and mtime (don't change, server time, or a client time).
+fn sattr(r: &mut Cursor<'_>) -> Option<()> {
+    for width in [4, 4, 4, 8] {
+        if r.u32()? != 0 {
+            r.take(width)?;
+        }
+    }
+    for _ in 0..2 {
+        if r.u32()? == 2 {
+            r.take(8)?;
+        }
+    }
+    Some(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opaque(bytes: &[u8]) -> Vec<u8> {
+        let mut out = (bytes.len() as u32).to_be_bytes().to_vec();
+        out.extend_from_slice(bytes);
+        out.resize(layerfs_rpc::xdr::padded(out.len()), 0);
+        out
+    }
+
+    #[test]
+    fn lengths_past_the_end_are_caught_before_decoding() {
+        let mut lookup = opaque(&[1; 41]);
+        lookup.extend(opaque(b"name"));
+        assert!(fit(&[Field::Handle, Field::Bytes], &lookup));
+        // A name claiming 4 GiB.
+        let mut huge = opaque(&[1; 41]);
+        huge.extend(u32::MAX.to_be_bytes());
+        huge.extend(b"name");
+        assert!(!fit(&[Field::Handle, Field::Bytes], &huge));
+        // A handle past NFSv3's 64 bytes, or past the end.
+        assert!(!fit(&[Field::Handle], &opaque(&[1; 65])));
+        assert!(!fit(&[Field::Handle], &(100u32.to_be_bytes())));
+        assert!(fit(&[], &[]));
+    }
+
+    #[test]
+    fn a_symlink_target_is_reached_past_its_attributes() {
+        let mut symlink = opaque(&[1; 41]);
+        symlink.extend(opaque(b"link"));
+        // mode set, uid unset, gid unset, size set, atime server, mtime client
+        for w in [1u32, 0o644, 0, 0, 1, 0, 7, 1, 2, 5, 6] {
+            symlink.extend(w.to_be_bytes());
+        }
+        symlink.extend(opaque(b"target"));
+        let fields = [Field::Handle, Field::Bytes, Field::Sattr, Field::Bytes];
+        assert!(fit(&fields, &symlink));
+        let cut = symlink.len() - 4;
+        assert!(!fit(&fields, &symlink[..cut]));
+    }
+}
