@@ -238,7 +238,7 @@ fn truncate_at(dir: BorrowedFd<'_>, name: &CStr, size: u64) -> Result<()> {
 /// the entry checked before may have been swapped for a symlink to a file
 /// outside the export since. A symlink found here is left as it is (a
 /// symlink's own mode means nothing on Linux).
-fn chmod_at(dir: BorrowedFd<'_>, name: &CStr, mode: Mode) -> Result<()> {
+pub fn chmod_at(dir: BorrowedFd<'_>, name: &CStr, mode: Mode) -> Result<()> {
     #[cfg(target_os = "linux")]
     {
         use std::os::fd::AsRawFd;

@@ -248,7 +248,7 @@ fn copy_owner_mode_times(host: &Host, dir: BorrowedFd<'_>, name: &CStr, like: &A
         )?;
     }
     if like.kind != FileKind::Symlink {
-        rustix::fs::chmodat(dir, name, Mode::from_raw_mode(like.mode), AtFlags::empty())?;
+        hostdir::chmod_at(dir, name, Mode::from_raw_mode(like.mode))?;
     }
     let times = SetAttr {
         atime: SetTime::Client(like.atime),
