@@ -1,0 +1,428 @@
+//! The requests of the control socket, one method each, run one at a time
+//! under the lock over the open workspaces.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use layerfs_layers::{remove_tree, LayerId, Workspace};
+use serde::Serialize;
+
+use super::{check_name, default_door, now, Daemon, Open, Outcome};
+use crate::catalog::{Door, LayerNote, MountRecord, WorkspaceRecord};
+use crate::mounting;
+use crate::protocol::{
+    LayerInfo, ProcedureFigures, Progress, Reply, Request, Stats, WorkspaceInfo,
+};
+
+impl Daemon {
+    pub(super) fn handle(&self, request: Request, progress: &mut dyn FnMut(Progress)) -> Reply {
+        tracing::debug!(?request, "control request");
+        let reply = match request {
+            Request::LayerImport { source } => reply(self.layer_import(&source, progress)),
+            Request::LayerLs => reply(self.layer_ls()),
+            Request::LayerRm { id } => reply(self.layer_rm(&id)),
+            Request::Create { name, from } => reply(self.create(&name, &from)),
+            Request::Mount { name, path, door } => reply(self.mount(&name, &path, door)),
+            Request::Unmount { target } => reply(self.unmount(&target)),
+            Request::Commit { name, message } => reply(self.commit(&name, message, progress)),
+            Request::Ls => reply(self.ls()),
+            Request::Rm { name, force } => reply(self.rm(&name, force)),
+            Request::Stats => reply(self.stats()),
+        };
+        if let Some(e) = &reply.error {
+            tracing::info!("request refused: {e}");
+        }
+        reply
+    }
+
+    fn layer_import(
+        &self,
+        source: &Path,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Outcome<LayerInfo> {
+        if !source.is_absolute() {
+            return Err(format!("{}: give an absolute path", source.display()));
+        }
+        let _serial = self.open.lock();
+        let id = self
+            .store
+            .import(source, &mut |done, total| {
+                progress(Progress { done, total })
+            })
+            .map_err(|e| format!("cannot import {}: {e}", source.display()))?;
+        let note = self.catalog.note(id.as_str()).map_err(|e| e.to_string())?;
+        if note == LayerNote::default() {
+            let note = LayerNote {
+                created: now(),
+                ..LayerNote::default()
+            };
+            self.catalog
+                .put_note(id.as_str(), &note)
+                .map_err(|e| e.to_string())?;
+        }
+        self.layer_info(&id)
+    }
+
+    fn layer_info(&self, id: &LayerId) -> Outcome<LayerInfo> {
+        let note = self.catalog.note(id.as_str()).map_err(|e| e.to_string())?;
+        let used_by = self
+            .catalog
+            .workspaces()
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .filter(|(_, r)| r.layers.iter().any(|l| l == id.as_str()))
+            .map(|(n, _)| n)
+            .collect();
+        Ok(LayerInfo {
+            id: id.to_string(),
+            message: note.message,
+            workspace: note.workspace,
+            created: note.created,
+            used_by,
+        })
+    }
+
+    fn layer_ls(&self) -> Outcome<Vec<LayerInfo>> {
+        let ids = self.store.layers().map_err(|e| e.to_string())?;
+        ids.iter().map(|id| self.layer_info(id)).collect()
+    }
+
+    /// The layer an id names, or the one layer it is a prefix of (at least
+    /// 4 characters).
+    fn find_layer(&self, id: &str) -> Outcome<LayerId> {
+        if let Some(layer) = self.store.layer(id) {
+            return Ok(layer);
+        }
+        let ids = self.store.layers().map_err(|e| e.to_string())?;
+        let matching: Vec<_> = ids
+            .into_iter()
+            .filter(|l| id.len() >= 4 && l.as_str().starts_with(id))
+            .collect();
+        match matching.len() {
+            1 => Ok(matching.into_iter().next().expect("one")),
+            0 => Err(format!("no layer {id}: see `layerfs layer ls`")),
+            n => Err(format!("{id} names {n} layers: give more of the id")),
+        }
+    }
+
+    fn layer_rm(&self, id: &str) -> Outcome<String> {
+        let _serial = self.open.lock();
+        let layer = self.find_layer(id)?;
+        let info = self.layer_info(&layer)?;
+        if !info.used_by.is_empty() {
+            let plural = if info.used_by.len() == 1 { "" } else { "s" };
+            return Err(format!(
+                "layer {layer} is in use by workspace{plural} {}: remove {} first",
+                info.used_by.join(", "),
+                if plural.is_empty() { "it" } else { "them" }
+            ));
+        }
+        self.store
+            .remove(&layer)
+            .map_err(|e| format!("cannot remove layer {layer}: {e}"))?;
+        let _ = self.catalog.remove_note(layer.as_str());
+        Ok(layer.to_string())
+    }
+
+    fn create(&self, name: &str, from: &[String]) -> Outcome<WorkspaceInfo> {
+        check_name(name)?;
+        let open = self.open.lock();
+        if self
+            .catalog
+            .workspace(name)
+            .map_err(|e| e.to_string())?
+            .is_some()
+        {
+            return Err(format!("workspace {name} already exists"));
+        }
+        let mut layers = Vec::new();
+        let mut parent = None;
+        for source in from {
+            match self.catalog.workspace(source).map_err(|e| e.to_string())? {
+                Some(record) => {
+                    layers.extend(record.layers);
+                    parent = Some(source.clone());
+                }
+                None => layers.push(self.find_layer(source)?.to_string()),
+            }
+        }
+        let dirs: Vec<PathBuf> = layers
+            .iter()
+            .map(|l| {
+                self.store
+                    .layer_dir(&self.find_layer(l).expect("found above"))
+            })
+            .collect();
+        let record = WorkspaceRecord {
+            export_id: self.new_export_id()?,
+            layers,
+            parent,
+            created: now(),
+            mount: None,
+        };
+        // Made first, recorded second: a crash between leaves a directory
+        // the next start removes.
+        let made = Workspace::create(&self.workspace_dir(name), &dirs)
+            .map_err(|e| format!("cannot make workspace {name}: {e}"))?;
+        drop(made);
+        self.catalog
+            .put_workspace(name, &record)
+            .map_err(|e| e.to_string())?;
+        drop(open);
+        Ok(self.info(name, &record))
+    }
+
+    /// A random export id no workspace of the store has.
+    fn new_export_id(&self) -> Outcome<u64> {
+        let taken: Vec<u64> = self
+            .catalog
+            .workspaces()
+            .map_err(|e| e.to_string())?
+            .iter()
+            .map(|(_, r)| r.export_id)
+            .collect();
+        loop {
+            let id = getrandom::u64().map_err(|e| format!("no randomness: {e}"))?;
+            if id != 0 && !taken.contains(&id) {
+                return Ok(id);
+            }
+        }
+    }
+
+    fn mount(&self, name: &str, path: &Path, door: Option<Door>) -> Outcome<WorkspaceInfo> {
+        let mut open = self.open.lock();
+        let mut record = self.record(name)?;
+        if let Some(m) = &record.mount {
+            return Err(format!(
+                "workspace {name} is already mounted on {} (unmount it first)",
+                m.path.display()
+            ));
+        }
+        if !path.is_absolute() {
+            return Err(format!("{}: give an absolute path", path.display()));
+        }
+        mounting::check_mountpoint(path).map_err(|e| e.to_string())?;
+        let door = door.unwrap_or_else(default_door);
+        match door {
+            Door::Nfs => {
+                let o = self.ensure_open(&mut open, name)?;
+                self.add_export(name, &record, &o.workspace)?;
+                if let Err(e) = mounting::mount_nfs(self.port(), &format!("/{name}"), path) {
+                    self.exports.remove(record.export_id);
+                    return Err(e.to_string());
+                }
+            }
+            Door::Fuse => self.mount_fuse(&mut open, name, path)?,
+        }
+        record.mount = Some(MountRecord {
+            path: path.to_path_buf(),
+            door,
+        });
+        self.catalog
+            .put_workspace(name, &record)
+            .map_err(|e| e.to_string())?;
+        self.problems.lock().remove(name);
+        tracing::info!(workspace = %name, path = %path.display(), %door, "mounted");
+        drop(open);
+        Ok(self.info(name, &record))
+    }
+
+    /// Finds a workspace by name, or by the path it is mounted on.
+    fn named_or_mounted_at(&self, target: &str) -> Outcome<(String, WorkspaceRecord)> {
+        if let Some(record) = self.catalog.workspace(target).map_err(|e| e.to_string())? {
+            return Ok((target.to_string(), record));
+        }
+        let path = Path::new(target);
+        self.catalog
+            .workspaces()
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .find(|(_, r)| r.mount.as_ref().is_some_and(|m| m.path == path))
+            .ok_or_else(|| format!("{target}: no workspace of that name or mounted there"))
+    }
+
+    fn unmount(&self, target: &str) -> Outcome<WorkspaceInfo> {
+        let mut open = self.open.lock();
+        let (name, mut record) = self.named_or_mounted_at(target)?;
+        if record.mount.is_none() {
+            return Err(format!("workspace {name} is not mounted"));
+        }
+        self.take_down(&mut open, &name, &record)?;
+        record.mount = None;
+        self.catalog
+            .put_workspace(&name, &record)
+            .map_err(|e| e.to_string())?;
+        drop(open);
+        Ok(self.info(&name, &record))
+    }
+
+    /// Unmounts workspace `name` and closes it.
+    pub(super) fn take_down(
+        &self,
+        open: &mut HashMap<String, Open>,
+        name: &str,
+        record: &WorkspaceRecord,
+    ) -> Outcome<()> {
+        let Some(mount) = &record.mount else {
+            return Ok(());
+        };
+        match mount.door {
+            Door::Nfs => {
+                if mounting::is_mountpoint(&mount.path) {
+                    mounting::unmount_nfs(&mount.path)
+                        .map_err(|e| format!("cannot unmount {}: {e}", mount.path.display()))?;
+                }
+                self.exports.remove(record.export_id);
+            }
+            Door::Fuse =>
+            {
+                #[cfg(target_os = "linux")]
+                if let Some(mounted) = open.get_mut(name).and_then(|o| o.fuse.take()) {
+                    mounted
+                        .unmount()
+                        .map_err(|e| format!("cannot unmount {}: {e}", mount.path.display()))?;
+                }
+            }
+        }
+        open.remove(name);
+        self.problems.lock().remove(name);
+        tracing::info!(workspace = %name, path = %mount.path.display(), "unmounted");
+        Ok(())
+    }
+
+    fn commit(
+        &self,
+        name: &str,
+        message: Option<String>,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Outcome<LayerInfo> {
+        let mut open = self.open.lock();
+        let mut record = self.record(name)?;
+        let o = self.ensure_open(&mut open, name)?;
+        let committed = o
+            .workspace
+            .commit()
+            .map_err(|e| format!("cannot commit {name}: {e}"))?;
+        let layer = self
+            .store
+            .import_dir_with(&committed, &mut |done, total| {
+                progress(Progress { done, total })
+            })
+            .map_err(|e| format!("committed {name}, but cannot add it to the store: {e}"))?;
+        record.layers.push(layer.to_string());
+        self.catalog
+            .put_workspace(name, &record)
+            .map_err(|e| e.to_string())?;
+        let note = LayerNote {
+            message,
+            workspace: Some(name.to_string()),
+            created: now(),
+        };
+        self.catalog
+            .put_note(layer.as_str(), &note)
+            .map_err(|e| e.to_string())?;
+        if record.mount.is_none() {
+            open.remove(name);
+        }
+        drop(open);
+        tracing::info!(workspace = %name, %layer, "committed");
+        self.layer_info(&layer)
+    }
+
+    fn info(&self, name: &str, record: &WorkspaceRecord) -> WorkspaceInfo {
+        let state = match (self.problems.lock().get(name), &record.mount) {
+            (Some(problem), _) => problem.clone(),
+            (None, Some(_)) => "mounted".to_string(),
+            (None, None) => "unmounted".to_string(),
+        };
+        WorkspaceInfo {
+            name: name.to_string(),
+            layers: record.layers.clone(),
+            parent: record.parent.clone(),
+            created: record.created,
+            mount: record.mount.clone(),
+            state,
+        }
+    }
+
+    fn ls(&self) -> Outcome<Vec<WorkspaceInfo>> {
+        let all = self.catalog.workspaces().map_err(|e| e.to_string())?;
+        Ok(all.iter().map(|(n, r)| self.info(n, r)).collect())
+    }
+
+    fn rm(&self, name: &str, force: bool) -> Outcome<String> {
+        let mut open = self.open.lock();
+        let record = self.record(name)?;
+        let children: Vec<String> = self
+            .catalog
+            .workspaces()
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .filter(|(_, r)| r.parent.as_deref() == Some(name))
+            .map(|(n, _)| n)
+            .collect();
+        if !force {
+            if let Some(m) = &record.mount {
+                return Err(format!(
+                    "workspace {name} is mounted on {}: unmount it, or give --force",
+                    m.path.display()
+                ));
+            }
+            if !children.is_empty() {
+                return Err(format!(
+                    "workspaces {} were made from {name}: remove them, or give --force",
+                    children.join(", ")
+                ));
+            }
+        }
+        self.take_down(&mut open, name, &record)?;
+        open.remove(name);
+        // Forgotten first, removed second: a crash between leaves a
+        // directory the next start removes.
+        self.catalog
+            .remove_workspace(name)
+            .map_err(|e| e.to_string())?;
+        remove_tree(&self.workspace_dir(name))
+            .map_err(|e| format!("cannot remove {}: {e}", self.workspace_dir(name).display()))?;
+        Ok(name.to_string())
+    }
+
+    fn stats(&self) -> Outcome<Stats> {
+        let server = self.server.lock();
+        let server = server.as_ref().ok_or("the NFS server is not running")?;
+        let t = server.stats();
+        Ok(Stats {
+            nfs: server.local_addr().to_string(),
+            connections: t.connections,
+            records: t.records,
+            socket_reads: t.socket_reads,
+            replies: t.replies,
+            socket_writes: t.socket_writes,
+            bytes_in: t.bytes_in,
+            bytes_out: t.bytes_out,
+            procedures: server
+                .dispatcher()
+                .procedures()
+                .into_iter()
+                .map(|p| ProcedureFigures {
+                    program: match p.program {
+                        layerfs_nfs::NFS_PROGRAM => "NFS".into(),
+                        layerfs_nfs::MOUNT_PROGRAM => "MOUNT".into(),
+                        n => n.to_string(),
+                    },
+                    procedure: p.name.into(),
+                    calls: p.calls,
+                    p50_us: p.p50.as_micros() as u64,
+                    p99_us: p.p99.as_micros() as u64,
+                })
+                .collect(),
+        })
+    }
+}
+
+fn reply<T: Serialize>(outcome: Outcome<T>) -> Reply {
+    match outcome {
+        Ok(data) => Reply::ok(data),
+        Err(e) => Reply::error(e),
+    }
+}
