@@ -18,6 +18,7 @@ mkdir -m 700 "$t/run"
 daemon=
 cleanup() {
 	[[ -n $daemon ]] && kill -TERM "$daemon" 2>/dev/null && wait "$daemon" || true
+	[[ -n ${NOBODY_PID:-} ]] && kill -TERM "$NOBODY_PID" 2>/dev/null || true
 	for m in $(awk -v t="$t/" 'index($2, t) == 1 {print $2}' /proc/mounts); do umount -l "$m"; done
 	rm -rf "$t"
 }
@@ -125,4 +126,30 @@ wait "$demo" || rc=$?
 [[ $rc == 0 ]] || fail "the demo's exit status $rc after Ctrl-C"
 mounted "$t/w" && fail "the demo left its mount"
 [[ -e /tmp/layerfs-demo-$demo ]] && fail "the demo left its store"
+step "a user who is not root runs a daemon of their own and mounts through fusermount3"
+nobody() { setpriv --reuid 65534 --regid 65534 --clear-groups env HOME="$t/nobody" \
+	XDG_RUNTIME_DIR="$t/nobody/run" LAYERFS_STORE="$t/nobody/store" "$@"; }
+if ! command -v fusermount3 >/dev/null; then
+	echo "SKIPPED: fusermount3 is not installed (apt-get install fuse3)"
+elif ! nobody sh -c ': <>/dev/fuse' 2>/dev/null; then
+	echo "SKIPPED: /dev/fuse is not usable by users who are not root here (Debian makes it 0666)"
+else
+	mkdir -p "$t/nobody/run" "$t/nobody/mnt"
+	chmod 755 "$t"
+	chmod 700 "$t/nobody/run"
+	chown -R 65534:65534 "$t/nobody"
+	coproc NOBODY { exec setpriv --reuid 65534 --regid 65534 --clear-groups env HOME="$t/nobody" \
+		XDG_RUNTIME_DIR="$t/nobody/run" LAYERFS_STORE="$t/nobody/store" "$layerfs" daemon 2>>"$t/daemon.log"; }
+	read -r -t 30 ready <&"${NOBODY[0]}" || fail "the user's daemon never said it was ready"
+	layer=$(nobody "$layerfs" layer import "$t/base")
+	nobody "$layerfs" create mine --from "$layer" >/dev/null
+	nobody "$layerfs" mount mine "$t/nobody/mnt" >/dev/null || fail "a user's FUSE mount"
+	grep -q "^mine .*(fuse)" <<<"$(nobody "$layerfs" ls)" || fail "the default door for a user is not FUSE"
+	[[ $(nobody cat "$t/nobody/mnt/etc/name") == base ]] || fail "reading as the user"
+	nobody sh -c "echo mine >'$t/nobody/mnt/new'" || fail "writing as the user"
+	nobody "$layerfs" commit mine >/dev/null || fail "a user's commit"
+	kill -TERM "$NOBODY_PID"
+	wait "$NOBODY_PID" || fail "the user's daemon's exit status after SIGTERM"
+	mounted "$t/nobody/mnt" && fail "the user's mount is left after SIGTERM"
+fi
 echo "PASSED: the daemon through FUSE"

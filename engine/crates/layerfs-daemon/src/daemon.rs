@@ -46,6 +46,10 @@ pub fn run(config: DaemonConfig, stop: Receiver<()>) -> Result<(), String> {
         .canonicalize()
         .map_err(|e| format!("{}: {e}", config.store.display()))?;
     let _lock = lock_store(&root)?;
+    // Bound before anything is exported or mounted, so a socket that cannot
+    // be made stops the daemon before it has touched a mount.
+    let socket = crate::paths::control_socket(&root).map_err(|e| e.to_string())?;
+    let listener = crate::control::bind(&socket).map_err(|e| e.to_string())?;
     let daemon = Arc::new(Daemon::open(&root).map_err(|e| format!("{}: {e}", root.display()))?);
     daemon.export_recorded_nfs_mounts();
     let server = daemon.listen(config.nfs_port, config.server)?;
@@ -53,8 +57,6 @@ pub fn run(config: DaemonConfig, stop: Receiver<()>) -> Result<(), String> {
     *daemon.server.lock() = Some(server);
     daemon.mount_recorded();
 
-    let socket = crate::paths::control_socket(&root).map_err(|e| e.to_string())?;
-    let listener = crate::control::bind(&socket).map_err(|e| e.to_string())?;
     let handler = daemon.clone();
     crate::control::spawn(
         listener,
@@ -222,7 +224,17 @@ impl Daemon {
     /// added to the store (the same content gives the same id) and recorded.
     fn record_unrecorded_commits(&self) -> io::Result<()> {
         for (name, mut record) in self.catalog.workspaces()? {
-            let stack = Workspace::stack_of(&self.workspace_dir(&name))?;
+            let stack = match Workspace::stack_of(&self.workspace_dir(&name)) {
+                Ok(stack) => stack,
+                Err(e) => {
+                    // One broken workspace does not keep the others from
+                    // being served: `ls` shows what is wrong with it.
+                    tracing::error!(workspace = %name, "cannot read its stack: {e}");
+                    let why = format!("broken: cannot read its stack: {e}");
+                    self.problems.lock().insert(name, why);
+                    continue;
+                }
+            };
             let layers = &stack[..stack.len().saturating_sub(1)];
             if layers.len() <= record.layers.len() {
                 continue;

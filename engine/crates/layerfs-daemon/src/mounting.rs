@@ -10,7 +10,7 @@ use std::path::Path;
 /// detached first.
 pub fn check_mountpoint(path: &Path) -> io::Result<()> {
     #[cfg(target_os = "linux")]
-    if std::fs::read_dir(path).is_err_and(|e| e.raw_os_error() == Some(libc_enotconn())) {
+    if std::fs::read_dir(path).is_err_and(|e| e.raw_os_error() == Some(enotconn())) {
         tracing::warn!(
             "{}: a dead FUSE mount is there: detaching it",
             path.display()
@@ -59,13 +59,13 @@ pub fn is_mountpoint(path: &Path) -> bool {
             use std::os::unix::fs::MetadataExt;
             m.dev() != p.dev() || m.ino() == p.ino()
         }
-        (Err(e), _) => e.raw_os_error() == Some(libc_enotconn()),
+        (Err(e), _) => e.raw_os_error() == Some(enotconn()),
         _ => false,
     }
 }
 
 /// ENOTCONN: what a FUSE mount whose server died answers.
-fn libc_enotconn() -> i32 {
+fn enotconn() -> i32 {
     rustix::io::Errno::NOTCONN.raw_os_error()
 }
 

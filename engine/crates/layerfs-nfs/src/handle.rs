@@ -58,23 +58,8 @@ impl HandleKey {
                 format!("{}: {why}", path.display()),
             )
         };
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(path)
-        {
-            Ok(mut file) => {
-                let key = HandleKey::random()?;
-                file.write_all(&key.0)?;
-                file.sync_all()?;
-                if let Some(dir) = path.parent() {
-                    std::fs::File::open(dir)?.sync_all()?;
-                }
-                return Ok(key);
-            }
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
+        if let Some(key) = create_key_file(path)? {
+            return Ok(key);
         }
         let mut file = std::fs::File::open(path)?;
         let meta = file.metadata()?;
@@ -98,6 +83,41 @@ impl HandleKey {
     fn mac(&self, body: &[u8]) -> [u8; MAC] {
         let hash = blake3::keyed_hash(&self.0, body);
         hash.as_bytes()[..MAC].try_into().expect("16 bytes")
+    }
+}
+
+/// Makes the key file at `path` with a fresh key, whole or not at all: the
+/// key is written and synced under a name of its own, then linked into
+/// place. `None` when a key file is already there (another process may have
+/// just made it: that one is used).
+fn create_key_file(path: &Path) -> io::Result<Option<HandleKey>> {
+    let at = |e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", path.display()));
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let key = HandleKey::random()?;
+    let unique = getrandom::u64().map_err(|e| io::Error::other(format!("no randomness: {e}")))?;
+    let staged = dir.join(format!(
+        ".{}.{unique:016x}",
+        path.file_name()
+            .map_or("key".into(), |n| n.to_string_lossy())
+    ));
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&staged)
+        .map_err(at)?;
+    let linked = file
+        .write_all(&key.0)
+        .and_then(|()| file.sync_all())
+        .and_then(|()| std::fs::hard_link(&staged, path));
+    let _ = std::fs::remove_file(&staged);
+    match linked {
+        Ok(()) => {
+            std::fs::File::open(dir)?.sync_all()?;
+            Ok(Some(key))
+        }
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(None),
+        Err(e) => Err(at(e)),
     }
 }
 
@@ -215,6 +235,21 @@ mod tests {
             FileHandle::decode(&bytes, 8, &key),
             Err(Error::Fs(layerfs_vfs::Error::Stale))
         );
+    }
+
+    #[test]
+    fn processes_making_the_key_at_once_all_get_the_one_made() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("handle.key");
+        let keys: Vec<HandleKey> = std::thread::scope(|s| {
+            let makers: Vec<_> = (0..8)
+                .map(|_| s.spawn(|| HandleKey::load_or_create(&path).unwrap()))
+                .collect();
+            makers.into_iter().map(|m| m.join().unwrap()).collect()
+        });
+        assert!(keys.iter().all(|k| *k == keys[0]));
+        // Nothing staged is left beside it.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! How long procedures take to run: one lock-free histogram per procedure,
-//! in power-of-two microsecond buckets, so recording costs one clock read
-//! and one relaxed add, and p50/p99 come out within a factor of two.
+//! in power-of-two microsecond buckets, so timing a call costs two clock
+//! reads and one relaxed add, and p50/p99 come out within a factor of two.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;

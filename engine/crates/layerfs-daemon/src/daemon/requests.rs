@@ -135,27 +135,23 @@ impl Daemon {
         {
             return Err(format!("workspace {name} already exists"));
         }
-        let mut layers = Vec::new();
+        let mut layers: Vec<LayerId> = Vec::new();
         let mut parent = None;
         for source in from {
             match self.catalog.workspace(source).map_err(|e| e.to_string())? {
                 Some(record) => {
-                    layers.extend(record.layers);
+                    for id in &record.layers {
+                        layers.push(self.find_layer(id)?);
+                    }
                     parent = Some(source.clone());
                 }
-                None => layers.push(self.find_layer(source)?.to_string()),
+                None => layers.push(self.find_layer(source)?),
             }
         }
-        let dirs: Vec<PathBuf> = layers
-            .iter()
-            .map(|l| {
-                self.store
-                    .layer_dir(&self.find_layer(l).expect("found above"))
-            })
-            .collect();
+        let dirs: Vec<PathBuf> = layers.iter().map(|l| self.store.layer_dir(l)).collect();
         let record = WorkspaceRecord {
             export_id: self.new_export_id()?,
-            layers,
+            layers: layers.iter().map(LayerId::to_string).collect(),
             parent,
             created: now(),
             mount: None,
