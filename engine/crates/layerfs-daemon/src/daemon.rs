@@ -336,6 +336,7 @@ impl Daemon {
             host_path: Vec::new(),
             squash: None,
             key: self.key,
+            signed: Default::default(),
         };
         self.exports
             .add(export)

@@ -439,3 +439,79 @@ fn renaming_over_one_name_of_a_lower_hard_link_leaves_the_other_with_one_link() 
         "a layer changed"
     );
 }
+
+/// Mode, size and link count.
+type Shown = (u32, u64, u32);
+
+/// Each entry of a listing with attributes, next to what getattr says of it.
+fn listed_vs_getattr(fs: &StackFs, dir: FileId) -> Vec<(String, Shown, Shown)> {
+    let page = fs.readdir(&root(), dir, 0, 1000, true).unwrap();
+    page.entries
+        .iter()
+        .filter(|e| e.cookie > 2)
+        .map(|e| {
+            let listed = e.attr.expect("attributes asked for");
+            let now = fs.getattr(e.fileid).unwrap();
+            let key = |a: layerfs_vfs::Attr| -> Shown { (a.mode & 0o7777, a.size, a.nlink) };
+            (
+                String::from_utf8(e.name.clone()).unwrap(),
+                key(listed),
+                key(now),
+            )
+        })
+        .collect()
+}
+
+fn assert_listing_current(fs: &StackFs, dir: FileId, when: &str) {
+    for (name, listed, now) in listed_vs_getattr(fs, dir) {
+        assert_eq!(
+            listed, now,
+            "{name} after {when}: listed (mode, size, nlink) vs getattr"
+        );
+    }
+}
+
+#[test]
+fn a_listing_shows_each_files_attributes_as_they_are_after_every_change() {
+    let s = Stack::new(2, |i, d| {
+        std::fs::create_dir(d.join("d")).unwrap();
+        std::fs::write(d.join(format!("d/f{i}")), b"lower").unwrap();
+        std::fs::write(d.join(format!("d/g{i}")), b"lower").unwrap();
+        if i == 1 {
+            std::fs::hard_link(d.join("d/g1"), d.join("d/h1")).unwrap();
+        }
+    });
+    let fs = s.open();
+    let d = at(&fs, "d").unwrap();
+    // Twice: the second listing's lower attributes are the kept ones.
+    assert_listing_current(&fs, d, "opening");
+    assert_listing_current(&fs, d, "listing again");
+    let f0 = at(&fs, "d/f0").unwrap();
+    let chmod = SetAttr {
+        mode: Some(0o600),
+        ..SetAttr::default()
+    };
+    fs.setattr(&root(), f0, &chmod, None).unwrap();
+    assert_listing_current(&fs, d, "a chmod that copied f0 up");
+    let f1 = at(&fs, "d/f1").unwrap();
+    fs.write(&root(), f1, 0, b"longer than before", Stability::FileSync)
+        .unwrap();
+    assert_listing_current(&fs, d, "a write that copied f1 up");
+    // Through the host descriptor, as the NFS door writes.
+    let host = fs
+        .host_file(&root(), f1, true)
+        .unwrap()
+        .expect("an upper file");
+    rustix::io::pwrite(&*host, b"x", 100).unwrap();
+    assert_listing_current(&fs, d, "a write to f1's host file");
+    let g1 = at(&fs, "d/g1").unwrap();
+    fs.write(&root(), g1, 0, b"LOWER!", Stability::FileSync)
+        .unwrap();
+    assert_listing_current(&fs, d, "a write that copied up both names of g1");
+    fs.remove(&root(), d, b"h1").unwrap();
+    assert_listing_current(&fs, d, "removing one of g1's names");
+    let listed = listed_vs_getattr(&fs, d);
+    assert_eq!(listed.iter().find(|e| e.0 == "f0").unwrap().1 .0, 0o600);
+    assert_eq!(listed.iter().find(|e| e.0 == "f1").unwrap().1 .1, 101);
+    assert_eq!(listed.iter().find(|e| e.0 == "g1").unwrap().1 .2, 1);
+}

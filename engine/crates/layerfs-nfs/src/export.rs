@@ -12,7 +12,7 @@ use crate::Error;
 use nfs3_types::nfs3::nfs_fh3;
 use nfs3_types::xdr_codec::Opaque;
 
-use crate::handle::{FileHandle, HandleKey};
+use crate::handle::{FileHandle, HandleKey, SignedHandles};
 
 /// One exported filesystem.
 pub struct Export {
@@ -28,6 +28,8 @@ pub struct Export {
     pub squash: Option<(u32, u32)>,
     /// Signs its handles; kept with the store so handles outlive restarts.
     pub key: HandleKey,
+    /// Handles it signed lately, for listings (`SignedHandles::default()`).
+    pub signed: SignedHandles,
 }
 
 impl Export {
@@ -47,6 +49,7 @@ impl Export {
             host_path: host_path.to_vec(),
             squash: None,
             key: HandleKey::random()?,
+            signed: SignedHandles::default(),
         })
     }
 
@@ -63,6 +66,19 @@ impl Export {
             generation: attr.generation,
         }
         .bytes(&self.key)
+    }
+
+    /// Signs handles of this export for a listing: each file's handle is
+    /// signed once while it stays in [`SignedHandles`].
+    pub fn listing_signer(&self) -> impl FnMut(&Attr) -> [u8; crate::handle::LEN] + '_ {
+        let mut sign = self.signed.signer(&self.key);
+        move |attr| {
+            sign(&FileHandle {
+                export: self.id,
+                fileid: attr.fileid,
+                generation: attr.generation,
+            })
+        }
     }
 
     pub fn root_handle(&self) -> Result<nfs_fh3, Error> {

@@ -133,12 +133,19 @@ impl FileHandle {
 
     pub fn bytes(&self, key: &HandleKey) -> [u8; LEN] {
         let mut out = [0; LEN];
+        out[..BODY].copy_from_slice(&self.body());
+        let mac = key.mac(&out[..BODY]);
+        out[BODY..].copy_from_slice(&mac);
+        out
+    }
+
+    /// What the MAC covers.
+    fn body(&self) -> [u8; BODY] {
+        let mut out = [0; BODY];
         out[0] = VERSION;
         out[1..9].copy_from_slice(&self.export.to_be_bytes());
         out[9..17].copy_from_slice(&self.fileid.to_be_bytes());
         out[17..25].copy_from_slice(&self.generation.to_be_bytes());
-        let mac = key.mac(&out[..BODY]);
-        out[BODY..].copy_from_slice(&mac);
         out
     }
 
@@ -175,6 +182,46 @@ impl FileHandle {
     }
 }
 
+/// Handles signed lately, so that listing a directory of thousands again
+/// signs none of them: direct-mapped by file id, at most [`SIGNED_SLOTS`]
+/// (about 40 bytes each, made at the first listing), and locked once per
+/// listing.
+#[derive(Default)]
+pub struct SignedHandles(parking_lot::Mutex<Option<Signed>>);
+
+/// Handles [`SignedHandles`] keeps.
+pub const SIGNED_SLOTS: usize = 4096;
+
+struct Signed {
+    key: HandleKey,
+    /// A slot is used when its body is the one asked for; an empty one
+    /// (version 0) never is.
+    slots: Box<[[u8; LEN]]>,
+}
+
+impl SignedHandles {
+    /// Signs handles with `key`, from what is kept when it can; the slots
+    /// of another key are emptied first.
+    pub fn signer(&self, key: &HandleKey) -> impl FnMut(&FileHandle) -> [u8; LEN] + '_ {
+        let mut guard = self.0.lock();
+        if guard.as_ref().is_none_or(|s| s.key != *key) {
+            *guard = Some(Signed {
+                key: *key,
+                slots: vec![[0; LEN]; SIGNED_SLOTS].into_boxed_slice(),
+            });
+        }
+        move |handle| {
+            let signed = guard.as_mut().expect("made above");
+            let body = handle.body();
+            let slot = &mut signed.slots[handle.fileid as usize % SIGNED_SLOTS];
+            if slot[..BODY] != body {
+                *slot = handle.bytes(&signed.key);
+            }
+            *slot
+        }
+    }
+}
+
 /// Compares without stopping at the first difference, so the time taken
 /// does not tell how much of a forged MAC was right.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -190,6 +237,33 @@ mod tests {
         fileid: 42,
         generation: 99,
     };
+
+    #[test]
+    fn kept_handles_are_the_ones_signing_would_make() {
+        let signed = SignedHandles::default();
+        let (a, b) = (
+            HandleKey::from_bytes([1; 32]),
+            HandleKey::from_bytes([2; 32]),
+        );
+        // Ids that share slots, generations that differ, each asked twice.
+        let handles: Vec<FileHandle> = (0..3u64)
+            .flat_map(|i| [42 + i * SIGNED_SLOTS as u64, 43])
+            .flat_map(|fileid| {
+                [1, 2].map(|generation| FileHandle {
+                    export: 7,
+                    fileid,
+                    generation,
+                })
+            })
+            .collect();
+        for key in [a, b, a] {
+            let mut sign = signed.signer(&key);
+            for h in handles.iter().chain(&handles) {
+                assert_eq!(sign(h), h.bytes(&key), "{h:?}");
+                assert_eq!(FileHandle::decode(&sign(h), 7, &key).unwrap(), *h);
+            }
+        }
+    }
 
     #[test]
     fn a_handle_round_trips_and_fits_nfsv3() {

@@ -20,7 +20,7 @@ use layerfs_vfs::Filesystem;
 pub use error::Error;
 
 pub use export::{Export, Exports};
-pub use handle::{FileHandle, HandleKey};
+pub use handle::{FileHandle, HandleKey, SignedHandles};
 pub use mount::MountProgram;
 pub use nfs::NfsProgram;
 

@@ -52,6 +52,7 @@ fn export_of(dir: &std::path::Path, id: u64, path: &[u8]) -> Export {
         host_path: Vec::new(),
         squash: None,
         key: KEY,
+        signed: Default::default(),
     }
 }
 

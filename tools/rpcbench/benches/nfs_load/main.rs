@@ -1,24 +1,31 @@
-//! layerfs next to the peer servers `nfs3_server` and `nfsserve`, and the raw
-//! TCP floor, in one run: small calls, directory listing, 1 MiB READ and
-//! WRITE, and CREATE/REMOVE, each on one connection at depth 1 and 32.
+//! layerfs next to nfs-ganesha and the peer servers `nfs3_server` and
+//! `nfsserve`, and the raw TCP floor, in one run: every server in a process
+//! of its own, this program the load generator. Small calls, directory
+//! listings, READ and WRITE of 1 MiB and 32 KiB, and the calls that change
+//! names, each on one connection at two depths; layerfs serves the tree
+//! flat and as a five-layer workspace.
 //!
-//! Run: `cargo bench -p rpcbench --bench nfs_load -- [--seconds S] [--rounds N]
-//! [--only NAME] [--svg PATH] [--export-in DIR]` (layerfs' export goes in
-//! /dev/shm unless --export-in names another directory). With `--soak S`,
-//! instead: a mixed load on layerfs alone for S seconds, sampling memory.
+//! Run through `tools/nfs-load/run [--seconds S] [--rounds N] [--only NAME]
+//! [--svg PATH] [--export-in DIR] [--soak S]`, which builds the `layerfs`
+//! binary and the C ping-pong this needs. Exports go in /dev/shm unless
+//! --export-in names another directory. With `--soak S`, instead: a mixed
+//! load on layerfs alone for S seconds, sampling the server's memory.
 
 mod memfs;
 mod peers;
 mod report;
+mod servers;
 mod soak;
 mod workloads;
 
+use std::ffi::OsStr;
 use std::net::SocketAddr;
-use std::thread;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::Duration;
 
-use layerfs_rpc::TransportStats;
-use rpcbench::{run_load, spawn_floor, LoadResult};
+use rpcbench::{run_load, LoadResult};
+use servers::{Server, Usage};
 use workloads::{Handles, Workload, MIB};
 
 pub struct Row {
@@ -26,126 +33,216 @@ pub struct Row {
     pub server: &'static str,
     pub depth: usize,
     pub load: LoadResult,
-    /// layerfs only: its transport counters over the run.
-    pub transport: Option<TransportStats>,
+    /// What the server process spent over the run, warm-up included.
+    pub usage: Usage,
+    /// Calls the usage covers (the run's, warm-up included).
+    pub calls_sent: u64,
 }
 
-struct Target {
-    name: &'static str,
-    addr: SocketAddr,
-    handles: Option<Handles>,
+struct Options {
+    seconds: f64,
+    rounds: usize,
+    only: Option<String>,
+    soak: Option<u64>,
+    svg: String,
+    export_in: PathBuf,
+    layerfs: PathBuf,
+    pingpong: Option<PathBuf>,
 }
 
-fn main() {
-    let mut seconds = 2.0;
-    let mut rounds = 3;
-    let mut only: Option<String> = None;
-    let mut soak: Option<u64> = None;
-    // The peers keep their data in memory; by default so does layerfs
-    // (a tmpfs), so the comparison is of servers, not of disks.
-    let mut export_in = std::path::PathBuf::from(if std::path::Path::new("/dev/shm").is_dir() {
-        "/dev/shm"
-    } else {
-        "/tmp"
-    });
-    let mut svg = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/benchmarks.svg").to_string();
+fn options() -> Options {
+    let exe = std::env::current_exe().expect("this program's path");
+    // target/release/deps/nfs_load-HASH → target/release/layerfs
+    let layerfs = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|d| d.join("layerfs"))
+        .unwrap_or_default();
+    let mut o = Options {
+        seconds: 1.0,
+        rounds: 3,
+        only: None,
+        soak: None,
+        svg: concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/benchmarks.svg").to_string(),
+        // The peers keep their data in memory; by default so do layerfs
+        // and nfs-ganesha (a tmpfs), so the comparison is of servers.
+        export_in: PathBuf::from(if Path::new("/dev/shm").is_dir() {
+            "/dev/shm"
+        } else {
+            "/tmp"
+        }),
+        layerfs,
+        pingpong: None,
+    };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
+        let mut value = |what: &str| args.next().unwrap_or_else(|| panic!("{arg} {what}"));
         match arg.as_str() {
-            "--seconds" => {
-                seconds = args
-                    .next()
-                    .and_then(|s| s.parse().ok())
-                    .expect("--seconds S")
+            "--seconds" => o.seconds = value("S").parse().expect("--seconds S"),
+            "--rounds" => o.rounds = value("N").parse().expect("--rounds N"),
+            "--only" => o.only = Some(value("NAME")),
+            "--soak" => o.soak = Some(value("S").parse().expect("--soak S")),
+            "--svg" => o.svg = value("PATH"),
+            "--export-in" => o.export_in = value("DIR").into(),
+            "--layerfs" => o.layerfs = value("PATH").into(),
+            "--pingpong" => o.pingpong = Some(value("PATH").into()),
+            "--serve" => {
+                peers::serve_child(&value("KIND"));
+                std::process::exit(0);
             }
-            "--rounds" => {
-                rounds = args
-                    .next()
-                    .and_then(|s| s.parse().ok())
-                    .expect("--rounds N")
-            }
-            "--only" => only = args.next(),
-            "--soak" => soak = args.next().and_then(|s| s.parse().ok()),
-            "--svg" => svg = args.next().expect("--svg PATH"),
-            "--export-in" => export_in = args.next().expect("--export-in DIR").into(),
             _ => {}
         }
     }
-    let duration = Duration::from_secs_f64(seconds);
-    eprintln!("preparing the data on every server ...");
-    let export = tempfile::tempdir_in(&export_in).expect("temporary export");
-    eprintln!("layerfs serves {}", export.path().display());
-    peers::fill_dir(export.path());
-    let layerfs = peers::spawn_layerfs(export.path());
-    if let Some(seconds) = soak {
-        let handles = Handles::of(layerfs.local_addr()).expect("layerfs handles");
-        println!("mixed load on layerfs for {seconds} s, resident memory of the process (server and client):\n");
-        soak::run(
-            layerfs.local_addr(),
-            std::sync::Arc::new(handles),
-            seconds,
-            8,
+    o
+}
+
+/// The C ping-pong's round trips/s and p50 for the NULL call's sizes, next
+/// to this load generator against the raw floor: the generator must not be
+/// what sets the pace.
+fn check_floor(o: &Options, floor: SocketAddr, duration: Duration) {
+    let call = rpcbench::frame_call(0, 100_003, 3, 0, &nfs3_types::xdr_codec::Void).len();
+    let ours = run_load(floor, 1, 2000, duration, 5_000_000, |xid, _| {
+        rpcbench::frame_call(xid, 100_003, 3, 0, &nfs3_types::xdr_codec::Void)
+    })
+    .expect("floor run");
+    println!(
+        "raw floor: this load generator against the floor process: {:.0} round trips/s, p50 {:.1} us",
+        ours.calls_per_sec(),
+        ours.p50_us
+    );
+    let Some(pingpong) = &o.pingpong else {
+        println!("(no C ping-pong given: --pingpong PATH; tools/nfs-load/run builds one)\n");
+        return;
+    };
+    let out = Command::new(pingpong)
+        .args([
+            call.to_string(),
+            report::null_reply().len().to_string(),
+            o.seconds.max(1.0).to_string(),
+        ])
+        .output()
+        .expect("run the C ping-pong");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut numbers = text
+        .split_whitespace()
+        .filter_map(|n| n.parse::<f64>().ok());
+    let (Some(rate), Some(p50)) = (numbers.next(), numbers.next()) else {
+        println!("the C ping-pong printed {text:?}\n");
+        return;
+    };
+    let ratio = ours.calls_per_sec() / rate;
+    println!(
+        "raw floor: C ping-pong ({call}-byte calls, {}-byte replies): {rate:.0} round trips/s, p50 {p50:.1} us; \
+         the generator reaches {:.2}x its rate{}\n",
+        report::null_reply().len(),
+        ratio,
+        if (ratio - 1.0).abs() <= 0.10 {
+            " (within 10%)"
+        } else {
+            " (NOT within 10%: the figures below may measure the generator)"
+        }
+    );
+}
+
+fn main() {
+    let o = options();
+    let duration = Duration::from_secs_f64(o.seconds);
+    if !o.layerfs.is_file() {
+        panic!(
+            "no layerfs binary at {} (tools/nfs-load/run builds it; or --layerfs PATH)",
+            o.layerfs.display()
         );
+    }
+    eprintln!("preparing the data on every server ...");
+    let data = tempfile::tempdir_in(&o.export_in).expect("temporary exports");
+    let state = tempfile::tempdir().expect("temporary state");
+    let flat = data.path().join("flat");
+    let upper = data.path().join("upper");
+    std::fs::create_dir(&flat).unwrap();
+    peers::fill_dir(&flat);
+    let layers = peers::fill_layers(&data.path().join("layers"));
+    let start_flat = || {
+        servers::layerfs("layerfs", &o.layerfs, &[flat.as_os_str()], state.path())
+            .expect("start layerfs")
+    };
+    if let Some(seconds) = o.soak {
+        let server = start_flat();
+        let handles = Handles::of(server.nfs, server.mount, &server.path).expect("handles");
+        println!("mixed load on layerfs for {seconds} s, resident memory of the server process:\n");
+        soak::run(&server, std::sync::Arc::new(handles), seconds, 8);
         return;
     }
-    let mut targets: Vec<Target> = vec![
-        Target {
-            name: "layerfs",
-            addr: layerfs.local_addr(),
-            handles: None,
-        },
-        Target {
-            name: "nfs3_server",
-            addr: peers::spawn_nfs3_server(),
-            handles: None,
-        },
-        Target {
-            name: "nfsserve",
-            addr: peers::spawn_nfsserve(),
-            handles: None,
-        },
-    ];
-    for t in &mut targets {
-        t.handles = Some(Handles::of(t.addr).unwrap_or_else(|e| panic!("{}: {e}", t.name)));
+    let mut stack_args: Vec<&OsStr> = Vec::new();
+    for l in &layers {
+        stack_args.push(OsStr::new("--layer"));
+        stack_args.push(l.as_os_str());
     }
-    let floor_small = spawn_floor(report::null_reply()).expect("floor");
-    let floor_read = spawn_floor(report::reply_of(MIB)).expect("floor");
+    stack_args.push(OsStr::new("--upper"));
+    stack_args.push(upper.as_os_str());
+    let mut targets: Vec<Server> = vec![
+        start_flat(),
+        servers::layerfs("layerfs 5 layers", &o.layerfs, &stack_args, state.path())
+            .expect("start layerfs on a stack"),
+    ];
+    let ganesha_dir = data.path().join("ganesha");
+    std::fs::create_dir(&ganesha_dir).unwrap();
+    peers::fill_dir(&ganesha_dir);
+    match servers::ganesha(&ganesha_dir, state.path()) {
+        Ok(server) => targets.push(server),
+        Err(e) => println!("nfs-ganesha is not measured: {e}\n"),
+    }
+    targets.push(servers::peer("nfs3_server").expect("start nfs3_server"));
+    targets.push(servers::peer("nfsserve").expect("start nfsserve"));
+    let (floor, floor_read) = servers::floors().expect("start the floor");
+    let handles: Vec<Handles> = targets
+        .iter()
+        .map(|t| Handles::of(t.nfs, t.mount, &t.path).unwrap_or_else(|e| panic!("{}: {e}", t.name)))
+        .collect();
+    check_floor(&o, floor.nfs, duration);
     let payload = vec![0xA5u8; MIB];
-
     let workloads: Vec<Workload> = Workload::ALL
         .into_iter()
         .filter(|w| {
-            only.as_deref()
-                .is_none_or(|o| w.name().to_lowercase().starts_with(&o.to_lowercase()))
+            o.only.as_deref().is_none_or(|only| {
+                only.split(',')
+                    .any(|o| w.name().to_lowercase().starts_with(&o.to_lowercase()))
+            })
         })
         .collect();
     let mut runs = Vec::new();
-    for round in 0..rounds {
+    for round in 0..o.rounds {
         for &w in &workloads {
-            for depth in [1usize, 32] {
+            for depth in w.depths() {
                 eprintln!(
-                    "round {}/{rounds}: {} at depth {depth}",
+                    "round {}/{}: {} at depth {depth}",
                     round + 1,
+                    o.rounds,
                     w.name()
                 );
-                for t in &targets {
-                    let h = t.handles.as_ref().expect("handles");
+                for (t, h) in targets.iter().zip(&handles) {
+                    if !h.serve(w) {
+                        continue;
+                    }
                     if round == 0 && depth == 1 {
-                        if let Err(e) = w.check(t.addr, h) {
+                        if let Err(e) = w.check(t.nfs, h) {
                             eprintln!("  {}: {e} (its numbers below measure errors)", t.name);
                         }
                     }
-                    let before = (t.name == "layerfs").then(|| layerfs.stats());
                     let (warmup, max) = match w.fixed_calls() {
                         Some(n) => (0, n),
                         None => (if w.bytes().is_some() { 20 } else { 2000 }, 5_000_000),
                     };
-                    // CREATE names restart each round; REMOVE follows CREATE.
-                    let base = 100_000 * round as u32 + if depth == 32 { 50_000 } else { 0 };
-                    let load = run_load(t.addr, depth, warmup, duration, max, |xid, seq| {
+                    // Names restart each round and depth; CREATE, RENAME and
+                    // REMOVE of one round and depth share them.
+                    let base = 100_000 * round as u32 + 50_000 * (depth > 1) as u32;
+                    let counting = servers::SyscallCount::start(t);
+                    let before = t.usage();
+                    let load = run_load(t.nfs, depth, warmup, duration, max, |xid, seq| {
                         w.call(h, &payload, xid, seq, base)
                     })
                     .unwrap_or_else(|e| panic!("{} {}: {e}", t.name, w.name()));
+                    let mut usage = t.usage().since(before);
+                    usage.syscalls = counting.and_then(servers::SyscallCount::stop);
                     if load.errors > 0 {
                         eprintln!(
                             "  {}: {} of its {} replies were errors (its numbers measure them)",
@@ -154,46 +251,50 @@ fn main() {
                             w.name()
                         );
                     }
-                    thread::sleep(Duration::from_millis(50));
-                    let transport = before.map(|b| report::delta(&layerfs.stats(), &b));
                     runs.push(Row {
                         workload: w,
                         server: t.name,
                         depth,
+                        calls_sent: load.calls + u64::from(warmup),
                         load,
-                        transport,
+                        usage,
                     });
                 }
-                let floor = match w {
+                let floor_addr = match w {
                     Workload::Read => Some(floor_read),
-                    Workload::Null => Some(floor_small),
+                    Workload::Null => Some(floor.nfs),
                     _ => None,
                 };
-                if let Some(addr) = floor {
+                if let Some(addr) = floor_addr {
+                    let before = floor.usage();
                     let load = run_load(addr, depth, 20, duration, 5_000_000, |xid, seq| {
-                        w.call(targets[0].handles.as_ref().unwrap(), &payload, xid, seq, 0)
+                        w.call(&handles[0], &payload, xid, seq, 0)
                     })
                     .expect("floor run");
                     runs.push(Row {
                         workload: w,
-                        server: "tcp floor",
+                        server: floor.name,
                         depth,
+                        calls_sent: load.calls + 20,
+                        usage: floor.usage().since(before),
                         load,
-                        transport: None,
                     });
                 }
             }
         }
     }
     let rows = report::medians(&runs);
-    println!("{rounds} round(s) of {seconds} s per workload, server and depth (CREATE and REMOVE: 2,000 calls); median round shown\n");
+    println!(
+        "{} round(s) of {} s per workload, server and depth (CREATE, RENAME and REMOVE: 2,000 calls); median round shown\n",
+        o.rounds, o.seconds
+    );
     report::print(&rows);
-    if only.is_some() {
+    if o.only.is_some() {
         return; // a partial run does not replace the chart
     }
-    if let Err(e) = std::fs::write(&svg, report::svg(&rows)) {
-        eprintln!("cannot write {svg}: {e}");
+    if let Err(e) = std::fs::write(&o.svg, report::svg(&rows)) {
+        eprintln!("cannot write {}: {e}", o.svg);
     } else {
-        eprintln!("chart written to {svg}");
+        eprintln!("chart written to {}", o.svg);
     }
 }

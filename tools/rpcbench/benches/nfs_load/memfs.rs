@@ -191,12 +191,26 @@ impl NFSFileSystem for MemFs {
     }
     async fn rename(
         &self,
-        _: fileid3,
-        _: &filename3,
-        _: fileid3,
-        _: &filename3,
+        from_dir: fileid3,
+        from: &filename3,
+        to_dir: fileid3,
+        to: &filename3,
     ) -> Result<(), nfsstat3> {
-        Err(nfsstat3::NFS3ERR_NOTSUPP)
+        let mut nodes = self.nodes.write().unwrap();
+        let id = nodes
+            .get_mut(&from_dir)
+            .ok_or(nfsstat3::NFS3ERR_STALE)?
+            .children
+            .remove(from.0.as_slice())
+            .ok_or(nfsstat3::NFS3ERR_NOENT)?;
+        let target = nodes.get_mut(&to_dir).ok_or(nfsstat3::NFS3ERR_STALE)?;
+        if let Some(replaced) = target.children.insert(to.0.to_vec(), id) {
+            nodes.remove(&replaced);
+        }
+        if let Some(n) = nodes.get_mut(&id) {
+            n.parent = to_dir;
+        }
+        Ok(())
     }
     async fn readdir(
         &self,

@@ -2,8 +2,6 @@
 
 use std::fmt::Write;
 
-use layerfs_rpc::TransportStats;
-
 use crate::workloads::Workload;
 use crate::Row;
 
@@ -22,18 +20,6 @@ pub fn reply_of(payload: usize) -> Vec<u8> {
     }
     frame.resize(frame.len() + payload, 0);
     frame
-}
-
-pub fn delta(after: &TransportStats, before: &TransportStats) -> TransportStats {
-    TransportStats {
-        connections: after.connections - before.connections,
-        records: after.records - before.records,
-        socket_reads: after.socket_reads - before.socket_reads,
-        replies: after.replies - before.replies,
-        socket_writes: after.socket_writes - before.socket_writes,
-        bytes_in: after.bytes_in - before.bytes_in,
-        bytes_out: after.bytes_out - before.bytes_out,
-    }
 }
 
 /// Each (workload, server, depth)'s median round by calls/s.
@@ -57,7 +43,8 @@ pub fn medians(runs: &[Row]) -> Vec<Row> {
             server: m.server,
             depth: m.depth,
             load: m.load.clone(),
-            transport: m.transport,
+            usage: m.usage,
+            calls_sent: m.calls_sent,
         });
     }
     out
@@ -68,10 +55,20 @@ fn find<'a>(rows: &'a [Row], w: Workload, server: &str, depth: usize) -> Option<
         .find(|r| r.workload == w && r.server == server && r.depth == depth)
 }
 
-/// layerfs' rate over the best peer's, and that peer's name.
-fn versus_best_peer(rows: &[Row], w: Workload, depth: usize) -> Option<(f64, &'static str)> {
-    let ours = find(rows, w, "layerfs", depth)?.load.calls_per_sec();
-    let (name, best) = ["nfs3_server", "nfsserve"]
+/// The servers layerfs is measured against.
+const PEERS: [&str; 3] = ["nfs-ganesha", "nfs3_server", "nfsserve"];
+/// layerfs as it runs here: a directory alone, and a five-layer workspace.
+const OURS: [&str; 2] = ["layerfs", "layerfs 5 layers"];
+
+/// `ours`' rate over the best peer's, and that peer's name.
+fn versus_best_peer(
+    rows: &[Row],
+    w: Workload,
+    ours: &str,
+    depth: usize,
+) -> Option<(f64, &'static str)> {
+    let ours = find(rows, w, ours, depth)?.load.calls_per_sec();
+    let (name, best) = PEERS
         .iter()
         .filter_map(|p| find(rows, w, p, depth).map(|r| (*p, r.load.calls_per_sec())))
         .max_by(|a, b| a.1.total_cmp(&b.1))?;
@@ -91,49 +88,52 @@ pub fn print(rows: &[Row]) {
         }
         println!("### {}\n", w.name());
         println!(
-            "| server | depth | calls/s | MB/s | p50 us | p99 us | reads/record | writes/reply |"
+            "| server | depth | calls/s | MB/s | p50 us | p99 us | CPU us/call | syscalls/call |"
         );
         println!("|---|---:|---:|---:|---:|---:|---:|---:|");
         for r in rows.iter().filter(|r| r.workload == w) {
-            let (reads, writes) = match r.transport {
-                Some(t) => (
-                    format!("{:.2}", t.socket_reads as f64 / t.records.max(1) as f64),
-                    format!("{:.2}", t.socket_writes as f64 / t.replies.max(1) as f64),
-                ),
-                None => ("-".into(), "-".into()),
-            };
+            let per_call = |n: f64| n / r.calls_sent.max(1) as f64;
             let mbs = mb_per_sec(r).map_or("-".into(), |m| format!("{m:.0}"));
             println!(
-                "| {} | {} | {:.0} | {} | {:.1} | {:.1} | {} | {} |",
+                "| {} | {} | {:.0} | {} | {:.1} | {:.1} | {:.1} | {} |",
                 r.server,
                 r.depth,
                 r.load.calls_per_sec(),
                 mbs,
                 r.load.p50_us,
                 r.load.p99_us,
-                reads,
-                writes
+                per_call(r.usage.cpu().as_secs_f64() * 1e6),
+                r.usage
+                    .syscalls
+                    .map_or("-".into(), |n| format!("{:.2}", per_call(n as f64))),
             );
         }
         println!();
-        for depth in [1, 32] {
-            if let Some((ratio, peer)) = versus_best_peer(rows, w, depth) {
-                print!("depth {depth}: layerfs = {ratio:.2}x the best peer ({peer})");
-                if let (Some(ours), Some(floor)) = (
-                    find(rows, w, "layerfs", depth),
-                    find(rows, w, "tcp floor", depth),
-                ) {
+        for depth in w.depths() {
+            for ours in OURS {
+                let Some((ratio, peer)) = versus_best_peer(rows, w, ours, depth) else {
+                    continue;
+                };
+                print!("depth {depth}: {ours} = {ratio:.2}x the best peer ({peer})");
+                let ours_row = find(rows, w, ours, depth).expect("found above");
+                if let Some(floor) = find(rows, w, "tcp floor", depth) {
                     if w.bytes().is_some() {
                         print!(
                             "; {:.0}% of the raw TCP floor's MB/s",
-                            100.0 * ours.load.calls_per_sec() / floor.load.calls_per_sec()
+                            100.0 * ours_row.load.calls_per_sec() / floor.load.calls_per_sec()
                         );
                     } else {
                         print!(
                             "; p50 = {:.2}x the raw TCP floor's",
-                            ours.load.p50_us / floor.load.p50_us
+                            ours_row.load.p50_us / floor.load.p50_us
                         );
                     }
+                }
+                if let Some(g) = find(rows, w, "nfs-ganesha", depth) {
+                    print!(
+                        "; p50 = {:.2}x nfs-ganesha's",
+                        ours_row.load.p50_us / g.load.p50_us
+                    );
                 }
                 println!();
             }
@@ -147,13 +147,16 @@ pub fn print(rows: &[Row]) {
 pub fn svg(rows: &[Row]) -> String {
     let mut bars = Vec::new();
     for w in Workload::ALL {
-        for depth in [1, 32] {
-            if let Some((ratio, peer)) = versus_best_peer(rows, w, depth) {
-                bars.push((format!("{} @{depth}", w.name()), ratio, peer));
+        for depth in w.depths() {
+            for ours in OURS {
+                if let Some((ratio, peer)) = versus_best_peer(rows, w, ours, depth) {
+                    let what = if ours == "layerfs" { "" } else { " (5 layers)" };
+                    bars.push((format!("{}{what} @{depth}", w.name()), ratio, peer));
+                }
             }
         }
     }
-    let (left, bar_h, gap, width) = (230.0, 18.0, 8.0, 760.0);
+    let (left, bar_h, gap, width) = (400.0, 18.0, 8.0, 960.0);
     let max = bars.iter().map(|b| b.1).fold(2.0f64, f64::max).ceil();
     let scale = (width - left - 60.0) / max;
     let height = 60.0 + bars.len() as f64 * (bar_h + gap);

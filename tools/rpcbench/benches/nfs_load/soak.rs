@@ -1,4 +1,4 @@
-//! A long mixed load on layerfs alone, sampling the process's resident memory:
+//! A long mixed load on layerfs alone, sampling the server process's resident memory:
 //! does the server's memory stay flat while it works?
 
 use std::io::Write;
@@ -10,20 +10,11 @@ use std::time::{Duration, Instant};
 
 use layerfs_rpc::Records;
 
+use crate::servers::Server;
 use crate::workloads::{Handles, Workload, MIB};
 
-/// Resident memory of this process, in KiB.
-fn rss_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
-
 /// Calls in rotation on one connection: small calls, a listing, 1 MiB READ
-/// and WRITE, and a CREATE followed by a REMOVE of the same name.
+/// and WRITE, and a CREATE, RENAME and REMOVE of one file.
 fn client(
     addr: SocketAddr,
     handles: &Handles,
@@ -37,6 +28,7 @@ fn client(
         Workload::Read,
         Workload::Write,
         Workload::Create,
+        Workload::Rename,
         Workload::Remove,
         Workload::ReaddirPlus,
         Workload::Null,
@@ -70,7 +62,8 @@ fn client(
     }
 }
 
-pub fn run(addr: SocketAddr, handles: Arc<Handles>, seconds: u64, connections: u32) {
+pub fn run(server: &Server, handles: Arc<Handles>, seconds: u64, connections: u32) {
+    let addr = server.nfs;
     let stop = Arc::new(AtomicBool::new(false));
     let calls = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
@@ -88,7 +81,7 @@ pub fn run(addr: SocketAddr, handles: Arc<Handles>, seconds: u64, connections: u
     println!("|---:|---:|---:|");
     while start.elapsed() < Duration::from_secs(seconds) {
         thread::sleep(Duration::from_secs(10).min(Duration::from_secs(seconds)));
-        let rss = rss_kib();
+        let rss = server.rss_kib();
         println!(
             "| {} | {} | {:.1} |",
             start.elapsed().as_secs(),

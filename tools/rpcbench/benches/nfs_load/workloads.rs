@@ -11,12 +11,16 @@ use rpcbench::{call_once, frame_call};
 const NFS: u32 = 100_003;
 const MOUNT: u32 = 100_005;
 pub const MIB: usize = 1 << 20;
+/// macOS' read and write size.
+pub const KIB32: usize = 32 << 10;
 
 /// The handles a workload needs on one server.
 pub struct Handles {
     root: nfs_fh3,
     file: nfs_fh3,
     big: nfs_fh3,
+    /// Not on nfs3_server (see `peers::spawn_nfs3_server`).
+    huge: Option<nfs_fh3>,
     data: nfs_fh3,
     scratch: nfs_fh3,
 }
@@ -41,26 +45,36 @@ fn lookup(addr: SocketAddr, dir: &nfs_fh3, name: &str) -> io::Result<nfs_fh3> {
 }
 
 impl Handles {
-    pub fn of(addr: SocketAddr) -> io::Result<Handles> {
+    /// Mounts `path` through the MOUNT service at `mount` and looks up the
+    /// tree's files through the NFS service at `nfs`.
+    pub fn of(nfs: SocketAddr, mount: SocketAddr, path: &str) -> io::Result<Handles> {
         let root = match unpack::<mountres3>(&call_once(
-            addr,
+            mount,
             MOUNT,
             3,
             1,
-            &dirpath(Opaque::borrowed(b"/")),
+            &dirpath(Opaque::borrowed(path.as_bytes())),
         )?)? {
             mountres3::Ok(ok) => nfs_fh3 {
                 data: Opaque::owned(ok.fhandle.0.to_vec()),
             },
-            mountres3::Err(s) => return Err(io::Error::other(format!("MNT: {s}"))),
+            mountres3::Err(s) => return Err(io::Error::other(format!("MNT {path}: {s}"))),
         };
         Ok(Handles {
-            file: lookup(addr, &root, "file")?,
-            big: lookup(addr, &root, "big")?,
-            data: lookup(addr, &root, "data.bin")?,
-            scratch: lookup(addr, &root, "scratch")?,
+            file: lookup(nfs, &root, "file")?,
+            big: lookup(nfs, &root, "big")?,
+            huge: lookup(nfs, &root, "huge").ok(),
+            data: lookup(nfs, &root, "data.bin")?,
+            scratch: lookup(nfs, &root, "scratch")?,
             root,
         })
+    }
+}
+
+impl Handles {
+    /// Whether the server holds what `w` needs.
+    pub fn serve(&self, w: Workload) -> bool {
+        w != Workload::ReaddirPlusHuge || self.huge.is_some()
     }
 }
 
@@ -69,23 +83,37 @@ pub enum Workload {
     Null,
     Getattr,
     Lookup,
+    Access,
     ReaddirPlus,
+    ReaddirPlusHuge,
     Read,
+    Read32k,
     Write,
+    Write32k,
     Create,
+    Rename,
     Remove,
+    Setattr,
 }
 
 impl Workload {
-    pub const ALL: [Workload; 8] = [
+    /// In the order they run: RENAME renames what CREATE made and REMOVE
+    /// removes what RENAME named.
+    pub const ALL: [Workload; 14] = [
         Workload::Null,
         Workload::Getattr,
         Workload::Lookup,
+        Workload::Access,
         Workload::ReaddirPlus,
+        Workload::ReaddirPlusHuge,
         Workload::Read,
+        Workload::Read32k,
         Workload::Write,
+        Workload::Write32k,
         Workload::Create,
+        Workload::Rename,
         Workload::Remove,
+        Workload::Setattr,
     ];
 
     pub fn name(self) -> &'static str {
@@ -93,30 +121,64 @@ impl Workload {
             Workload::Null => "NULL",
             Workload::Getattr => "GETATTR",
             Workload::Lookup => "LOOKUP",
+            Workload::Access => "ACCESS",
             Workload::ReaddirPlus => "READDIRPLUS 1,000 entries",
+            Workload::ReaddirPlusHuge => "READDIRPLUS 100,000 entries (first 1 MiB)",
             Workload::Read => "READ 1 MiB",
+            Workload::Read32k => "READ 32 KiB",
             Workload::Write => "WRITE 1 MiB",
+            Workload::Write32k => "WRITE 32 KiB",
             Workload::Create => "CREATE",
+            Workload::Rename => "RENAME",
             Workload::Remove => "REMOVE",
+            Workload::Setattr => "SETATTR",
+        }
+    }
+
+    /// The two depths (calls in flight) it runs at: the one a single
+    /// process's calls reach, and a client's full window.
+    pub fn depths(self) -> [usize; 2] {
+        match self {
+            Workload::Read | Workload::Read32k | Workload::Write | Workload::Write32k => [1, 16],
+            Workload::ReaddirPlus | Workload::ReaddirPlusHuge => [1, 8],
+            _ => [1, 32],
         }
     }
 
     /// Payload bytes a call moves, for MB/s.
     pub fn bytes(self) -> Option<usize> {
-        matches!(self, Workload::Read | Workload::Write).then_some(MIB)
+        match self {
+            Workload::Read | Workload::Write => Some(MIB),
+            Workload::Read32k | Workload::Write32k => Some(KIB32),
+            _ => None,
+        }
     }
 
-    /// Calls are counted, not timed: CREATE and REMOVE each make a fixed
-    /// 2,000 files; the rest run for the round's duration.
+    /// Calls are counted, not timed: CREATE, RENAME and REMOVE each handle
+    /// a fixed 2,000 files; the rest run for the round's duration.
     pub fn fixed_calls(self) -> Option<u32> {
-        matches!(self, Workload::Create | Workload::Remove).then_some(2000)
+        matches!(self, Workload::Create | Workload::Rename | Workload::Remove).then_some(2000)
     }
 
-    /// Call number `seq` of a run, sent as `xid`; CREATE and REMOVE name
-    /// their file `c<names + seq>`, READ and WRITE move on a MiB per call.
+    /// Call number `seq` of a run, sent as `xid`. CREATE names its file
+    /// `c<names + seq>`, RENAME renames it to `r<names + seq>`, REMOVE
+    /// removes that; READ and WRITE move on by their size per call.
     pub fn call(self, h: &Handles, payload: &[u8], xid: u32, seq: u32, names: u32) -> Vec<u8> {
-        let offset = (seq as usize % (crate::peers::DATA_LEN / MIB) * MIB) as u64;
-        let name = format!("c{:06}", names + seq);
+        let size = self.bytes().unwrap_or(MIB);
+        let offset = (seq as usize % (crate::peers::DATA_LEN / size) * size) as u64;
+        let made = || format!("c{:07}", names + seq);
+        let renamed = || format!("r{:07}", names + seq);
+        let in_scratch = |name: &str| diropargs3 {
+            dir: h.scratch.clone(),
+            name: filename3(Opaque::owned(name.as_bytes().to_vec())),
+        };
+        let listing = |dir: &nfs_fh3| READDIRPLUS3args {
+            dir: dir.clone(),
+            cookie: 0,
+            cookieverf: cookieverf3::default(),
+            dircount: 64 * 1024,
+            maxcount: MIB as u32,
+        };
         match self {
             Workload::Null => frame_call(xid, NFS, 3, 0, &nfs3_types::xdr_codec::Void),
             Workload::Getattr => frame_call(
@@ -126,6 +188,20 @@ impl Workload {
                 1,
                 &GETATTR3args {
                     object: h.file.clone(),
+                },
+            ),
+            Workload::Setattr => frame_call(
+                xid,
+                NFS,
+                3,
+                2,
+                &SETATTR3args {
+                    object: h.file.clone(),
+                    new_attributes: sattr3 {
+                        mode: set_mode3::Some(if seq.is_multiple_of(2) { 0o644 } else { 0o600 }),
+                        ..sattr3::default()
+                    },
+                    guard: sattrguard3::None,
                 },
             ),
             Workload::Lookup => frame_call(
@@ -140,20 +216,25 @@ impl Workload {
                     },
                 },
             ),
-            Workload::ReaddirPlus => frame_call(
+            Workload::Access => frame_call(
                 xid,
                 NFS,
                 3,
-                17,
-                &READDIRPLUS3args {
-                    dir: h.big.clone(),
-                    cookie: 0,
-                    cookieverf: cookieverf3::default(),
-                    dircount: 64 * 1024,
-                    maxcount: MIB as u32,
+                4,
+                &ACCESS3args {
+                    object: h.file.clone(),
+                    access: 0x3f,
                 },
             ),
-            Workload::Read => frame_call(
+            Workload::ReaddirPlus => frame_call(xid, NFS, 3, 17, &listing(&h.big)),
+            Workload::ReaddirPlusHuge => {
+                let huge = h
+                    .huge
+                    .as_ref()
+                    .expect("a server without huge/ is not asked");
+                frame_call(xid, NFS, 3, 17, &listing(huge))
+            }
+            Workload::Read | Workload::Read32k => frame_call(
                 xid,
                 NFS,
                 3,
@@ -161,10 +242,10 @@ impl Workload {
                 &READ3args {
                     file: h.data.clone(),
                     offset,
-                    count: MIB as u32,
+                    count: size as u32,
                 },
             ),
-            Workload::Write => frame_call(
+            Workload::Write | Workload::Write32k => frame_call(
                 xid,
                 NFS,
                 3,
@@ -172,9 +253,9 @@ impl Workload {
                 &WRITE3args {
                     file: h.data.clone(),
                     offset,
-                    count: MIB as u32,
+                    count: size as u32,
                     stable: stable_how::UNSTABLE,
-                    data: Opaque::borrowed(payload),
+                    data: Opaque::borrowed(&payload[..size]),
                 },
             ),
             Workload::Create => frame_call(
@@ -183,10 +264,7 @@ impl Workload {
                 3,
                 8,
                 &CREATE3args {
-                    where_: diropargs3 {
-                        dir: h.scratch.clone(),
-                        name: filename3(Opaque::borrowed(name.as_bytes())),
-                    },
+                    where_: in_scratch(&made()),
                     how: createhow3::UNCHECKED(sattr3::default()),
                 },
             ),
@@ -196,10 +274,17 @@ impl Workload {
                 3,
                 12,
                 &REMOVE3args {
-                    object: diropargs3 {
-                        dir: h.scratch.clone(),
-                        name: filename3(Opaque::borrowed(name.as_bytes())),
-                    },
+                    object: in_scratch(&renamed()),
+                },
+            ),
+            Workload::Rename => frame_call(
+                xid,
+                NFS,
+                3,
+                14,
+                &RENAME3args {
+                    from: in_scratch(&made()),
+                    to: in_scratch(&renamed()),
                 },
             ),
         }
@@ -207,7 +292,7 @@ impl Workload {
 
     /// Checks that one call of this workload succeeds on a server.
     pub fn check(self, addr: SocketAddr, h: &Handles) -> io::Result<()> {
-        if matches!(self, Workload::Create | Workload::Remove) {
+        if self.fixed_calls().is_some() {
             return Ok(());
         }
         let frame = self.call(h, &vec![1; MIB], rpcbench::xid_base(), 0, 0);

@@ -13,7 +13,9 @@
 //!   listings and where files were found go.
 //!
 //! Every entry carries the counters it was made under and is used only while
-//! they are current. Open files are kept by generation and dropped one by one
+//! they are current. Lower layers' attributes are kept by generation alone:
+//! nothing but a new generation changes a lower file (a change copies it up,
+//! and from then on it is listed in the upper). Open files are kept by generation and dropped one by one
 //! when their file goes. Each map is bounded; past its bound it starts over.
 
 use parking_lot::Mutex;
@@ -24,7 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use layerfs_vfs::hostdir;
-use layerfs_vfs::FileId;
+use layerfs_vfs::{Attr, FileId};
 
 use super::merge::{Found, Listed};
 
@@ -35,6 +37,9 @@ pub type LinkIndex = HashMap<u64, Vec<Vec<Vec<u8>>>>;
 
 /// Files whose place is kept; past this the map starts over.
 const LOCATIONS: usize = 8192;
+/// Lower files whose attributes are kept (about 150 bytes each); past this
+/// the map starts over.
+const LOWER_ATTRS: usize = 65_536;
 
 /// The counters an entry was made under: taken before reading what it
 /// keeps, so something read while the counters moved is never current.
@@ -98,6 +103,9 @@ pub struct Caches {
     files: Kept<FileId, (usize, Arc<OwnedFd>)>,
     /// Per layer tag, read once: lower layers never change.
     links: Mutex<HashMap<u16, Arc<LinkIndex>>>,
+    /// Attributes of files listed in a lower layer, so that listing a
+    /// directory of an image again reads none of them from the host.
+    lower_attrs: Kept<FileId, Attr>,
 }
 
 impl Caches {
@@ -124,6 +132,7 @@ impl Caches {
             listings: Kept::new(dirs),
             files: Kept::new(files),
             links: Mutex::new(HashMap::new()),
+            lower_attrs: Kept::new(LOWER_ATTRS),
         }
     }
 
@@ -153,6 +162,7 @@ impl Caches {
         self.located.clear();
         self.listings.clear();
         self.files.clear();
+        self.lower_attrs.clear();
         self.dirs_changed();
     }
 
@@ -199,6 +209,20 @@ impl Caches {
     /// The file `id` names is gone.
     pub fn forget_file(&self, id: FileId) {
         self.files.remove(&id);
+    }
+
+    /// The attributes of `id`, a file found in a lower layer.
+    pub fn lower_attr(&self, id: FileId, generation: u64) -> Option<Attr> {
+        self.lower_attrs.get(&id, |s| s.generation == generation)
+    }
+
+    pub fn keep_lower_attr(&self, id: FileId, stamp: Stamp, attr: Attr) {
+        self.lower_attrs.insert(id, stamp, attr);
+    }
+
+    /// `id` was copied up: it is no longer a lower file.
+    pub fn copied_up(&self, id: FileId) {
+        self.lower_attrs.remove(&id);
     }
 
     /// The link index of layer `tag`, read by `read` the first time.

@@ -96,6 +96,7 @@ impl StackFs {
         let parent = self.upper_dir(layers, node.parent)?;
         let name = hostdir::cstr(&node.name)?;
         self.place_copy(layers, &found, parent.as_fd(), &name)?;
+        self.caches.copied_up(id);
         if found.kind() == FileKind::Regular && found.host.nlink > 1 {
             self.copy_up_links(layers, &found, parent.as_fd(), &name)?;
         }

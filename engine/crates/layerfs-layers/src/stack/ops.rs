@@ -181,14 +181,22 @@ impl StackFs {
     /// The attributes of a listed entry: from its only instance in one
     /// call, or by a lookup for a directory merged from several layers.
     fn listed_attr(&self, layers: &Layers, d: &Found, e: &Listed) -> Option<Attr> {
-        let name = cstr(&e.name).ok()?;
         let Some(part) = &e.alone_in else {
+            let name = cstr(&e.name).ok()?;
             return layers
                 .lookup(&self.inodes, &d.parts, &name)
                 .ok()
                 .flatten()
                 .map(|f| f.attr);
         };
+        let lower = part.layer != UPPER;
+        if lower {
+            if let Some(attr) = self.caches.lower_attr(e.id, layers.generation) {
+                return Some(attr);
+            }
+        }
+        let stamp = self.caches.stamp(layers.generation);
+        let name = cstr(&e.name).ok()?;
         let host = layers.all[part.layer]
             .host
             .stats
@@ -198,11 +206,15 @@ impl StackFs {
             .inodes
             .identity(layers.tag(part.layer), host.fileid, Some(host.generation))
             .ok()?;
-        (o.id == e.id).then_some(Attr {
+        let attr = (o.id == e.id).then_some(Attr {
             fileid: o.id,
             generation: o.generation,
             ..host
-        })
+        })?;
+        if lower {
+            self.caches.keep_lower_attr(e.id, stamp, attr);
+        }
+        Some(attr)
     }
 
     /// Directory `dir` and its entry `name`, which `caller` may remove or

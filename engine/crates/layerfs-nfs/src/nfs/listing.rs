@@ -173,6 +173,7 @@ impl Served<'_> {
         put(reply, &nfsstat3::NFS3_OK)?;
         put(reply, &post_op(Some(&attr), self.fsid()))?;
         put(reply, &verf)?;
+        let mut sign = self.export.listing_signer();
         for e in &page.entries[..fit] {
             put(reply, &true)?;
             put(reply, &e.fileid)?;
@@ -182,7 +183,7 @@ impl Served<'_> {
             match &e.attr {
                 Some(attr) => {
                     put(reply, &true)?;
-                    put(reply, &Opaque::borrowed(&self.export.handle_bytes(attr)))?;
+                    put(reply, &Opaque::borrowed(&sign(attr)))?;
                 }
                 None => put(reply, &false)?,
             }
