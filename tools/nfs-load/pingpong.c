@@ -3,18 +3,22 @@
  * against: blocking sockets, TCP_NODELAY, one write and one read per message
  * on each side, client and server in two processes.
  *
- *   pingpong CALL_BYTES REPLY_BYTES SECONDS
+ *   pingpong CALL_BYTES REPLY_BYTES SECONDS [PORT]
  *
- * prints: round trips/s and the p50 round trip in microseconds.
+ * prints: round trips/s and the p50 round trip in microseconds. With PORT,
+ * only the client runs, against a server already listening on
+ * 127.0.0.1:PORT that answers each call with REPLY_BYTES.
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -40,24 +44,33 @@ static void nodelay(int fd)
 
 int main(int argc, char **argv)
 {
-	if (argc != 4) {
-		fprintf(stderr, "usage: pingpong CALL_BYTES REPLY_BYTES SECONDS\n");
+	if (argc != 4 && argc != 5) {
+		fprintf(stderr, "usage: pingpong CALL_BYTES REPLY_BYTES SECONDS [PORT]\n");
 		return 2;
 	}
 	size_t call = atoi(argv[1]), reply = atoi(argv[2]);
 	double seconds = atof(argv[3]);
 	static char buf[1 << 16];
-	if (call == 0 || reply == 0 || call > sizeof buf || reply > sizeof buf)
+	if (call < 8 || reply == 0 || call > sizeof buf || reply > sizeof buf)
 		return 2;
-	int l = socket(AF_INET, SOCK_STREAM, 0);
 	struct sockaddr_in a = { .sin_family = AF_INET };
 	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	socklen_t len = sizeof a;
-	if (bind(l, (void *)&a, sizeof a) || listen(l, 1) || getsockname(l, (void *)&a, &len)) {
-		perror("listen");
-		return 1;
+	pid_t server = -1;
+	int l = -1;
+	if (argc == 5) {
+		a.sin_port = htons(atoi(argv[4]));
+	} else {
+		l = socket(AF_INET, SOCK_STREAM, 0);
+		socklen_t len = sizeof a;
+		if (bind(l, (void *)&a, sizeof a) || listen(l, 1) ||
+		    getsockname(l, (void *)&a, &len)) {
+			perror("listen");
+			return 1;
+		}
+		server = fork();
+		if (server != 0)
+			close(l);
 	}
-	pid_t server = fork();
 	if (server == 0) {
 		int c = accept(l, 0, 0);
 		nodelay(c);
@@ -66,16 +79,21 @@ int main(int argc, char **argv)
 				_exit(0);
 		}
 	}
-	close(l);
 	int s = socket(AF_INET, SOCK_STREAM, 0);
 	if (connect(s, (void *)&a, sizeof a)) {
 		perror("connect");
 		return 1;
 	}
 	nodelay(s);
+	/* A server that never answers ends the run instead of hanging it. */
+	struct timeval limit = { .tv_sec = 5 };
+	setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
 	size_t cap = 10 * 1000 * 1000, n = 0;
 	double *lat = malloc(cap * sizeof *lat);
+	/* One RPC record: the last-fragment bit and the length after the mark. */
 	memset(buf, 0, call);
+	uint32_t mark = htonl(0x80000000u | (uint32_t)(call - 4));
+	memcpy(buf, &mark, 4);
 	double start = now(), end = start + seconds;
 	while (n < cap) {
 		double t = now();
@@ -94,8 +112,10 @@ int main(int argc, char **argv)
 	}
 	double elapsed = now() - start;
 	close(s);
-	kill(server, SIGTERM);
-	waitpid(server, 0, 0);
+	if (server > 0) {
+		kill(server, SIGTERM);
+		waitpid(server, 0, 0);
+	}
 	qsort(lat, n, sizeof *lat, cmp);
 	printf("%.0f %.1f\n", n / elapsed, n ? lat[n / 2] * 1e6 : 0.0);
 	return 0;

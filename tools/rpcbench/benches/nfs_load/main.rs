@@ -96,52 +96,72 @@ fn options() -> Options {
     o
 }
 
-/// The C ping-pong's round trips/s and p50 for the NULL call's sizes, next
-/// to this load generator against the raw floor: the generator must not be
-/// what sets the pace.
+/// The generator's raw floor next to a minimal C ping-pong: the C client
+/// and server alone, the C client against the floor process, and this
+/// generator against the floor process, interleaved over three rounds
+/// (medians). The generator must not be what sets the pace.
 fn check_floor(o: &Options, floor: SocketAddr, duration: Duration) {
     let call = rpcbench::frame_call(0, 100_003, 3, 0, &nfs3_types::xdr_codec::Void).len();
-    let ours = run_load(floor, 1, 2000, duration, 5_000_000, |xid, _| {
-        rpcbench::frame_call(xid, 100_003, 3, 0, &nfs3_types::xdr_codec::Void)
-    })
-    .expect("floor run");
-    println!(
-        "raw floor: this load generator against the floor process: {:.0} round trips/s, p50 {:.1} us",
-        ours.calls_per_sec(),
-        ours.p50_us
-    );
-    let Some(pingpong) = &o.pingpong else {
-        println!("(no C ping-pong given: --pingpong PATH; tools/nfs-load/run builds one)\n");
-        return;
-    };
-    let out = Command::new(pingpong)
-        .args([
-            call.to_string(),
-            report::null_reply().len().to_string(),
-            o.seconds.max(1.0).to_string(),
-        ])
-        .output()
-        .expect("run the C ping-pong");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let mut numbers = text
-        .split_whitespace()
-        .filter_map(|n| n.parse::<f64>().ok());
-    let (Some(rate), Some(p50)) = (numbers.next(), numbers.next()) else {
-        println!("the C ping-pong printed {text:?}\n");
-        return;
-    };
-    let ratio = ours.calls_per_sec() / rate;
-    println!(
-        "raw floor: C ping-pong ({call}-byte calls, {}-byte replies): {rate:.0} round trips/s, p50 {p50:.1} us; \
-         the generator reaches {:.2}x its rate{}\n",
-        report::null_reply().len(),
-        ratio,
-        if (ratio - 1.0).abs() <= 0.10 {
-            " (within 10%)"
-        } else {
-            " (NOT within 10%: the figures below may measure the generator)"
+    let reply = report::null_reply().len();
+    let c_run = |pingpong: &Path, port: Option<u16>| -> Option<(f64, f64)> {
+        let mut cmd = Command::new(pingpong);
+        cmd.args([call, reply].map(|n| n.to_string()))
+            .arg(duration.as_secs_f64().to_string());
+        if let Some(port) = port {
+            cmd.arg(port.to_string());
         }
+        let out = cmd.output().ok()?;
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let mut numbers = text.split_whitespace().filter_map(|n| n.parse().ok());
+        Some((numbers.next()?, numbers.next()?))
+    };
+    let ours_run = || {
+        let load = run_load(floor, 1, 2000, duration, 5_000_000, |xid, _| {
+            rpcbench::frame_call(xid, 100_003, 3, 0, &nfs3_types::xdr_codec::Void)
+        })
+        .expect("floor run");
+        (load.calls_per_sec(), load.p50_us)
+    };
+    let median = |mut runs: Vec<(f64, f64)>| {
+        runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+        runs.get(runs.len() / 2).copied()
+    };
+    let (mut c_alone, mut c_floor, mut ours) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..3 {
+        if let Some(p) = &o.pingpong {
+            c_alone.extend(c_run(p, None));
+            c_floor.extend(c_run(p, Some(floor.port())));
+        }
+        ours.push(ours_run());
+    }
+    println!("raw floor, depth 1, {call}-byte calls and {reply}-byte replies (median of 3):");
+    let ours = median(ours).expect("three runs");
+    let line = |what: &str, (rate, p50): (f64, f64)| {
+        println!("  {what:<44} {rate:>8.0} round trips/s, p50 {p50:.1} us");
+    };
+    line(
+        "C ping-pong, client and server",
+        median(c_alone).unwrap_or_default(),
     );
+    match median(c_floor) {
+        Some(c) => {
+            line("C client -> the floor process", c);
+            line("this load generator -> the floor process", ours);
+            let ratio = ours.0 / c.0;
+            println!(
+                "  the generator reaches {ratio:.2}x the C client's rate on the same floor{}\n",
+                if ratio >= 0.9 {
+                    " (within 10%)"
+                } else {
+                    " (NOT within 10%: the figures below may measure the generator)"
+                }
+            );
+        }
+        None => {
+            line("this load generator -> the floor process", ours);
+            println!("  (no C ping-pong: --pingpong PATH; tools/nfs-load/run builds one)\n");
+        }
+    }
 }
 
 fn main() {
