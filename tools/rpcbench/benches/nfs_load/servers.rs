@@ -97,6 +97,21 @@ impl Drop for Server {
     }
 }
 
+/// A command whose process gets SIGTERM when this one ends, however it
+/// ends: no server outlives an interrupted run.
+fn child_command(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(program);
+    // SAFETY: prctl is async-signal-safe and touches no memory of ours.
+    unsafe {
+        cmd.pre_exec(|| {
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))
+                .map_err(std::io::Error::from)
+        });
+    }
+    cmd
+}
+
 /// Reads the child's standard output until a line starts with `prefix`;
 /// returns the rest of that line.
 fn wait_for_line(child: &mut Child, prefix: &str) -> Result<String, String> {
@@ -125,7 +140,7 @@ pub fn layerfs(
     args: &[&std::ffi::OsStr],
     state: &Path,
 ) -> Result<Server, String> {
-    let mut child = Command::new(bin)
+    let mut child = child_command(bin)
         .arg("serve")
         .args(args)
         .args(["--listen", "127.0.0.1:0"])
@@ -163,7 +178,7 @@ pub fn floors() -> Result<(Server, SocketAddr), String> {
 
 fn child_peer(name: &'static str, kind: &str) -> Result<(Server, Vec<u16>), String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let mut child = Command::new(exe)
+    let mut child = child_command(exe)
         .args(["--serve", kind])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -222,7 +237,7 @@ pub fn ganesha(dir: &Path, state: &Path) -> Result<Server, String> {
         ),
     )
     .map_err(|e| e.to_string())?;
-    let child = Command::new(bin)
+    let child = child_command(bin)
         .arg("-F")
         .arg("-f")
         .arg(&conf)

@@ -19,6 +19,7 @@
 //! when their file goes. Each map is bounded; past its bound it starts over.
 
 use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::os::fd::OwnedFd;
@@ -51,15 +52,17 @@ pub struct Stamp {
 }
 
 /// A map of at most `cap` entries, each with the stamp it was made under.
+/// Keys are ids this process gave out, not names a client chose, so a fast
+/// hash that is not keyed is safe here: a listing looks up every entry.
 struct Kept<K, V> {
-    map: Mutex<HashMap<K, (Stamp, V)>>,
+    map: Mutex<FxHashMap<K, (Stamp, V)>>,
     cap: usize,
 }
 
 impl<K: Hash + Eq, V: Clone> Kept<K, V> {
     fn new(cap: usize) -> Self {
         Kept {
-            map: Mutex::new(HashMap::new()),
+            map: Mutex::new(FxHashMap::default()),
             cap: cap.max(1),
         }
     }

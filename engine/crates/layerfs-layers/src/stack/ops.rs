@@ -681,17 +681,17 @@ impl Filesystem for StackFs {
             .map(|(cookie, e)| (e.id, &e.name[..], *cookie));
         let mut page = DirPage::after(dir, parent, cookie, max, named);
         if with_attrs {
-            let first = listing.partition_point(|e| e.0 <= cookie);
+            // The page's named entries are the listing's from `first` on, in
+            // order: walk both together.
+            let mut listed = listing[listing.partition_point(|e| e.0 <= cookie)..].iter();
             for e in &mut page.entries {
                 e.attr = match e.cookie {
                     1 => Some(d.attr),
                     2 => self.found(&layers, parent).ok().map(|f| f.attr),
-                    c => {
-                        let at = first + listing[first..].partition_point(|l| l.0 < c);
-                        listing
-                            .get(at)
-                            .and_then(|(_, l)| self.listed_attr(&layers, &d, l))
-                    }
+                    c => listed
+                        .by_ref()
+                        .find(|l| l.0 == c)
+                        .and_then(|(_, l)| self.listed_attr(&layers, &d, l)),
                 };
             }
         }
