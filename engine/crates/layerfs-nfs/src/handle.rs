@@ -183,14 +183,14 @@ impl FileHandle {
 }
 
 /// Handles signed lately, so that listing a directory of thousands again
-/// signs none of them: direct-mapped by file id, at most [`SIGNED_SLOTS`]
+/// signs none of them: direct-mapped by file id, at most 4,096 handles
 /// (about 40 bytes each, made at the first listing), and locked once per
 /// listing.
 #[derive(Default)]
 pub struct SignedHandles(parking_lot::Mutex<Option<Signed>>);
 
 /// Handles [`SignedHandles`] keeps.
-pub const SIGNED_SLOTS: usize = 4096;
+const SIGNED_SLOTS: usize = 4096;
 
 struct Signed {
     key: HandleKey,
@@ -201,17 +201,23 @@ struct Signed {
 
 impl SignedHandles {
     /// Signs handles with `key`, from what is kept when it can; the slots
-    /// of another key are emptied first.
+    /// of another key are emptied first. A listing that finds them in use by
+    /// another signs without them rather than wait.
     pub fn signer(&self, key: &HandleKey) -> impl FnMut(&FileHandle) -> [u8; LEN] + '_ {
-        let mut guard = self.0.lock();
-        if guard.as_ref().is_none_or(|s| s.key != *key) {
-            *guard = Some(Signed {
-                key: *key,
-                slots: vec![[0; LEN]; SIGNED_SLOTS].into_boxed_slice(),
-            });
+        let key = *key;
+        let mut guard = self.0.try_lock();
+        if let Some(kept) = guard.as_mut() {
+            if kept.as_ref().is_none_or(|s| s.key != key) {
+                **kept = Some(Signed {
+                    key,
+                    slots: vec![[0; LEN]; SIGNED_SLOTS].into_boxed_slice(),
+                });
+            }
         }
         move |handle| {
-            let signed = guard.as_mut().expect("made above");
+            let Some(signed) = guard.as_mut().and_then(|kept| kept.as_mut()) else {
+                return handle.bytes(&key);
+            };
             let body = handle.body();
             let slot = &mut signed.slots[handle.fileid as usize % SIGNED_SLOTS];
             if slot[..BODY] != body {
@@ -258,9 +264,12 @@ mod tests {
             .collect();
         for key in [a, b, a] {
             let mut sign = signed.signer(&key);
+            // A second listing at the same time signs without the slots.
+            let mut meanwhile = signed.signer(&b);
             for h in handles.iter().chain(&handles) {
                 assert_eq!(sign(h), h.bytes(&key), "{h:?}");
                 assert_eq!(FileHandle::decode(&sign(h), 7, &key).unwrap(), *h);
+                assert_eq!(meanwhile(h), h.bytes(&b), "{h:?}");
             }
         }
     }

@@ -15,8 +15,9 @@
 //! Every entry carries the counters it was made under and is used only while
 //! they are current. Lower layers' attributes are kept by generation alone:
 //! nothing but a new generation changes a lower file (a change copies it up,
-//! and from then on it is listed in the upper). Open files are kept by generation and dropped one by one
-//! when their file goes. Each map is bounded; past its bound it starts over.
+//! and from then on it is listed in the upper). Open files are kept by
+//! generation and dropped one by one when their file goes. Each map is
+//! bounded; past its bound it starts over.
 
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
