@@ -5,7 +5,8 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use layerfs_layers::redb_file::RedbFile;
+use redb::{ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
 const WORKSPACES: TableDefinition<&str, &[u8]> = TableDefinition::new("workspaces");
@@ -64,46 +65,55 @@ pub struct LayerNote {
 }
 
 pub struct Catalog {
-    db: Database,
+    db: RedbFile,
 }
 
-fn db_error(e: impl std::fmt::Display) -> io::Error {
-    io::Error::other(format!("catalog: {e}"))
+/// The catalog's error, of the host's kind where the host failed (a full
+/// disk stays a full disk).
+fn db_error(e: impl Into<redb::Error>) -> io::Error {
+    match e.into() {
+        redb::Error::Io(io) => io::Error::new(io.kind(), format!("catalog: {io}")),
+        e => io::Error::other(format!("catalog: {e}")),
+    }
 }
 
 impl Catalog {
     pub fn open(path: &Path) -> io::Result<Catalog> {
-        let db = Database::create(path).map_err(db_error)?;
-        let txn = db.begin_write().map_err(db_error)?;
-        txn.open_table(WORKSPACES).map_err(db_error)?;
-        txn.open_table(LAYER_NOTES).map_err(db_error)?;
-        txn.open_table(SETTINGS).map_err(db_error)?;
-        txn.commit().map_err(db_error)?;
-        Ok(Catalog { db })
+        let catalog = Catalog {
+            db: RedbFile::open(path).map_err(db_error)?,
+        };
+        catalog.write(|txn| {
+            txn.open_table(WORKSPACES)?;
+            txn.open_table(LAYER_NOTES)?;
+            txn.open_table(SETTINGS)?;
+            Ok(())
+        })?;
+        Ok(catalog)
     }
 
     pub fn workspaces(&self) -> io::Result<Vec<(String, WorkspaceRecord)>> {
-        let txn = self.db.begin_read().map_err(db_error)?;
-        let table = txn.open_table(WORKSPACES).map_err(db_error)?;
-        let mut all = Vec::new();
-        for row in table.iter().map_err(db_error)? {
-            let (name, record) = row.map_err(db_error)?;
-            all.push((name.value().to_string(), decode(record.value())?));
-        }
-        Ok(all)
+        let rows = self.db.read(|txn| {
+            let mut rows = Vec::new();
+            for row in txn.open_table(WORKSPACES)?.iter()? {
+                let (name, record) = row?;
+                rows.push((name.value().to_string(), record.value().to_vec()));
+            }
+            Ok(rows)
+        });
+        let rows = rows.map_err(db_error)?;
+        rows.into_iter()
+            .map(|(name, record)| Ok((name, decode(&record)?)))
+            .collect()
     }
 
     pub fn workspace(&self, name: &str) -> io::Result<Option<WorkspaceRecord>> {
-        let txn = self.db.begin_read().map_err(db_error)?;
-        let table = txn.open_table(WORKSPACES).map_err(db_error)?;
-        match table.get(name).map_err(db_error)? {
-            Some(record) => Ok(Some(decode(record.value())?)),
-            None => Ok(None),
-        }
+        self.get(WORKSPACES, name)?
+            .map(|record| decode(&record))
+            .transpose()
     }
 
     pub fn put_workspace(&self, name: &str, record: &WorkspaceRecord) -> io::Result<()> {
-        let bytes = serde_json::to_vec(record).map_err(db_error)?;
+        let bytes = serde_json::to_vec(record)?;
         self.write(|txn| {
             txn.open_table(WORKSPACES)?.insert(name, bytes.as_slice())?;
             Ok(())
@@ -118,16 +128,14 @@ impl Catalog {
     }
 
     pub fn note(&self, layer: &str) -> io::Result<LayerNote> {
-        let txn = self.db.begin_read().map_err(db_error)?;
-        let table = txn.open_table(LAYER_NOTES).map_err(db_error)?;
-        match table.get(layer).map_err(db_error)? {
-            Some(note) => decode(note.value()),
+        match self.get(LAYER_NOTES, layer)? {
+            Some(note) => decode(&note),
             None => Ok(LayerNote::default()),
         }
     }
 
     pub fn put_note(&self, layer: &str, note: &LayerNote) -> io::Result<()> {
-        let bytes = serde_json::to_vec(note).map_err(db_error)?;
+        let bytes = serde_json::to_vec(note)?;
         self.write(|txn| {
             txn.open_table(LAYER_NOTES)?
                 .insert(layer, bytes.as_slice())?;
@@ -144,10 +152,10 @@ impl Catalog {
 
     /// The port the store's NFS server listens on, once it has one.
     pub fn nfs_port(&self) -> io::Result<Option<u16>> {
-        let txn = self.db.begin_read().map_err(db_error)?;
-        let table = txn.open_table(SETTINGS).map_err(db_error)?;
-        let port = table.get(NFS_PORT).map_err(db_error)?;
-        Ok(port.and_then(|p| u16::try_from(p.value()).ok()))
+        let port = self
+            .db
+            .read(|txn| Ok(txn.open_table(SETTINGS)?.get(NFS_PORT)?.map(|p| p.value())));
+        Ok(port.map_err(db_error)?.and_then(|p| u16::try_from(p).ok()))
     }
 
     pub fn set_nfs_port(&self, port: u16) -> io::Result<()> {
@@ -158,18 +166,23 @@ impl Catalog {
         })
     }
 
+    /// The bytes kept under `key` in `table`.
+    fn get(&self, table: TableDefinition<&str, &[u8]>, key: &str) -> io::Result<Option<Vec<u8>>> {
+        self.db
+            .read(|txn| Ok(txn.open_table(table)?.get(key)?.map(|v| v.value().to_vec())))
+            .map_err(db_error)
+    }
+
     fn write(
         &self,
         change: impl FnOnce(&redb::WriteTransaction) -> Result<(), redb::Error>,
     ) -> io::Result<()> {
-        let txn = self.db.begin_write().map_err(db_error)?;
-        change(&txn).map_err(db_error)?;
-        txn.commit().map_err(db_error)
+        self.db.write(change).map_err(db_error)
     }
 }
 
 fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> io::Result<T> {
-    serde_json::from_slice(bytes).map_err(db_error)
+    serde_json::from_slice(bytes).map_err(|e| io::Error::other(format!("catalog: {e}")))
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 //! workspace's upper directory can become a layer as it is.
 
 mod digest;
+pub mod redb_file;
 mod stack;
 mod store;
 mod workspace;

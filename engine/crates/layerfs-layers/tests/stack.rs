@@ -1,5 +1,6 @@
 //! The layered filesystem's rules, one at a time, through the Filesystem trait.
 
+use std::io::Write;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -514,4 +515,69 @@ fn a_listing_shows_each_files_attributes_as_they_are_after_every_change() {
     assert_eq!(listed.iter().find(|e| e.0 == "f0").unwrap().1 .0, 0o600);
     assert_eq!(listed.iter().find(|e| e.0 == "f1").unwrap().1 .1, 101);
     assert_eq!(listed.iter().find(|e| e.0 == "g1").unwrap().1 .2, 1);
+}
+
+/// Copies up one small file after another while the upper's filesystem has
+/// no room, a page more every third try, so that each step of a copy-up (the
+/// staged file, its data, the inode map's commit) in turn is the one that
+/// meets the full disk; then gives all the room back.
+#[test]
+fn a_full_upper_is_nospc_at_every_step_and_the_stack_recovers_when_space_returns() {
+    const FILES: usize = 60;
+    let s = Stack::new(1, |_, d| {
+        for i in 0..FILES {
+            std::fs::write(d.join(format!("f{i}")), b"lower").unwrap();
+        }
+    });
+    std::fs::create_dir(s.upper()).unwrap();
+    let Some(_tmpfs) = or_skip(Mounted::tmpfs(&s.upper(), "1m"), "a 1 MiB upper") else {
+        return;
+    };
+    let fs = s.open();
+    let ids: Vec<FileId> = (0..FILES)
+        .map(|i| at(&fs, &format!("f{i}")).unwrap())
+        .collect();
+    let filler = std::fs::File::create(s.upper().join("filler")).unwrap();
+    let mut full = 0;
+    while (&filler).write_all(&[0u8; 4096]).is_ok() {
+        full += 4096;
+    }
+    let mut copied = [false; FILES];
+    for (i, &id) in ids.iter().enumerate() {
+        filler.set_len(full - (i as u64 / 3) * 4096).unwrap();
+        match fs.write(&root(), id, 0, b"UPPER", Stability::FileSync) {
+            Ok(_) => copied[i] = true,
+            Err(e) => assert_eq!(e, Error::NoSpc, "copy-up of f{i} on a full disk"),
+        }
+    }
+    assert!(copied.contains(&false), "the disk was never full");
+    assert!(copied.contains(&true), "no copy-up found room");
+    let work = s.upper().join(STATE_IN_UPPER).join("work");
+    assert_eq!(
+        std::fs::read_dir(&work).unwrap().count(),
+        0,
+        "a half copy was left"
+    );
+    // Each file shows whole: the lower's bytes or the change, never a part.
+    for (i, &id) in ids.iter().enumerate() {
+        let want: &[u8] = if copied[i] { b"UPPER" } else { b"lower" };
+        assert_eq!(read_all(&fs, id), want, "f{i}");
+    }
+    // Room again: every copy-up works, and keeps the file's id.
+    drop(filler);
+    std::fs::remove_file(s.upper().join("filler")).unwrap();
+    for (i, &id) in ids.iter().enumerate() {
+        fs.write(&root(), id, 0, b"AGAIN", Stability::FileSync)
+            .unwrap_or_else(|e| panic!("f{i} after space returned: {e}"));
+    }
+    drop(fs);
+    let fs = s.open();
+    for (i, &id) in ids.iter().enumerate() {
+        assert_eq!(
+            at(&fs, &format!("f{i}")).unwrap(),
+            id,
+            "f{i}'s id after a restart"
+        );
+        assert_eq!(read_all(&fs, id), b"AGAIN", "f{i}");
+    }
 }

@@ -4,6 +4,10 @@
 
 mod support;
 
+use std::io::Write;
+use std::sync::Arc;
+
+use layerfs_layers::StackFs;
 use layerfs_testkit::{or_skip, Mounted};
 use nfs3_types::nfs3::*;
 use nfs3_types::xdr_codec::Opaque;
@@ -45,4 +49,64 @@ async fn a_full_disk_is_nospc_and_the_server_goes_on() {
     let small = create(&mut c, &root, "small").await;
     write(&mut c, &small, 0, b"fits", stable_how::FILE_SYNC).await;
     assert_eq!(read(&mut c, &small, 0, 10).await.0, b"fits");
+}
+
+/// A workspace whose upper fills while clients copy lower files up: each
+/// gets NOSPC and sees the lower file whole; once there is room, the same
+/// handles change the files.
+#[tokio::test]
+async fn a_full_upper_is_nospc_to_every_copy_up_until_there_is_room() {
+    const FILES: usize = 40;
+    let t = tempfile::tempdir().unwrap();
+    let lower = t.path().join("lower");
+    let upper = t.path().join("upper");
+    std::fs::create_dir_all(&lower).unwrap();
+    std::fs::create_dir_all(&upper).unwrap();
+    for i in 0..FILES {
+        std::fs::write(lower.join(format!("f{i}")), b"lower").unwrap();
+    }
+    let Some(_fs) = or_skip(Mounted::tmpfs(&upper, "1m"), "a full upper") else {
+        return;
+    };
+    let stack = StackFs::open_in_upper(std::slice::from_ref(&lower), &upper).unwrap();
+    let handle = serve_fs(Arc::new(stack), &upper);
+    let mut c = mount(handle.local_addr().port()).await;
+    let root = c.root_nfs_fh3();
+    let mut files = Vec::new();
+    for i in 0..FILES {
+        files.push(lookup(&mut c, &root, &format!("f{i}")).await.unwrap().0);
+    }
+    let filler = std::fs::File::create(upper.join("filler")).unwrap();
+    let mut full = 0;
+    while (&filler).write_all(&[0u8; 4096]).is_ok() {
+        full += 4096;
+    }
+    let mut refused = 0;
+    for (i, fh) in files.iter().enumerate() {
+        // A page more room every third file: the copy's data, then the
+        // inode map's commit, meet the full disk in turn.
+        filler.set_len(full - (i as u64 / 3) * 4096).unwrap();
+        let args = WRITE3args {
+            file: fh.clone(),
+            offset: 0,
+            count: 5,
+            stable: stable_how::FILE_SYNC,
+            data: Opaque::borrowed(b"UPPER"),
+        };
+        match status_of(&c.write(&args).await.unwrap()) {
+            nfsstat3::NFS3_OK => assert_eq!(read(&mut c, fh, 0, 10).await.0, b"UPPER"),
+            nfsstat3::NFS3ERR_NOSPC => {
+                refused += 1;
+                assert_eq!(read(&mut c, fh, 0, 10).await.0, b"lower", "f{i}");
+            }
+            other => panic!("f{i} on a full upper: {other:?}"),
+        }
+    }
+    assert!(refused > 0, "the upper never filled");
+    drop(filler);
+    std::fs::remove_file(upper.join("filler")).unwrap();
+    for fh in &files {
+        write(&mut c, fh, 0, b"AGAIN", stable_how::FILE_SYNC).await;
+        assert_eq!(read(&mut c, fh, 0, 10).await.0, b"AGAIN");
+    }
 }

@@ -20,7 +20,9 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use layerfs_vfs::{Error, FileId, Result};
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{ReadableTable, TableDefinition};
+
+use crate::redb_file::RedbFile;
 
 /// The workspace root's id.
 pub const ROOT: FileId = 1;
@@ -44,7 +46,7 @@ pub struct Origin {
 }
 
 pub struct Inodes {
-    db: Database,
+    db: RedbFile,
     /// All origins, kept in memory: one per copied-up file.
     origins: RwLock<HashMap<(u16, u64), (Origin, u64)>>,
     aliases: RwLock<HashMap<(u16, u64), FileId>>,
@@ -52,14 +54,24 @@ pub struct Inodes {
     pub workspace: u64,
 }
 
-fn db_error(e: impl std::fmt::Display) -> Error {
+/// A full disk (or quota) is NOSPC (EDQUOT) to the caller; any other
+/// failure of the map is EIO.
+fn map_error(e: redb::Error) -> Error {
+    if let redb::Error::Io(io) = &e {
+        if let full @ (Error::NoSpc | Error::DQuot) =
+            Error::from_errno(io.raw_os_error().unwrap_or(0))
+        {
+            tracing::warn!("inode map: {io}");
+            return full;
+        }
+    }
     tracing::error!("inode map: {e}");
     Error::Io
 }
 
 impl Inodes {
     pub fn open(path: &Path) -> std::result::Result<Inodes, String> {
-        let db = Database::create(path).map_err(|e| match e {
+        let db = RedbFile::open(path).map_err(|e| match e {
             redb::DatabaseError::DatabaseAlreadyOpen => {
                 "in use by another layerfs serving this workspace".to_string()
             }
@@ -68,48 +80,42 @@ impl Inodes {
         Self::load(db).map_err(|e| format!("cannot read it: {e}"))
     }
 
-    fn load(db: Database) -> Result<Inodes> {
-        let txn = db.begin_write().map_err(db_error)?;
-        let workspace;
-        {
-            let mut meta = txn.open_table(META).map_err(db_error)?;
-            let existing = meta.get("workspace").map_err(db_error)?.map(|v| v.value());
-            workspace = match existing {
-                Some(w) => w,
-                None => {
-                    let w = random_nonzero();
-                    meta.insert("workspace", w).map_err(db_error)?;
-                    w
+    fn load(db: RedbFile) -> Result<Inodes> {
+        let workspace = db
+            .write(|txn| {
+                let mut meta = txn.open_table(META)?;
+                let existing = meta.get("workspace")?.map(|v| v.value());
+                let workspace = match existing {
+                    Some(w) => w,
+                    None => {
+                        let w = random_nonzero();
+                        meta.insert("workspace", w)?;
+                        w
+                    }
+                };
+                txn.open_table(ORIGINS)?;
+                txn.open_table(TAGS)?;
+                txn.open_table(ALIASES)?;
+                Ok(workspace)
+            })
+            .map_err(map_error)?;
+        let (origins, aliases) = db
+            .read(|read| {
+                let mut origins = HashMap::new();
+                for row in read.open_table(ORIGINS)?.iter()? {
+                    let (k, v) = row?;
+                    let ((tag, ino), (id, generation, host_gen)) = (k.value(), v.value());
+                    origins.insert((tag as u16, ino), (Origin { id, generation }, host_gen));
                 }
-            };
-            txn.open_table(ORIGINS).map_err(db_error)?;
-            txn.open_table(TAGS).map_err(db_error)?;
-            txn.open_table(ALIASES).map_err(db_error)?;
-        }
-        txn.commit().map_err(db_error)?;
-        let read = db.begin_read().map_err(db_error)?;
-        let mut origins = HashMap::new();
-        for row in read
-            .open_table(ORIGINS)
-            .map_err(db_error)?
-            .iter()
-            .map_err(db_error)?
-        {
-            let (k, v) = row.map_err(db_error)?;
-            let ((tag, ino), (id, generation, host_gen)) = (k.value(), v.value());
-            origins.insert((tag as u16, ino), (Origin { id, generation }, host_gen));
-        }
-        let mut aliases = HashMap::new();
-        for row in read
-            .open_table(ALIASES)
-            .map_err(db_error)?
-            .iter()
-            .map_err(db_error)?
-        {
-            let (k, v) = row.map_err(db_error)?;
-            let (tag, ino) = k.value();
-            aliases.insert((tag as u16, ino), v.value());
-        }
+                let mut aliases = HashMap::new();
+                for row in read.open_table(ALIASES)?.iter()? {
+                    let (k, v) = row?;
+                    let (tag, ino) = k.value();
+                    aliases.insert((tag as u16, ino), v.value());
+                }
+                Ok((origins, aliases))
+            })
+            .map_err(map_error)?;
         Ok(Inodes {
             db,
             origins: RwLock::new(origins),
@@ -120,28 +126,27 @@ impl Inodes {
 
     /// The tag of the layer directory `key`, given a new one the first time.
     pub fn tag(&self, key: &[u8]) -> Result<u16> {
-        let txn = self.db.begin_write().map_err(db_error)?;
-        let tag;
-        {
-            let mut tags = txn.open_table(TAGS).map_err(db_error)?;
-            if let Some(t) = tags.get(key).map_err(db_error)? {
-                return Ok(t.value() as u16);
-            }
-            let next = tags
-                .iter()
-                .map_err(db_error)?
-                .filter_map(|r| r.ok().map(|(_, v)| v.value()))
-                .max()
-                .unwrap_or(0)
-                + 1;
-            if next > u64::from(u16::MAX) {
-                return Err(Error::NoSpc);
-            }
-            tags.insert(key, next).map_err(db_error)?;
-            tag = next as u16;
-        }
-        txn.commit().map_err(db_error)?;
-        Ok(tag)
+        let tag = self
+            .db
+            .write(|txn| {
+                let mut tags = txn.open_table(TAGS)?;
+                if let Some(t) = tags.get(key)? {
+                    return Ok(Some(t.value()));
+                }
+                let next = tags
+                    .iter()?
+                    .filter_map(|r| r.ok().map(|(_, v)| v.value()))
+                    .max()
+                    .unwrap_or(0)
+                    + 1;
+                if next > u64::from(u16::MAX) {
+                    return Ok(None);
+                }
+                tags.insert(key, next)?;
+                Ok(Some(next))
+            })
+            .map_err(map_error)?;
+        tag.map(|t| t as u16).ok_or(Error::NoSpc)
     }
 
     /// The identity of the file with host inode `ino` and generation
@@ -175,12 +180,12 @@ impl Inodes {
         }
         // Tag 0 holds the root (1) and these.
         let id = aliases.values().max().map_or(ROOT + 1, |m| m + 1);
-        let txn = self.db.begin_write().map_err(db_error)?;
-        txn.open_table(ALIASES)
-            .map_err(db_error)?
-            .insert((u64::from(tag), ino), id)
-            .map_err(db_error)?;
-        txn.commit().map_err(db_error)?;
+        self.db
+            .write(|txn| {
+                txn.open_table(ALIASES)?.insert((u64::from(tag), ino), id)?;
+                Ok(())
+            })
+            .map_err(map_error)?;
         aliases.insert((tag, ino), id);
         Ok(id)
     }
@@ -191,16 +196,15 @@ impl Inodes {
         if entries.is_empty() {
             return Ok(());
         }
-        let txn = self.db.begin_write().map_err(db_error)?;
-        {
-            let mut table = txn.open_table(ORIGINS).map_err(db_error)?;
-            for &(tag, ino, host_gen, o) in entries {
-                table
-                    .insert((u64::from(tag), ino), (o.id, o.generation, host_gen))
-                    .map_err(db_error)?;
-            }
-        }
-        txn.commit().map_err(db_error)?;
+        self.db
+            .write(|txn| {
+                let mut table = txn.open_table(ORIGINS)?;
+                for &(tag, ino, host_gen, o) in entries {
+                    table.insert((u64::from(tag), ino), (o.id, o.generation, host_gen))?;
+                }
+                Ok(())
+            })
+            .map_err(map_error)?;
         let mut origins = self.origins.write();
         for &(tag, ino, host_gen, o) in entries {
             origins.insert((tag, ino), (o, host_gen));
@@ -215,13 +219,13 @@ impl Inodes {
         if self.origins.write().remove(&(tag, ino)).is_none() {
             return;
         }
-        let result = self.db.begin_write().map_err(db_error).and_then(|txn| {
-            txn.open_table(ORIGINS)
-                .map_err(db_error)?
-                .remove((u64::from(tag), ino))
-                .map_err(db_error)?;
-            txn.commit().map_err(db_error)
-        });
+        let result = self
+            .db
+            .write(|txn| {
+                txn.open_table(ORIGINS)?.remove((u64::from(tag), ino))?;
+                Ok(())
+            })
+            .map_err(map_error);
         if result.is_err() {
             tracing::warn!("could not drop the origin of inode {ino} in layer {tag}");
         }
