@@ -198,7 +198,7 @@ impl StackFs {
         if std::fs::read_dir(&new_path)?.next().is_some() {
             return Err(Error::NotEmpty);
         }
-        rustix::fs::syncfs(&*current.all[UPPER].root)?;
+        hostdir::sync_filesystem(current.all[UPPER].root.as_fd())?;
         let mut paths = self.paths.lock().clone();
         paths.insert(0, new_path);
         let next = Self::layers_at(&self.inodes, &paths, current.generation + 1)?;

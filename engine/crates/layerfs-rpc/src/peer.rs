@@ -2,17 +2,27 @@
 //! that connected, as the kernel records it.
 //!
 //! AUTH_SYS lets a client claim any uid, so a server that trusts it must know
-//! who may connect at all. On Linux the kernel's NFS client connects from
-//! sockets it owns (uid 0); anyone else is a local process, whose socket
-//! carries its uid. The kernel is asked by the connection's exact 4-tuple
-//! over sock_diag (one netlink round trip), or, where that is unavailable
-//! (no `inet_diag` module), by reading `/proc/net/tcp` or `/proc/net/tcp6`.
+//! who may connect at all. The kernel's NFS client connects from sockets the
+//! kernel owns, reported as uid 0; anyone else is a local process, whose
+//! socket carries its uid.
+//!
+//! - Linux: the kernel is asked by the connection's exact 4-tuple over
+//!   sock_diag (one netlink round trip), or, where that is unavailable (no
+//!   `inet_diag` module), by reading `/proc/net/tcp` or `/proc/net/tcp6`.
+//! - macOS: the kernel's table of TCP sockets ([`macos`]). A socket the
+//!   kernel made for itself is reported as uid 0, as Linux reports them. The
+//!   table's layout is private to XNU, so it is first checked on a
+//!   connection of our own; where that check fails, nobody's owner is known.
 
 use std::io;
 use std::net::SocketAddr;
 
+#[cfg(any(target_os = "macos", test))]
+#[doc(hidden)]
+pub mod macos;
+
 /// The uid owning the socket at `peer` connected to our `local`: `Ok(None)`
-/// where the platform cannot say (every platform but Linux).
+/// where the platform cannot say.
 pub fn owner(local: SocketAddr, peer: SocketAddr) -> io::Result<Option<u32>> {
     #[cfg(target_os = "linux")]
     {
@@ -24,11 +34,57 @@ pub fn owner(local: SocketAddr, peer: SocketAddr) -> io::Result<Option<u32>> {
             }
         }
     }
-    #[cfg(not(target_os = "linux"))]
+    #[cfg(target_os = "macos")]
+    {
+        if !macos_table_reads_right() {
+            return Ok(None);
+        }
+        match macos::find(&macos::tcp_table()?, peer, local) {
+            Some(socket) if socket.last_pid == 0 => Ok(Some(0)),
+            Some(socket) => Ok(Some(socket.uid)),
+            None => Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{peer} is not in net.inet.tcp.pcblist_n"),
+            )),
+        }
+    }
+    #[cfg(not(any(target_os = "linux", target_os = "macos")))]
     {
         let _ = (local, peer);
         Ok(None)
     }
+}
+
+/// Whether the table shows a connection this process makes as made by it
+/// (its uid and pid): checked once, and said once if not.
+#[cfg(target_os = "macos")]
+fn macos_table_reads_right() -> bool {
+    static CHECKED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *CHECKED.get_or_init(|| {
+        let check = || -> io::Result<Option<macos::Socket>> {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+            let to = listener.local_addr()?;
+            let client = std::net::TcpStream::connect(to)?;
+            let _accepted = listener.accept()?;
+            Ok(macos::find(&macos::tcp_table()?, client.local_addr()?, to))
+        };
+        let me = macos::Socket {
+            uid: rustix::process::geteuid().as_raw(),
+            last_pid: rustix::process::getpid().as_raw_nonzero().get(),
+        };
+        match check() {
+            Ok(Some(found)) if found == me => true,
+            found => {
+                tracing::error!(
+                    ?found,
+                    "cannot tell who owns a local connection on this macOS \
+                     (net.inet.tcp.pcblist_n reads otherwise than expected): \
+                     every local user is let in"
+                );
+                false
+            }
+        }
+    })
 }
 
 #[cfg(target_os = "linux")]

@@ -67,7 +67,8 @@ pub enum Admission {
     /// are root's), as the kernel records them ([`crate::peer::owner`]). A
     /// connection whose owner cannot be found is refused; one from another
     /// host is not checked (no local uid owns it). Where the platform cannot
-    /// tell owners (every one but Linux), everyone is let in.
+    /// tell owners (not Linux or macOS, or a macOS whose socket table reads
+    /// otherwise than expected), everyone is let in.
     Uids(Vec<u32>),
 }
 

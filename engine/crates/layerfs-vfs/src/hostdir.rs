@@ -54,7 +54,7 @@ impl Host {
         what: NewEntry<'_>,
         set: &SetAttr,
     ) -> Result<Attr> {
-        let mode = |default| Mode::from_raw_mode(set.mode.unwrap_or(default) & 0o7777);
+        let mode = |default| permissions(set.mode.unwrap_or(default));
         match what {
             NewEntry::Dir => rustix::fs::mkdirat(dir, name, mode(0o755))?,
             NewEntry::Symlink(target) => {
@@ -94,7 +94,7 @@ impl Host {
             Create::Unchecked(set) | Create::Guarded(set) => set,
             Create::Exclusive(_) => SetAttr::default(),
         };
-        let mode = Mode::from_raw_mode(set.mode.unwrap_or(0o644) & 0o7777);
+        let mode = permissions(set.mode.unwrap_or(0o644));
         let created = match rustix::fs::openat(dir, name, base | OFlags::EXCL, mode) {
             Ok(_) => true,
             Err(Errno::EXIST) if matches!(how, Create::Guarded(_)) => return Err(Error::Exist),
@@ -206,7 +206,7 @@ impl Host {
         }
         if let Some(mode) = set.mode {
             if before.kind != FileKind::Symlink {
-                chmod_at(dir, name, Mode::from_raw_mode(mode & 0o7777))?;
+                chmod_at(dir, name, permissions(mode))?;
             }
         }
         if set.uid.is_some() || set.gid.is_some() {
@@ -238,6 +238,25 @@ fn truncate_at(dir: BorrowedFd<'_>, name: &CStr, size: u64) -> Result<()> {
 /// the entry checked before may have been swapped for a symlink to a file
 /// outside the export since. A symlink found here is left as it is (a
 /// symlink's own mode means nothing on Linux).
+/// The permission bits of `mode` (an NFS or FUSE mode, 32 bits) as the
+/// host takes them (`mode_t` is 16 bits on macOS).
+pub fn permissions(mode: u32) -> Mode {
+    Mode::from_raw_mode((mode & 0o7777) as rustix::fs::RawMode)
+}
+
+/// Makes everything written to the filesystem holding `fd` durable: that
+/// filesystem alone on Linux, every one elsewhere (no `syncfs`).
+pub fn sync_filesystem(fd: BorrowedFd<'_>) -> Result<()> {
+    #[cfg(target_os = "linux")]
+    rustix::fs::syncfs(fd)?;
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = fd;
+        rustix::fs::sync();
+    }
+    Ok(())
+}
+
 pub fn chmod_at(dir: BorrowedFd<'_>, name: &CStr, mode: Mode) -> Result<()> {
     #[cfg(target_os = "linux")]
     {

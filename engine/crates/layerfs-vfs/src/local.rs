@@ -394,7 +394,7 @@ impl Filesystem for LocalFs {
             return Err(Error::Access);
         }
         if let Some(mode) = hostdir::mode_after_write(caller, &before) {
-            rustix::fs::fchmod(&*fd, Mode::from_raw_mode(mode))?;
+            rustix::fs::fchmod(&*fd, hostdir::permissions(mode))?;
         }
         hostdir::write_at(fd.as_fd(), offset, data, stable)?;
         Ok((self.change(id, &fd, &before), stable))

@@ -249,7 +249,7 @@ fn copy_owner_mode_times(host: &Host, dir: BorrowedFd<'_>, name: &CStr, like: &A
         )?;
     }
     if like.kind != FileKind::Symlink {
-        hostdir::chmod_at(dir, name, Mode::from_raw_mode(like.mode))?;
+        hostdir::chmod_at(dir, name, hostdir::permissions(like.mode))?;
     }
     let times = SetAttr {
         atime: SetTime::Client(like.atime),

@@ -383,7 +383,7 @@ impl Filesystem for StackFs {
             Ok(())
         })?;
         if let Some(mode) = hostdir::mode_after_write(caller, &before) {
-            rustix::fs::fchmod(&*fd, rustix::fs::Mode::from_raw_mode(mode))?;
+            rustix::fs::fchmod(&*fd, hostdir::permissions(mode))?;
         }
         hostdir::write_at(fd.as_fd(), offset, data, stable)?;
         let after = layers.all[UPPER].host.stats.fd(fd.as_fd())?;

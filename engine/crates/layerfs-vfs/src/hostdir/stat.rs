@@ -8,7 +8,7 @@ use crate::attr::{Attr, FileKind, Timestamp};
 use crate::error::Result;
 
 fn kind(mode: u32) -> FileKind {
-    match FileType::from_raw_mode(mode) {
+    match FileType::from_raw_mode(mode as rustix::fs::RawMode) {
         FileType::Directory => FileKind::Directory,
         FileType::Symlink => FileKind::Symlink,
         FileType::BlockDevice => FileKind::BlockDevice,
@@ -101,9 +101,10 @@ mod imp {
 
     /// No birth time here: generations are 0 and a reused id is told apart
     /// only while the server runs.
+    #[allow(clippy::unnecessary_cast)] // stat's field types differ between platforms
     fn from_stat(s: &rustix::fs::Stat) -> Attr {
         let mode = s.st_mode as u32;
-        let rdev = s.st_rdev as u64;
+        let rdev = s.st_rdev as rustix::fs::Dev;
         Attr {
             kind: kind(mode),
             mode: mode & 0o7777,
