@@ -9,7 +9,7 @@
 //! - Linux: the kernel is asked by the connection's exact 4-tuple over
 //!   sock_diag (one netlink round trip), or, where that is unavailable (no
 //!   `inet_diag` module), by reading `/proc/net/tcp` or `/proc/net/tcp6`.
-//! - macOS: the kernel's table of TCP sockets ([`macos`]). A socket the
+//! - macOS: the kernel's table of TCP sockets (`peer/macos.rs`). A socket the
 //!   kernel made for itself is reported as uid 0, as Linux reports them. The
 //!   table's layout is private to XNU, so it is first checked on a
 //!   connection of our own; where that check fails, nobody's owner is known.
