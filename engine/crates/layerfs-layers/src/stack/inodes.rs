@@ -126,6 +126,14 @@ impl Inodes {
 
     /// The tag of the layer directory `key`, given a new one the first time.
     pub fn tag(&self, key: &[u8]) -> Result<u16> {
+        // Read first: a write transaction costs a durable commit.
+        let known = self
+            .db
+            .read(|txn| Ok(txn.open_table(TAGS)?.get(key)?.map(|t| t.value())))
+            .map_err(map_error)?;
+        if let Some(t) = known {
+            return Ok(t as u16);
+        }
         let tag = self
             .db
             .write(|txn| {
