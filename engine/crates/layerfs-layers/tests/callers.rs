@@ -27,7 +27,8 @@ fn user(uid: u32) -> Caller {
 
 /// The same tree under both filesystems: `f` (OWNER:GROUP, mode 06777),
 /// `sticky/` (root, 01777) holding `theirs` (OWNER), `parent/dir` and
-/// `parent/other` (OWNER, 0755 and 0777), `dirs` writable by all.
+/// `parent/other` (OWNER, 0555 and 0777; `dir` holds `kept`, 0666), the
+/// top writable by all.
 fn tree(root: &Path) {
     let set = |p: &str, uid: u32, mode: u32| {
         let path = root.join(p);
@@ -42,6 +43,8 @@ fn tree(root: &Path) {
     set("sticky/theirs", OWNER, 0o666);
     std::fs::create_dir_all(root.join("parent/dir")).unwrap();
     std::fs::create_dir(root.join("parent/other")).unwrap();
+    std::fs::write(root.join("parent/dir/kept"), b"kept").unwrap();
+    set("parent/dir/kept", OWNER, 0o666);
     set("parent", OWNER, 0o777);
     set("parent/dir", OWNER, 0o555);
     set("parent/other", OWNER, 0o777);
@@ -224,5 +227,28 @@ fn without_write_permission_a_missing_name_is_enoent_and_an_existing_one_eexist(
             fs.create(&them, dir, b"new", Create::Guarded(set)).err(),
             Some(Error::Access)
         );
+        // In a directory they may not write: an existing name is EEXIST for
+        // every new entry, and UNCHECKED opens the file as it is.
+        assert_eq!(
+            fs.create(&them, dir, b"kept", Create::Guarded(set)).err(),
+            Some(Error::Exist)
+        );
+        assert_eq!(
+            fs.mkdir(&them, dir, b"kept", &set).err(),
+            Some(Error::Exist)
+        );
+        let sym = fs.symlink(&them, dir, b"kept", b"x", &set);
+        assert_eq!(sym.err(), Some(Error::Exist));
+        let f = at(fs, "f");
+        assert_eq!(fs.link(&them, f, dir, b"kept").err(), Some(Error::Exist));
+        assert_eq!(
+            fs.create(&them, dir, b"kept", Create::Exclusive([7; 8]))
+                .err(),
+            Some(Error::Access)
+        );
+        let (kept, _) = fs
+            .create(&them, dir, b"kept", Create::Unchecked(set))
+            .unwrap();
+        assert_eq!(kept.size, 4);
     });
 }

@@ -175,17 +175,16 @@ impl Host {
             .mode
             .map(|asked| mode_of_new(caller, asked, &attr))
             .filter(|&mode| mode != attr.mode && attr.kind != FileKind::Symlink);
-        self.change(
-            dir,
-            name,
-            &attr,
-            &SetAttr {
-                uid: None,
-                gid: None,
-                mode,
-                ..*set
-            },
-        )
+        let rest = SetAttr {
+            uid: None,
+            gid: None,
+            mode,
+            ..*set
+        };
+        if rest.is_empty() {
+            return Ok(attr);
+        }
+        self.change(dir, name, &attr, &rest)
     }
 
     /// Applies `set` to `name` in `dir`, whose attributes are `before`, once

@@ -116,6 +116,24 @@ impl LocalFs {
         Ok(self.named(parent, name, attr))
     }
 
+    /// Whether `caller` may add `name` to `dir` (open as `fd`, with the
+    /// attributes `before`), answered as a local kernel answers: where it may
+    /// not, an existing name is EEXIST, not EACCES. The name is looked up
+    /// only then; where it may, the host's own EEXIST answers.
+    fn may_add(
+        &self,
+        caller: &Caller,
+        dir: FileId,
+        fd: &OwnedFd,
+        before: &Attr,
+        name: &[u8],
+    ) -> Result<()> {
+        may_change_entries(caller, before).map_err(|denied| match self.stat_at(dir, fd, name) {
+            Ok(_) => Error::Exist,
+            Err(_) => denied,
+        })
+    }
+
     fn stat_fd(&self, id: FileId, fd: &OwnedFd) -> Result<Attr> {
         Ok(self.own(id, self.host.stats.fd(fd.as_fd())?))
     }
@@ -418,13 +436,14 @@ impl Filesystem for LocalFs {
         let cname = creatable(name)?;
         let _guard = self.stripes.lock(dir);
         let (fd, before) = self.searchable(caller, dir)?;
-        // As a local kernel: an existing name is answered before the
-        // directory's write permission is asked for.
-        let existing = self.stat_at(dir, &fd, name).ok();
-        match (existing, how) {
-            (Some(_), Create::Guarded(_)) => return Err(Error::Exist),
-            (None, _) | (Some(_), Create::Exclusive(_)) => may_change_entries(caller, &before)?,
-            (Some(_), Create::Unchecked(_)) => {}
+        if let Err(denied) = may_change_entries(caller, &before) {
+            // UNCHECKED of an existing file changes only the file.
+            let exists = self.stat_at(dir, &fd, name).is_ok();
+            match how {
+                Create::Unchecked(_) if exists => {}
+                Create::Guarded(_) if exists => return Err(Error::Exist),
+                _ => return Err(denied),
+            }
         }
         let attr = self.host.create(caller, fd.as_fd(), &before, &cname, how)?;
         let attr = self.named(dir, name, attr);
@@ -443,10 +462,7 @@ impl Filesystem for LocalFs {
         let cname = creatable(name)?;
         let _guard = self.stripes.lock(dir);
         let (fd, before) = self.searchable(caller, dir)?;
-        if self.stat_at(dir, &fd, name).is_ok() {
-            return Err(Error::Exist);
-        }
-        may_change_entries(caller, &before)?;
+        self.may_add(caller, dir, &fd, &before, name)?;
         let attr = self
             .host
             .make(caller, fd.as_fd(), &before, &cname, what, set)?;
@@ -536,10 +552,7 @@ impl Filesystem for LocalFs {
         }
         let _guard = self.stripes.lock(dir);
         let (fd, before) = self.searchable(caller, dir)?;
-        if self.stat_at(dir, &fd, name).is_ok() {
-            return Err(Error::Exist);
-        }
-        may_change_entries(caller, &before)?;
+        self.may_add(caller, dir, &fd, &before, name)?;
         rustix::fs::linkat(
             &*src_parent,
             src_name.as_c_str(),
