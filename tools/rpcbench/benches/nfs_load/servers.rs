@@ -221,6 +221,13 @@ pub fn ganesha(dir: &Path, state: &Path) -> Result<Server, String> {
     if !rustix::process::geteuid().is_root() {
         return Err("nfs-ganesha needs root".into());
     }
+    // ganesha exits (status 2) when it cannot register with rpcbind. Not
+    // started here: it listens on port 111 of every interface.
+    if TcpStream::connect(("127.0.0.1", 111)).is_err() {
+        return Err("nfs-ganesha serves only once registered with rpcbind, which is not \
+                    running: start it (rpcbind) and run again"
+            .into());
+    }
     let (nfs, mount) = (free_port()?, free_port()?);
     let conf = state.join("ganesha.conf");
     let export = dir.display();
@@ -265,10 +272,13 @@ pub fn ganesha(dir: &Path, state: &Path) -> Result<Server, String> {
             return Err("nfs-ganesha did not listen within 30 s".into());
         }
         if let Ok(Some(status)) = server.child.try_wait() {
-            return Err(format!(
-                "ganesha.nfsd exited ({status}); see {}",
-                state.join("ganesha.log").display()
-            ));
+            // The state directory goes with the run: quote the log's reason.
+            let log = std::fs::read_to_string(state.join("ganesha.log")).unwrap_or_default();
+            let why = log
+                .lines()
+                .rfind(|l| (l.contains(":MAJ :") || l.contains(":CRIT :")) && !l.contains("DBUS"))
+                .unwrap_or("no reason logged");
+            return Err(format!("ganesha.nfsd exited ({status}): {why}"));
         }
         std::thread::sleep(Duration::from_millis(100));
     }
