@@ -224,9 +224,11 @@ pub fn ganesha(dir: &Path, state: &Path) -> Result<Server, String> {
     // ganesha exits (status 2) when it cannot register with rpcbind. Not
     // started here: it listens on port 111 of every interface.
     if TcpStream::connect(("127.0.0.1", 111)).is_err() {
-        return Err("nfs-ganesha serves only once registered with rpcbind, which is not \
+        return Err(
+            "nfs-ganesha serves only once registered with rpcbind, which is not \
                     running: start it (rpcbind) and run again"
-            .into());
+                .into(),
+        );
     }
     let (nfs, mount) = (free_port()?, free_port()?);
     let conf = state.join("ganesha.conf");
