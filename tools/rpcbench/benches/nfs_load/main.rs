@@ -8,7 +8,8 @@
 //! Run through `tools/nfs-load/run [--seconds S] [--rounds N] [--only NAME]
 //! [--svg PATH] [--export-in DIR] [--soak S]`, which builds the `layerfs`
 //! binary and the C ping-pong this needs. Exports go in /dev/shm unless
-//! --export-in names another directory. With `--soak S`, instead: a mixed
+//! --export-in names another directory. `--only` takes name prefixes, comma
+//! separated; RENAME brings CREATE along, and REMOVE both. With `--soak S`, instead: a mixed
 //! load on layerfs alone for S seconds, sampling the server's memory.
 
 mod memfs;
@@ -220,15 +221,20 @@ fn main() {
         .collect();
     check_floor(&o, floor.nfs, duration);
     let payload = vec![0xA5u8; MIB];
-    let workloads: Vec<Workload> = Workload::ALL
-        .into_iter()
-        .filter(|w| {
-            o.only.as_deref().is_none_or(|only| {
-                only.split(',')
-                    .any(|o| w.name().to_lowercase().starts_with(&o.to_lowercase()))
-            })
+    let chosen = |w: Workload| {
+        o.only.as_deref().is_none_or(|only| {
+            only.split(',')
+                .any(|o| w.name().to_lowercase().starts_with(&o.to_lowercase()))
         })
-        .collect();
+    };
+    // RENAME renames what CREATE made and REMOVE removes what RENAME named:
+    // a later one chosen brings the earlier ones along.
+    let chain = [Workload::Create, Workload::Rename, Workload::Remove];
+    let needed = |w: Workload| match chain.iter().position(|&c| c == w) {
+        Some(at) => chain[at..].iter().any(|&later| chosen(later)),
+        None => chosen(w),
+    };
+    let workloads: Vec<Workload> = Workload::ALL.into_iter().filter(|&w| needed(w)).collect();
     let mut runs = Vec::new();
     for round in 0..o.rounds {
         for &w in &workloads {
