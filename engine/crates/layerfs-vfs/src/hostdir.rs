@@ -233,10 +233,6 @@ fn truncate_at(dir: BorrowedFd<'_>, name: &CStr, size: u64) -> Result<()> {
     Ok(rustix::fs::ftruncate(&file, size)?)
 }
 
-/// Sets the permission bits of `name` in `dir`, never through a symlink:
-/// the entry checked before may have been swapped for a symlink to a file
-/// outside the export since. A symlink found here is left as it is (a
-/// symlink's own mode means nothing on Linux).
 /// The permission bits of `mode` (an NFS or FUSE mode, 32 bits) as the
 /// host takes them (`mode_t` is 16 bits on macOS).
 pub fn permissions(mode: u32) -> Mode {
@@ -256,6 +252,10 @@ pub fn sync_filesystem(fd: BorrowedFd<'_>) -> Result<()> {
     Ok(())
 }
 
+/// Sets the permission bits of `name` in `dir`, never through a symlink:
+/// the entry checked before may have been swapped for a symlink to a file
+/// outside the export since. A symlink found here is left as it is (a
+/// symlink's own mode means nothing on Linux).
 pub fn chmod_at(dir: BorrowedFd<'_>, name: &CStr, mode: Mode) -> Result<()> {
     #[cfg(target_os = "linux")]
     {
