@@ -19,6 +19,7 @@ mod listing;
 mod rules;
 mod stat;
 mod sys;
+pub mod watch;
 
 pub use listing::{list, name_cookie};
 pub use rules::{

@@ -184,9 +184,11 @@ impl LocalFs {
             _ => victim.nlink.saturating_sub(1),
         };
         self.ids.unlinked(parent, name, victim.fileid, links_left);
+        // A file's descriptor may have been opened through this name: its
+        // writes would notify this directory, not one the file is still in.
+        self.files.lock().remove(&victim.fileid);
         if links_left == 0 {
             self.dirs.lock().remove(&victim.fileid);
-            self.files.lock().remove(&victim.fileid);
         }
         if let (Some(places), FileKind::Directory) = (&self.places, victim.kind) {
             places.removed(parent, name);
@@ -560,6 +562,10 @@ impl Filesystem for LocalFs {
             cname.as_c_str(),
             AtFlags::empty(),
         )?;
+        // Its link count moved, which no notice tells its directory.
+        if let Ok(src) = self.place(id) {
+            self.listings.forget(src.parent, &src.name);
+        }
         let attr = self.stat_at(dir, &fd, name)?;
         Ok((attr, self.change(dir, &fd, &before)))
     }
@@ -592,18 +598,24 @@ impl Filesystem for LocalFs {
             }
             Ok(entries)
         })?;
-        let named = listing[listing.partition_point(|e| e.cookie <= cookie)..]
+        let first = listing.partition_point(|e| e.cookie <= cookie);
+        let named = listing[first..]
             .iter()
             .map(|e| (e.fileid, &e.name[..], e.cookie));
         let mut page = DirPage::after(dir, parent, cookie, max, named);
         if with_attrs {
-            for e in &mut page.entries {
+            let dots = page.entries.iter().take_while(|e| e.cookie <= 2).count();
+            let (dots, named) = page.entries.split_at_mut(dots);
+            for e in dots {
                 e.attr = match e.cookie {
                     1 => Some(attr),
-                    2 => self.getattr(parent).ok(),
-                    _ => self.stat_at(dir, &fd, &e.name).ok(),
+                    _ => self.getattr(parent).ok(),
                 };
             }
+            self.listings
+                .fill_attrs(dir, fd.as_fd(), &listing, first, named, |name| {
+                    self.stat_at(dir, &fd, name).ok()
+                });
         }
         Ok(page)
     }

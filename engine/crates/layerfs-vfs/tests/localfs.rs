@@ -93,3 +93,110 @@ fn reads_stop_at_the_end_of_the_file() {
     let (eof, _) = fs.read(&Caller::root(), id, 50, 3, &mut buf).unwrap();
     assert!(eof && buf.is_empty());
 }
+
+/// Every entry's listed attributes against getattr's, page by page.
+fn assert_listing_current(fs: &LocalFs, dir: layerfs_vfs::FileId, after: &str) {
+    let mut cookie = 0;
+    let mut seen = 0;
+    loop {
+        let page = fs.readdir(&Caller::root(), dir, cookie, 5, true).unwrap();
+        for e in &page.entries {
+            cookie = e.cookie;
+            if e.name == b"." || e.name == b".." {
+                continue;
+            }
+            let listed = e.attr.expect("attributes listed");
+            let now = fs.getattr(e.fileid).unwrap();
+            assert_eq!(
+                listed,
+                now,
+                "{} after {after}",
+                String::from_utf8_lossy(&e.name)
+            );
+            seen += 1;
+        }
+        if page.eof {
+            break;
+        }
+    }
+    assert!(seen > 0, "nothing listed after {after}");
+}
+
+/// Listed attributes are kept between listings (the directory is watched):
+/// whoever changes a file, through layerfs or on the host, the next listing
+/// shows it.
+#[test]
+fn a_listing_shows_each_files_attributes_as_they_are_after_every_change() {
+    use layerfs_vfs::Stability;
+    use std::os::unix::fs::PermissionsExt;
+
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().join("d");
+    std::fs::create_dir_all(tmp.path().join("other")).unwrap();
+    std::fs::create_dir(&d).unwrap();
+    for name in ["a", "b", "c", "e", "g", "h"] {
+        std::fs::write(d.join(name), b"12345").unwrap();
+    }
+    std::fs::hard_link(d.join("h"), tmp.path().join("other/h")).unwrap();
+    let fs = LocalFs::open(tmp.path()).unwrap();
+    let who = Caller::root();
+    let at = |dir, name: &str| fs.lookup(&who, dir, name.as_bytes()).unwrap().fileid;
+    let dir = at(fs.root(), "d");
+    let settle = || std::thread::sleep(Duration::from_millis(120));
+    settle();
+    assert_listing_current(&fs, dir, "opening");
+    assert_listing_current(&fs, dir, "listing again");
+
+    // Through layerfs: a write, the NFS door's write to the host descriptor,
+    // a setattr.
+    let a = at(dir, "a");
+    fs.write(&who, a, 0, b"longer than before", Stability::FileSync)
+        .unwrap();
+    assert_listing_current(&fs, dir, "a write");
+    let host = fs.host_file(&who, a, true).unwrap().expect("a host file");
+    rustix::io::pwrite(&*host, b"x", 100).unwrap();
+    assert_listing_current(&fs, dir, "a write to a's host file");
+    let chmod = SetAttr {
+        mode: Some(0o600),
+        ..SetAttr::default()
+    };
+    fs.setattr(&who, at(dir, "b"), &chmod, None).unwrap();
+    assert_listing_current(&fs, dir, "a chmod");
+
+    // On the host, behind layerfs' back.
+    std::fs::write(d.join("c"), b"rewritten on the host").unwrap();
+    assert_listing_current(&fs, dir, "a write on the host");
+    std::fs::set_permissions(d.join("e"), std::fs::Permissions::from_mode(0o640)).unwrap();
+    assert_listing_current(&fs, dir, "a chmod on the host");
+    // A file with a second name elsewhere, written through that one.
+    std::fs::write(tmp.path().join("other/h"), b"through the other name").unwrap();
+    assert_listing_current(&fs, dir, "a write through a hard link elsewhere");
+    // A name that layerfs links elsewhere, then written through the new name.
+    let g = at(dir, "g");
+    fs.link(&who, g, at(fs.root(), "other"), b"g").unwrap();
+    std::fs::write(tmp.path().join("other/g"), b"through the new name").unwrap();
+    assert_listing_current(&fs, dir, "a link by layerfs and a write through it");
+    // A name replaced on the host.
+    std::fs::remove_file(d.join("e")).unwrap();
+    std::fs::write(d.join("e"), b"another file").unwrap();
+    settle();
+    assert_listing_current(&fs, dir, "a name replaced on the host");
+    std::fs::write(d.join("e"), b"and written").unwrap();
+    assert_listing_current(&fs, dir, "a write to the new file");
+
+    // A file layerfs opened through a name in another directory, linked
+    // here, that name then removed: its writes go through this one.
+    let other = at(fs.root(), "other");
+    let (made, _) = fs
+        .create(&who, other, b"y", Create::Unchecked(SetAttr::default()))
+        .unwrap();
+    fs.write(&who, made.fileid, 0, b"1", Stability::FileSync)
+        .unwrap();
+    fs.link(&who, made.fileid, dir, b"y").unwrap();
+    fs.remove(&who, other, b"y").unwrap();
+    settle();
+    assert_listing_current(&fs, dir, "a link and the other name's removal");
+    fs.write(&who, made.fileid, 0, b"longer now", Stability::FileSync)
+        .unwrap();
+    assert_listing_current(&fs, dir, "a write to the file left with one name");
+}
