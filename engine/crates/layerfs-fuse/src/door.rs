@@ -129,7 +129,7 @@ impl Door {
                     Some(a) => a,
                     // The dots come without attributes from some listings;
                     // other entries without them vanished while listed.
-                    None if e.name == b"." || e.name == b".." => match self.fs.getattr(e.fileid) {
+                    None if e.cookie <= 2 => match self.fs.getattr(e.fileid) {
                         Ok(a) => a,
                         Err(_) => continue,
                     },

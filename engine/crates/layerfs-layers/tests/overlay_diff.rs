@@ -234,10 +234,10 @@ fn stack_tree(fs: &StackFs) -> Tree {
             let page = fs.readdir(&who, dir, cookie, 7, false).unwrap();
             for e in &page.entries {
                 cookie = e.cookie;
-                if e.name == b"." || e.name == b".." {
+                if e.name[..] == b"."[..] || e.name[..] == b".."[..] {
                     continue;
                 }
-                let name = String::from_utf8(e.name.clone()).unwrap();
+                let name = String::from_utf8(e.name.to_vec()).unwrap();
                 let path = format!("{rel}/{name}");
                 let a = fs.lookup(&who, dir, &e.name).unwrap();
                 assert_eq!(

@@ -57,7 +57,7 @@ fn names(fs: &StackFs, dir: FileId) -> Vec<String> {
         .entries
         .iter()
         .filter(|e| e.cookie > 2)
-        .map(|e| String::from_utf8(e.name.clone()).unwrap())
+        .map(|e| String::from_utf8(e.name.to_vec()).unwrap())
         .collect();
     out.sort();
     out
@@ -455,7 +455,7 @@ fn listed_vs_getattr(fs: &StackFs, dir: FileId) -> Vec<(String, Shown, Shown)> {
             let now = fs.getattr(e.fileid).unwrap();
             let key = |a: layerfs_vfs::Attr| -> Shown { (a.mode & 0o7777, a.size, a.nlink) };
             (
-                String::from_utf8(e.name.clone()).unwrap(),
+                String::from_utf8(e.name.to_vec()).unwrap(),
                 key(listed),
                 key(now),
             )

@@ -3,12 +3,12 @@
 
 /// Zero bytes after `len` bytes of opaque data or a string, to the next
 /// four-byte boundary (RFC 4506 §4.10).
-pub fn padding(len: usize) -> usize {
+pub const fn padding(len: usize) -> usize {
     (4 - len % 4) % 4
 }
 
 /// `len` bytes of opaque data with their padding.
-pub fn padded(len: usize) -> usize {
+pub const fn padded(len: usize) -> usize {
     len + padding(len)
 }
 

@@ -51,11 +51,15 @@ pub enum Stability {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DirEntry {
     pub fileid: FileId,
-    pub name: Vec<u8>,
+    pub name: Name,
     pub cookie: u64,
     /// Present when asked for (READDIRPLUS), unless the entry vanished.
     pub attr: Option<Attr>,
 }
+
+/// An entry's name in a listing: held inline up to 32 bytes, as most are,
+/// so that a page of thousands makes no allocation per entry.
+pub type Name = smallvec::SmallVec<[u8; 32]>;
 
 /// Part of a directory listing.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -87,7 +91,7 @@ impl DirPage {
             .take(max)
             .map(|(fileid, name, cookie)| DirEntry {
                 fileid,
-                name: name.to_vec(),
+                name: Name::from_slice(name),
                 cookie,
                 attr: None,
             })

@@ -17,7 +17,9 @@ pub mod stripes;
 pub use access::Caller;
 pub use attr::{Attr, Change, FileKind, SetAttr, SetTime, Timestamp, WccAttr};
 pub use error::{Error, Result};
-pub use fs::{Create, DirEntry, DirPage, Filesystem, FsStat, NewEntry, ReadSource, Stability};
+pub use fs::{
+    Create, DirEntry, DirPage, Filesystem, FsStat, Name, NewEntry, ReadSource, Stability,
+};
 pub use local::LocalFs;
 
 /// Unique, stable number of a file within one filesystem.

@@ -29,7 +29,7 @@ fn listing(fs: &LocalFs, dir: FileId) -> BTreeMap<Vec<u8>, (FileId, FileKind)> {
         let page = fs.readdir(&root(), dir, cookie, 64, true).unwrap();
         for e in &page.entries {
             cookie = e.cookie;
-            if e.name == b"." || e.name == b".." {
+            if e.name[..] == b"."[..] || e.name[..] == b".."[..] {
                 continue;
             }
             let attr = e.attr.expect("attributes listed");
@@ -39,7 +39,7 @@ fn listing(fs: &LocalFs, dir: FileId) -> BTreeMap<Vec<u8>, (FileId, FileKind)> {
                 "{:?}",
                 String::from_utf8_lossy(&e.name)
             );
-            out.insert(e.name.clone(), (e.fileid, attr.kind));
+            out.insert(e.name.to_vec(), (e.fileid, attr.kind));
         }
         if page.eof {
             return out;

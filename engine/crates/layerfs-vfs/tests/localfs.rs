@@ -15,7 +15,7 @@ fn names(fs: &LocalFs, page_size: usize) -> BTreeSet<String> {
             .unwrap();
         for e in &page.entries {
             assert!(
-                out.insert(String::from_utf8(e.name.clone()).unwrap()),
+                out.insert(String::from_utf8(e.name.to_vec()).unwrap()),
                 "listed twice"
             );
             cookie = e.cookie;
@@ -69,7 +69,11 @@ fn readdir_with_attributes_reports_each_entry() {
         .readdir(&Caller::root(), fs.root(), 0, 100, true)
         .unwrap();
     assert!(page.eof);
-    let a = page.entries.iter().find(|e| e.name == b"a").unwrap();
+    let a = page
+        .entries
+        .iter()
+        .find(|e| e.name[..] == b"a"[..])
+        .unwrap();
     assert_eq!(a.attr.unwrap().size, 5);
     assert_eq!(a.attr.unwrap().fileid, a.fileid);
     assert!(page.entries.iter().all(|e| e.attr.is_some()));
@@ -102,7 +106,7 @@ fn assert_listing_current(fs: &LocalFs, dir: layerfs_vfs::FileId, after: &str) {
         let page = fs.readdir(&Caller::root(), dir, cookie, 5, true).unwrap();
         for e in &page.entries {
             cookie = e.cookie;
-            if e.name == b"." || e.name == b".." {
+            if e.name[..] == b"."[..] || e.name[..] == b".."[..] {
                 continue;
             }
             let listed = e.attr.expect("attributes listed");

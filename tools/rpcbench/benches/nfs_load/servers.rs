@@ -222,7 +222,8 @@ pub fn ganesha(dir: &Path, state: &Path) -> Result<Server, String> {
         return Err("nfs-ganesha needs root".into());
     }
     // ganesha exits (status 2) when it cannot register with rpcbind. Not
-    // started here: it listens on port 111 of every interface.
+    // started here: it listens on port 111 of every interface (the run
+    // script starts one in a network namespace of the run's own).
     if TcpStream::connect(("127.0.0.1", 111)).is_err() {
         return Err(
             "nfs-ganesha serves only once registered with rpcbind, which is not \

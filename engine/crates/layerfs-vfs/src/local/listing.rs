@@ -358,7 +358,7 @@ mod tests {
                 .iter()
                 .map(|l| DirEntry {
                     fileid: l.fileid,
-                    name: l.name.to_vec(),
+                    name: crate::fs::Name::from_slice(&l.name),
                     cookie: l.cookie,
                     attr: None,
                 })
@@ -453,7 +453,7 @@ mod tests {
         assert_eq!(
             entries
                 .iter()
-                .find(|e| e.name == b"f0")
+                .find(|e| e.name[..] == b"f0"[..])
                 .unwrap()
                 .attr
                 .unwrap()
