@@ -86,6 +86,22 @@ impl<K: Hash + Eq, V: Clone> Kept<K, V> {
         full
     }
 
+    /// `found(i, value)` for the i-th of `keys` kept and valid, under one
+    /// lock.
+    fn get_each(
+        &self,
+        keys: impl Iterator<Item = K>,
+        valid: impl Fn(&Stamp) -> bool,
+        mut found: impl FnMut(usize, &V),
+    ) {
+        let map = self.map.lock();
+        for (i, key) in keys.enumerate() {
+            if let Some((_, v)) = map.get(&key).filter(|(stamp, _)| valid(stamp)) {
+                found(i, v);
+            }
+        }
+    }
+
     fn remove(&self, key: &K) {
         self.map.lock().remove(key);
     }
@@ -218,6 +234,21 @@ impl Caches {
     /// The attributes of `id`, a file found in a lower layer.
     pub fn lower_attr(&self, id: FileId, generation: u64) -> Option<Attr> {
         self.lower_attrs.get(&id, |s| s.generation == generation)
+    }
+
+    /// The kept attributes of each of `ids`, lower files listed together:
+    /// `found(i, attr)` for the i-th that is kept.
+    pub fn lower_attrs(
+        &self,
+        ids: impl Iterator<Item = FileId>,
+        generation: u64,
+        mut found: impl FnMut(usize, Attr),
+    ) {
+        self.lower_attrs.get_each(
+            ids,
+            |s| s.generation == generation,
+            |i, attr| found(i, *attr),
+        );
     }
 
     pub fn keep_lower_attr(&self, id: FileId, stamp: Stamp, attr: Attr) {

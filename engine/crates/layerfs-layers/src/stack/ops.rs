@@ -676,23 +676,41 @@ impl Filesystem for StackFs {
             self.node(&layers, dir)?.parent
         };
         let listing = self.listing(&layers, dir, &d)?;
-        let named = listing[listing.partition_point(|e| e.0 <= cookie)..]
+        let first = listing.partition_point(|e| e.0 <= cookie);
+        let named = listing[first..]
             .iter()
             .map(|(cookie, e)| (e.id, &e.name[..], *cookie));
         let mut page = DirPage::after(dir, parent, cookie, max, named);
         if with_attrs {
-            // The page's named entries are the listing's from `first` on, in
-            // order: walk both together.
-            let mut listed = listing[listing.partition_point(|e| e.0 <= cookie)..].iter();
-            for e in &mut page.entries {
+            let dots = page.entries.iter().take_while(|e| e.cookie <= 2).count();
+            let (dots, named) = page.entries.split_at_mut(dots);
+            for e in dots {
                 e.attr = match e.cookie {
                     1 => Some(d.attr),
-                    2 => self.found(&layers, parent).ok().map(|f| f.attr),
-                    c => listed
-                        .by_ref()
-                        .find(|l| l.0 == c)
-                        .and_then(|(_, l)| self.listed_attr(&layers, &d, l)),
+                    _ => self.found(&layers, parent).ok().map(|f| f.attr),
                 };
+            }
+            // The page's named entries are the listing's from `first` on, in
+            // order. Lower files' kept attributes come under one lock; the
+            // rest are read one by one.
+            let listed = &listing[first..first + named.len()];
+            let lower: Vec<usize> = (0..listed.len())
+                .filter(|&i| {
+                    listed[i]
+                        .1
+                        .alone_in
+                        .as_ref()
+                        .is_some_and(|p| p.layer != UPPER)
+                })
+                .collect();
+            let ids = lower.iter().map(|&i| listed[i].1.id);
+            self.caches.lower_attrs(ids, layers.generation, |at, attr| {
+                named[lower[at]].attr = Some(attr);
+            });
+            for (e, (_, l)) in named.iter_mut().zip(listed) {
+                if e.attr.is_none() {
+                    e.attr = self.listed_attr(&layers, &d, l);
+                }
             }
         }
         Ok(page)
