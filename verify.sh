@@ -30,6 +30,12 @@ else
 	echo "SKIPPED: the macOS target is not installed (rustup target add x86_64-apple-darwin)"
 fi
 
+# The fuzz targets are a workspace of their own that cargo test never
+# builds: checked here so that a change to the crates they drive cannot
+# leave tools/fuzz/run broken.
+step "cargo check: the fuzz targets"
+cargo check --manifest-path fuzz/Cargo.toml --bins --quiet
+
 step "cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 

@@ -117,7 +117,7 @@ fn check(fs: &StackFs, who: &Caller, known: &Known) {
             continue; // removed, or renamed away and gone
         };
         for entry in page.entries {
-            if entry.name == b"." || entry.name == b".." {
+            if entry.name[..] == b"."[..] || entry.name[..] == b".."[..] {
                 continue;
             }
             let found = fs.lookup(who, dir, &entry.name).unwrap_or_else(|e| {

@@ -87,6 +87,7 @@ fn options() -> Options {
             "--export-in" => o.export_in = value("DIR").into(),
             "--layerfs" => o.layerfs = value("PATH").into(),
             "--pingpong" => o.pingpong = Some(value("PATH").into()),
+            "--huge" => peers::set_huge_files(value("N").parse().expect("--huge N")),
             "--serve" => {
                 peers::serve_child(&value("KIND"));
                 std::process::exit(0);
@@ -174,6 +175,23 @@ fn main() {
             o.layerfs.display()
         );
     }
+    let chosen = |w: Workload| {
+        o.only.as_deref().is_none_or(|only| {
+            only.split(',')
+                .any(|o| w.name().to_lowercase().starts_with(&o.to_lowercase()))
+        })
+    };
+    // RENAME renames what CREATE made and REMOVE removes what RENAME named:
+    // a later one chosen brings the earlier ones along.
+    let chain = [Workload::Create, Workload::Rename, Workload::Remove];
+    let needed = |w: Workload| match chain.iter().position(|&c| c == w) {
+        Some(at) => chain[at..].iter().any(|&later| chosen(later)),
+        None => chosen(w),
+    };
+    let workloads: Vec<Workload> = Workload::ALL.into_iter().filter(|&w| needed(w)).collect();
+    if o.soak.is_none() && !workloads.contains(&Workload::ReaddirPlusHuge) {
+        peers::set_huge_files(0);
+    }
     eprintln!("preparing the data on every server ...");
     let data = tempfile::tempdir_in(&o.export_in).expect("temporary exports");
     let state = tempfile::tempdir().expect("temporary state");
@@ -221,20 +239,6 @@ fn main() {
         .collect();
     check_floor(&o, floor.nfs, duration);
     let payload = vec![0xA5u8; MIB];
-    let chosen = |w: Workload| {
-        o.only.as_deref().is_none_or(|only| {
-            only.split(',')
-                .any(|o| w.name().to_lowercase().starts_with(&o.to_lowercase()))
-        })
-    };
-    // RENAME renames what CREATE made and REMOVE removes what RENAME named:
-    // a later one chosen brings the earlier ones along.
-    let chain = [Workload::Create, Workload::Rename, Workload::Remove];
-    let needed = |w: Workload| match chain.iter().position(|&c| c == w) {
-        Some(at) => chain[at..].iter().any(|&later| chosen(later)),
-        None => chosen(w),
-    };
-    let workloads: Vec<Workload> = Workload::ALL.into_iter().filter(|&w| needed(w)).collect();
     let mut runs = Vec::new();
     for round in 0..o.rounds {
         for &w in &workloads {

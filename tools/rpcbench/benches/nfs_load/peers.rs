@@ -3,6 +3,7 @@
 
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::thread;
 
 /// What every server holds: `file` (1 byte), `big/` with `BIG_DIR` empty
@@ -11,6 +12,19 @@ use std::thread;
 pub const BIG_DIR: usize = 1000;
 pub const HUGE_DIR: usize = 100_000;
 pub const DATA_LEN: usize = 256 << 20;
+
+/// Files in `huge/`: none (and no `huge/`) when no test lists it, so that
+/// preparing a run of other tests takes seconds rather than minutes. Set
+/// once, before anything is filled; children are told with `--huge N`.
+static HUGE_FILES: AtomicUsize = AtomicUsize::new(HUGE_DIR);
+
+pub fn huge_files() -> usize {
+    HUGE_FILES.load(Relaxed)
+}
+
+pub fn set_huge_files(n: usize) {
+    HUGE_FILES.store(n, Relaxed);
+}
 
 fn data() -> Vec<u8> {
     (0..DATA_LEN).map(|i| (i * 31 % 251) as u8).collect()
@@ -27,7 +41,9 @@ fn files(dir: &Path, range: std::ops::Range<usize>) {
 pub fn fill_dir(dir: &Path) {
     std::fs::write(dir.join("file"), b"x").unwrap();
     files(&dir.join("big"), 0..BIG_DIR);
-    files(&dir.join("huge"), 0..HUGE_DIR);
+    if huge_files() > 0 {
+        files(&dir.join("huge"), 0..huge_files());
+    }
     std::fs::write(dir.join("data.bin"), data()).unwrap();
     std::fs::create_dir(dir.join("scratch")).unwrap();
 }
@@ -40,9 +56,12 @@ pub fn fill_layers(root: &Path) -> Vec<PathBuf> {
     for (n, l) in layers.iter().enumerate() {
         std::fs::create_dir_all(l.join(format!("only-in-{}", n + 1))).unwrap();
     }
-    files(&layers[0].join("huge"), 0..HUGE_DIR / 2);
+    let huge = huge_files();
+    if huge > 0 {
+        files(&layers[0].join("huge"), 0..huge / 2);
+        files(&layers[2].join("huge"), huge / 2..huge);
+    }
     files(&layers[1].join("big"), 0..BIG_DIR / 2);
-    files(&layers[2].join("huge"), HUGE_DIR / 2..HUGE_DIR);
     std::fs::write(layers[2].join("data.bin"), data()).unwrap();
     std::fs::create_dir(layers[3].join("scratch")).unwrap();
     files(&layers[4].join("big"), BIG_DIR / 2..BIG_DIR);
@@ -126,9 +145,11 @@ fn spawn_nfsserve() -> u16 {
     for i in 0..BIG_DIR {
         fs.add(big, &format!("f{i:06}"), false, Vec::new());
     }
-    let huge = fs.add(root, "huge", true, Vec::new());
-    for i in 0..HUGE_DIR {
-        fs.add(huge, &format!("f{i:06}"), false, Vec::new());
+    if huge_files() > 0 {
+        let huge = fs.add(root, "huge", true, Vec::new());
+        for i in 0..huge_files() {
+            fs.add(huge, &format!("f{i:06}"), false, Vec::new());
+        }
     }
     fs.add(root, "data.bin", false, data());
     fs.add(root, "scratch", true, Vec::new());

@@ -179,6 +179,7 @@ pub fn floors() -> Result<(Server, SocketAddr), String> {
 fn child_peer(name: &'static str, kind: &str) -> Result<(Server, Vec<u16>), String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut child = child_command(exe)
+        .args(["--huge", &crate::peers::huge_files().to_string()])
         .args(["--serve", kind])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
