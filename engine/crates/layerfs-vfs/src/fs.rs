@@ -81,21 +81,24 @@ impl DirPage {
         named: impl Iterator<Item = (FileId, &'a [u8], u64)>,
     ) -> DirPage {
         let dots = [(dir, &b"."[..], 1), (parent, &b".."[..], 2)];
+        // Sized once: entries are large (attributes inline), and a page of
+        // thousands grown by doubling would be copied over and over.
+        let mut entries = Vec::with_capacity(max.min(2 + named.size_hint().0));
         let mut rest = dots
             .into_iter()
             .filter(|d| d.2 > cookie)
             .chain(named)
             .peekable();
-        let entries = rest
-            .by_ref()
-            .take(max)
-            .map(|(fileid, name, cookie)| DirEntry {
-                fileid,
-                name: Name::from_slice(name),
-                cookie,
-                attr: None,
-            })
-            .collect();
+        entries.extend(
+            rest.by_ref()
+                .take(max)
+                .map(|(fileid, name, cookie)| DirEntry {
+                    fileid,
+                    name: Name::from_slice(name),
+                    cookie,
+                    attr: None,
+                }),
+        );
         DirPage {
             entries,
             eof: rest.peek().is_none(),
