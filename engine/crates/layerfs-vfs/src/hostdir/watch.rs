@@ -13,7 +13,7 @@
 //! filesystem, the layers under an overlay) send nothing here: callers keep
 //! nothing for such files, or keep it only briefly.
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{BorrowedFd, OwnedFd};
 
 /// A watch's number, as the kernel gave it.
 pub type WatchId = i32;
@@ -44,6 +44,7 @@ mod imp {
     use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
     use rustix::io::Errno;
     use std::mem::MaybeUninit;
+    use std::os::fd::{AsFd, AsRawFd};
 
     /// Every change to an entry's contents, attributes or name, and to the
     /// directory itself. Reads (IN_ACCESS) are left out: they would cost
@@ -153,6 +154,7 @@ mod imp {
 mod tests {
     use super::*;
     use std::io::Write;
+    use std::os::fd::AsFd;
 
     fn notices(w: &Watcher) -> Vec<String> {
         let mut seen = Vec::new();
