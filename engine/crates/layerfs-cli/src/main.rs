@@ -12,13 +12,6 @@ mod demo;
 mod serve;
 mod workspaces;
 
-/// Replies of listings are hundreds of kilobytes, made and freed per call:
-/// glibc's malloc hands their pages back and faults them in again, and
-/// costs more per call than mimalloc, which keeps freed pages for reuse.
-#[cfg(target_os = "linux")]
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[derive(Parser)]
 #[command(
     name = "layerfs",

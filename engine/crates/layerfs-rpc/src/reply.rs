@@ -22,6 +22,9 @@ use std::sync::Arc;
 
 use crate::record::last_fragment_mark;
 
+mod spares;
+use spares::SPARES;
+
 /// Bytes of an open file that end a reply's body on the wire.
 #[derive(Clone, Debug)]
 pub struct FileTail {
@@ -117,7 +120,16 @@ impl ReplyBuf {
         self.bytes[4 + at..4 + at + bytes.len()].copy_from_slice(bytes);
     }
 
+    /// Room for `additional` more bytes; a reply growing large takes a
+    /// buffer a sent reply left (see `reply/spares.rs`).
     pub fn reserve(&mut self, additional: usize) {
+        let needed = self.bytes.len() + additional;
+        if needed >= spares::LARGE && self.bytes.capacity() < needed {
+            if let Some(mut spare) = SPARES.take(needed) {
+                spare.extend_from_slice(&self.bytes);
+                self.bytes = spare;
+            }
+        }
         self.bytes.reserve(additional);
     }
 
@@ -293,6 +305,9 @@ impl<W: Transmit> ReplyWriter<W> {
             let batch = mem::take(&mut queue.frames);
             drop(queue);
             let result = self.write_batch(&batch);
+            for frame in batch {
+                SPARES.give_back(frame.bytes);
+            }
             queue = self.queue.lock();
             if let Err(e) = result {
                 queue.writing = false;
