@@ -119,7 +119,7 @@ old=$(pgrep -f 'layerfs serve')
 kill $old
 for _ in $(seq 100); do kill -0 $old 2>/dev/null || break; sleep 0.1; done
 expect_fail kill -0 $old
-(eval "$SERVER" >/dev/null 2>&1 3<&- &) # the server must not hold the file open
+(eval "$SERVER" >>"${SERVER_LOG:-/dev/null}" 2>&1 3<&- &) # the server must not hold the file open
 listening() { awk -v p="$(printf ':%04X' "$NFS_PORT")" '$2 ~ p"$" && $4 == "0A" {f=1} END {exit !f}' /proc/net/tcp; }
 for _ in $(seq 100); do listening && break; sleep 0.1; done
 listening
