@@ -95,6 +95,28 @@ impl Export {
         Ok(op(id, attr)?)
     }
 
+    /// Runs `op` on the file a handle names, where `op` reads the file's
+    /// attributes itself and returns them beside its result: the handle's
+    /// generation is checked against those, not read first. On failure,
+    /// the file's attributes if the handle still names it.
+    pub fn on_read<T>(
+        &self,
+        fh: &nfs_fh3,
+        op: impl FnOnce(FileId) -> layerfs_vfs::Result<(T, Attr)>,
+    ) -> Result<(T, Attr), (Error, Option<Attr>)> {
+        let h = FileHandle::decode(fh.data.as_ref(), self.id, &self.key).map_err(|e| (e, None))?;
+        match op(h.fileid) {
+            Ok((found, attr)) if attr.generation == h.generation => Ok((found, attr)),
+            // The id now names another file: what `op` did was on that one.
+            Ok(_) => Err((layerfs_vfs::Error::Stale.into(), None)),
+            // A stale handle says so before whatever `op` met.
+            Err(e) => match self.resolve(fh) {
+                Ok((_, attr)) => Err((e.into(), Some(attr))),
+                Err(stale) => Err((stale, None)),
+            },
+        }
+    }
+
     pub fn resolve(&self, fh: &nfs_fh3) -> Result<(FileId, Attr), Error> {
         let h = FileHandle::decode(fh.data.as_ref(), self.id, &self.key)?;
         let attr = self.fs.check_generation(h.fileid, h.generation)?;

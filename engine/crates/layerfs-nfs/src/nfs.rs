@@ -175,9 +175,9 @@ impl Served<'_> {
         a: LOOKUP3args<'static>,
         reply: &mut ReplyBuf,
     ) -> Result<(), Refusal> {
-        let found = self.export.on(&a.what.dir, |dir, dir_attr| {
-            let attr = self.export.fs.lookup(who, dir, a.what.name.as_ref())?;
-            Ok((attr, dir_attr))
+        let fs = &self.export.fs;
+        let found = self.export.on_read(&a.what.dir, |dir| {
+            fs.lookup_in(who, dir, a.what.name.as_ref())
         });
         let res: LOOKUP3res = match found {
             Ok((attr, dir_attr)) => Nfs3Result::Ok(LOOKUP3resok {
@@ -185,15 +185,12 @@ impl Served<'_> {
                 obj_attributes: post_op(Some(&attr), self.fsid()),
                 dir_attributes: post_op(Some(&dir_attr), self.fsid()),
             }),
-            Err(e) => {
-                let dir_attr = self.export.resolve(&a.what.dir).ok().map(|(_, attr)| attr);
-                Nfs3Result::Err((
-                    status(e),
-                    LOOKUP3resfail {
-                        dir_attributes: post_op(dir_attr.as_ref(), self.fsid()),
-                    },
-                ))
-            }
+            Err((e, dir_attr)) => Nfs3Result::Err((
+                status(e),
+                LOOKUP3resfail {
+                    dir_attributes: post_op(dir_attr.as_ref(), self.fsid()),
+                },
+            )),
         };
         put(reply, &res)
     }

@@ -14,6 +14,7 @@ use support::{call_record, xdr_opaque};
 const NFS: u32 = 100_003;
 const MOUNT: u32 = 100_005;
 const NFS3ERR_NOENT: u32 = 2;
+const NFS3ERR_NOTDIR: u32 = 20;
 const NFS3ERR_STALE: u32 = 70;
 const NFS3ERR_BADHANDLE: u32 = 10001;
 
@@ -139,4 +140,79 @@ fn an_export_clashing_by_id_or_path_is_refused() {
     assert!(exports.add(export_of(dir.path(), 1, b"/b")).is_err());
     assert!(exports.add(export_of(dir.path(), 2, b"/a")).is_err());
     assert!(exports.add(export_of(dir.path(), 2, b"/b")).is_ok());
+}
+
+#[test]
+fn a_directory_handle_of_another_generation_is_stale_for_lookup_and_listings() {
+    // A directory whose id the host gave to a new directory: LOOKUP and
+    // READDIR(PLUS) search or list the new one (the filesystem reads the
+    // directory's attributes as it does) and must still answer STALE,
+    // whether or not the name is there, and with no attributes of a
+    // directory the client never saw.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("here"), b"x").unwrap();
+    let exports = Arc::new(Exports::new(KEY));
+    exports.add(export_of(dir.path(), 11, b"/")).unwrap();
+    let d = Dispatcher::new(layerfs_nfs::programs_of(exports));
+    let root = mnt(&d, b"/").unwrap();
+    let h = FileHandle::decode(&root, 11, &KEY).unwrap();
+    let earlier = FileHandle {
+        generation: h.generation ^ 1,
+        ..h
+    }
+    .bytes(&KEY);
+
+    assert_eq!(lookup_status(&d, 2, &root, b"here"), 0);
+    for (xid, name) in [(3, &b"here"[..]), (4, b"absent"), (5, b"."), (6, b"..")] {
+        let mut args = xdr_opaque(&earlier);
+        args.extend(xdr_opaque(name));
+        let body = reply(&d, &call_record(xid, NFS, 3, &args));
+        assert_eq!(words(&body), [NFS3ERR_STALE, 0], "{name:?}");
+    }
+    let listing_args = |dir: &[u8], plus: bool| {
+        let mut args = xdr_opaque(dir);
+        args.extend([0; 16]); // cookie 0, verifier 0
+        args.extend(4096u32.to_be_bytes());
+        if plus {
+            args.extend(32768u32.to_be_bytes());
+        }
+        args
+    };
+    for (xid, proc) in [(8, 16), (9, 17)] {
+        let body = reply(
+            &d,
+            &call_record(xid, NFS, proc, &listing_args(&earlier, proc == 17)),
+        );
+        assert_eq!(words(&body), [NFS3ERR_STALE, 0], "procedure {proc}");
+        let body = reply(
+            &d,
+            &call_record(xid + 10, NFS, proc, &listing_args(&root, proc == 17)),
+        );
+        assert_eq!(
+            words(&body[..8]),
+            [0, 1],
+            "procedure {proc} of the handle given out"
+        );
+    }
+    // A file's handle: NOTDIR, with the file's attributes.
+    let mut args = xdr_opaque(&root);
+    args.extend(xdr_opaque(b"here"));
+    let body = reply(&d, &call_record(10, NFS, 3, &args));
+    let file = body[8..8 + FileHandle::LEN].to_vec();
+    for (xid, proc) in [(11, 16), (12, 17)] {
+        let body = reply(
+            &d,
+            &call_record(xid, NFS, proc, &listing_args(&file, proc == 17)),
+        );
+        assert_eq!(words(&body[..8]), [NFS3ERR_NOTDIR, 1], "procedure {proc}");
+        assert_eq!(body.len(), 8 + 84);
+    }
+
+    // The handle as given out: a missing name is NOENT with the directory's
+    // attributes (TRUE, then a fattr3 of 84 bytes).
+    let mut args = xdr_opaque(&root);
+    args.extend(xdr_opaque(b"absent"));
+    let body = reply(&d, &call_record(7, NFS, 3, &args));
+    assert_eq!(words(&body[..8]), [NFS3ERR_NOENT, 1]);
+    assert_eq!(body.len(), 8 + 84);
 }

@@ -39,8 +39,8 @@ impl Filesystem for PanicsOnCreate {
     fn setattr(&self, c: &Caller, id: FileId, s: &SetAttr, g: Option<Timestamp>) -> Result<Change> {
         self.inner.setattr(c, id, s, g)
     }
-    fn lookup(&self, c: &Caller, dir: FileId, name: &[u8]) -> Result<Attr> {
-        self.inner.lookup(c, dir, name)
+    fn lookup_in(&self, c: &Caller, dir: FileId, name: &[u8]) -> Result<(Attr, Attr)> {
+        self.inner.lookup_in(c, dir, name)
     }
     fn readlink(&self, c: &Caller, id: FileId) -> Result<Vec<u8>> {
         self.inner.readlink(c, id)

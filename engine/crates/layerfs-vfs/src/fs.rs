@@ -64,17 +64,22 @@ pub type Name = smallvec::SmallVec<[u8; 32]>;
 /// Part of a directory listing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DirPage {
+    /// The directory's attributes as it was listed: a door checks a
+    /// handle's generation against them instead of reading them again.
+    pub dir: Attr,
     pub entries: Vec<DirEntry>,
     /// No entries follow the last one.
     pub eof: bool,
 }
 
 impl DirPage {
-    /// The page after `cookie` of a listing: `.` (cookie 1) and `..` (2)
-    /// first, then `named`, the entries with cookies past `cookie` in cookie
-    /// order (all above 2); at most `max`, without attributes.
+    /// The page after `cookie` of a listing of `dir` (with attributes
+    /// `dir_attr`): `.` (cookie 1) and `..` (2) first, then `named`, the
+    /// entries with cookies past `cookie` in cookie order (all above 2); at
+    /// most `max`, without attributes.
     pub fn after<'a>(
         dir: FileId,
+        dir_attr: Attr,
         parent: FileId,
         cookie: u64,
         max: usize,
@@ -100,6 +105,7 @@ impl DirPage {
                 }),
         );
         DirPage {
+            dir: dir_attr,
             entries,
             eof: rest.peek().is_none(),
         }
@@ -154,7 +160,14 @@ pub trait Filesystem: Send + Sync {
 
     /// The entry `name` of directory `dir`; `.` and `..` are allowed (`..` of
     /// the root is the root).
-    fn lookup(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<Attr>;
+    fn lookup(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<Attr> {
+        self.lookup_in(caller, dir, name).map(|(attr, _)| attr)
+    }
+
+    /// [`Filesystem::lookup`], with the attributes `dir` had when it was
+    /// searched: a door checks a handle's generation against them instead
+    /// of reading them once more.
+    fn lookup_in(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<(Attr, Attr)>;
 
     fn readlink(&self, caller: &Caller, id: FileId) -> Result<Vec<u8>>;
 

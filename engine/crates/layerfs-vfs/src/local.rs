@@ -343,18 +343,20 @@ impl Filesystem for LocalFs {
         })
     }
 
-    fn lookup(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<Attr> {
+    fn lookup_in(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<(Attr, Attr)> {
         check_name(name)?;
         let (fd, dir_attr) = self.searchable(caller, dir)?;
-        match name {
-            b"." => return Ok(dir_attr),
-            b".." if dir == self.root_id => return Ok(dir_attr),
-            b".." => return self.getattr(self.place(dir)?.parent),
-            _ => {}
-        }
-        let attr = self.stat_at(dir, &fd, name)?;
-        self.remember(dir, name, &attr);
-        Ok(attr)
+        let attr = match name {
+            b"." => dir_attr,
+            b".." if dir == self.root_id => dir_attr,
+            b".." => self.getattr(self.place(dir)?.parent)?,
+            _ => {
+                let attr = self.stat_at(dir, &fd, name)?;
+                self.remember(dir, name, &attr);
+                attr
+            }
+        };
+        Ok((attr, dir_attr))
     }
 
     fn readlink(&self, caller: &Caller, id: FileId) -> Result<Vec<u8>> {
@@ -602,7 +604,7 @@ impl Filesystem for LocalFs {
         let named = listing[first..]
             .iter()
             .map(|e| (e.fileid, &e.name[..], e.cookie));
-        let mut page = DirPage::after(dir, parent, cookie, max, named);
+        let mut page = DirPage::after(dir, attr, parent, cookie, max, named);
         if with_attrs {
             let dots = page.entries.iter().take_while(|e| e.cookie <= 2).count();
             let (dots, named) = page.entries.split_at_mut(dots);

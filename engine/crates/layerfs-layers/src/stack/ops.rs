@@ -298,22 +298,24 @@ impl Filesystem for StackFs {
         Ok(change(&before.attr, Some(f.shown(host))))
     }
 
-    fn lookup(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<Attr> {
+    fn lookup_in(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<(Attr, Attr)> {
         check_name(name)?;
         let layers = self.current();
         let d = self.dir_for(&layers, caller, dir, 1)?;
-        match name {
-            b"." => return Ok(d.attr),
-            b".." if dir == ROOT => return Ok(d.attr),
-            b".." => return Ok(self.found(&layers, self.node(&layers, dir)?.parent)?.attr),
+        let attr = match name {
+            b"." => d.attr,
+            b".." if dir == ROOT => d.attr,
+            b".." => self.found(&layers, self.node(&layers, dir)?.parent)?.attr,
             _ if is_hidden(name) => return Err(Error::NoEnt),
-            _ => {}
-        }
-        let f = layers
-            .lookup(&self.inodes, &d.parts, &cstr(name)?)?
-            .ok_or(Error::NoEnt)?;
-        self.remember(dir, name, f.attr.fileid);
-        Ok(f.attr)
+            _ => {
+                let f = layers
+                    .lookup(&self.inodes, &d.parts, &cstr(name)?)?
+                    .ok_or(Error::NoEnt)?;
+                self.remember(dir, name, f.attr.fileid);
+                f.attr
+            }
+        };
+        Ok((attr, d.attr))
     }
 
     fn readlink(&self, _caller: &Caller, id: FileId) -> Result<Vec<u8>> {
@@ -680,7 +682,7 @@ impl Filesystem for StackFs {
         let named = listing[first..]
             .iter()
             .map(|(cookie, e)| (e.id, &e.name[..], *cookie));
-        let mut page = DirPage::after(dir, parent, cookie, max, named);
+        let mut page = DirPage::after(dir, d.attr, parent, cookie, max, named);
         if with_attrs {
             let dots = page.entries.iter().take_while(|e| e.cookie <= 2).count();
             let (dots, named) = page.entries.split_at_mut(dots);

@@ -1,7 +1,7 @@
 //! READDIR and READDIRPLUS: pages of a directory within the client's byte budgets.
 
 use layerfs_rpc::{Refusal, ReplyBuf};
-use layerfs_vfs::{Attr, Caller, DirEntry, FileId, FileKind};
+use layerfs_vfs::{Attr, Caller, DirEntry, DirPage};
 use nfs3_types::nfs3::*;
 use nfs3_types::xdr_codec::{List, Opaque};
 
@@ -12,25 +12,30 @@ use crate::convert::post_op;
 use crate::error::{status, Error};
 
 impl Served<'_> {
-    /// The start of a READDIR(PLUS) that passed its checks: the directory's
-    /// id, attributes and cookie verifier.
-    fn open_listing(
+    /// A page of the directory a handle names, after `cookie`, at most
+    /// `max` entries, and the cookie verifier; on failure, the directory's
+    /// attributes if the handle still names it.
+    fn page(
         &self,
+        who: &Caller,
         dir: &nfs_fh3,
-        cookie: u64,
-        verf: &cookieverf3,
-    ) -> Result<(FileId, Attr, cookieverf3), (Error, Option<Attr>)> {
-        let (id, attr) = self.export.resolve(dir).map_err(|e| (e, None))?;
-        if attr.kind != FileKind::Directory {
-            return Err((Error::Fs(layerfs_vfs::Error::NotDir), Some(attr)));
-        }
+        (cookie, verf): (u64, &cookieverf3),
+        max: usize,
+        with_attrs: bool,
+    ) -> Result<(DirPage, cookieverf3), (Error, Option<Attr>)> {
+        let fs = &self.export.fs;
+        let (page, attr) = self.export.on_read(dir, |id| {
+            let page = fs.readdir(who, id, cookie, max, with_attrs)?;
+            let attr = page.dir;
+            Ok((page, attr))
+        })?;
         // Stable per directory and across restarts: cookies are name
         // hashes, valid as long as the directory is the same one.
         let ours = cookieverf3((attr.fileid ^ attr.generation).to_be_bytes());
         if cookie != 0 && verf.0 != [0; 8] && *verf != ours {
             return Err((Error::BadCookie, Some(attr)));
         }
-        Ok((id, attr, ours))
+        Ok((page, ours))
     }
 
     pub(super) fn readdir(
@@ -39,7 +44,11 @@ impl Served<'_> {
         a: READDIR3args,
         reply: &mut ReplyBuf,
     ) -> Result<(), Refusal> {
-        let (dir, attr, verf) = match self.open_listing(&a.dir, a.cookie, &a.cookieverf) {
+        // status, dir attributes, verifier, end of list, eof.
+        let mut size = 4 + 88 + 8 + 4 + 4;
+        let budget = a.count as usize;
+        let at = (a.cookie, &a.cookieverf);
+        let (page, verf) = match self.page(who, &a.dir, at, budget / 20 + 2, false) {
             Ok(found) => found,
             Err((e, attr)) => {
                 return put(
@@ -53,27 +62,7 @@ impl Served<'_> {
                 )
             }
         };
-        // status, dir attributes, verifier, end of list, eof.
-        let mut size = 4 + 88 + 8 + 4 + 4;
-        let budget = a.count as usize;
-        let page = match self
-            .export
-            .fs
-            .readdir(who, dir, a.cookie, budget / 20 + 2, false)
-        {
-            Ok(page) => page,
-            Err(e) => {
-                return put(
-                    reply,
-                    &READDIR3res::Err((
-                        status(e),
-                        READDIR3resfail {
-                            dir_attributes: post_op(Some(&attr), self.fsid()),
-                        },
-                    )),
-                )
-            }
-        };
+        let attr = page.dir;
         let total = page.entries.len();
         let mut entries = Vec::new();
         for e in &page.entries {
@@ -131,10 +120,6 @@ impl Served<'_> {
                 )),
             )
         };
-        let (dir, attr, verf) = match self.open_listing(&a.dir, a.cookie, &a.cookieverf) {
-            Ok(found) => found,
-            Err((e, attr)) => return fail(e, attr.as_ref(), reply),
-        };
         let budget = a.maxcount as usize;
         let dir_budget = a.dircount as usize;
         let mut size = 4 + 88 + 8 + 4 + 4;
@@ -146,10 +131,12 @@ impl Served<'_> {
         } else {
             usize::MAX
         }) + 2;
-        let page = match self.export.fs.readdir(who, dir, a.cookie, most, true) {
-            Ok(page) => page,
-            Err(e) => return fail(e.into(), Some(&attr), reply),
+        let at = (a.cookie, &a.cookieverf);
+        let (page, verf) = match self.page(who, &a.dir, at, most, true) {
+            Ok(found) => found,
+            Err((e, attr)) => return fail(e, attr.as_ref(), reply),
         };
+        let attr = page.dir;
         // Count what fits, then encode it straight into the reply: no
         // per-entry buffers for a listing of thousands.
         let mut fit = 0;
@@ -272,7 +259,7 @@ impl PackedEntry {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use layerfs_vfs::Timestamp;
+    use layerfs_vfs::{FileKind, Timestamp};
     use nfs3_types::xdr_codec::Pack;
 
     /// What nfs3_types packs for the same entry.
