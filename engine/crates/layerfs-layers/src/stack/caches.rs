@@ -16,7 +16,10 @@
 //! they are current. Lower layers' attributes are kept by generation alone:
 //! nothing but a new generation changes a lower file (a change copies it up,
 //! and from then on it is listed in the upper). Open files are kept by
-//! generation and dropped one by one when their file goes. Each map is
+//! generation and dropped one by one when their file goes. What a LOOKUP
+//! found is kept by all three counters, as listings are, and only where no
+//! change to the upper can alter it without moving one: a name shown by a
+//! lower layer (its attributes never change), or no such name. Each map is
 //! bounded; past its bound it starts over.
 
 use parking_lot::Mutex;
@@ -28,7 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use layerfs_vfs::hostdir;
-use layerfs_vfs::{Attr, FileId};
+use layerfs_vfs::{Attr, FileId, Name};
 
 use super::merge::{Found, Listed};
 
@@ -42,6 +45,9 @@ const LOCATIONS: usize = 8192;
 /// Lower files whose attributes are kept (about 150 bytes each); past this
 /// the map starts over.
 const LOWER_ATTRS: usize = 65_536;
+/// Names whose LOOKUP is kept (about 200 bytes each); past this the map
+/// starts over.
+const LOOKED_UP: usize = 16_384;
 
 /// The counters an entry was made under: taken before reading what it
 /// keeps, so something read while the counters moved is never current.
@@ -126,6 +132,9 @@ pub struct Caches {
     /// Attributes of files listed in a lower layer, so that listing a
     /// directory of an image again reads none of them from the host.
     lower_attrs: Kept<FileId, Attr>,
+    /// By directory and name cookie: the name, and the attributes it shows
+    /// from a lower layer or `None` for no such name.
+    looked_up: Kept<(FileId, u64), (Name, Option<Attr>)>,
 }
 
 impl Caches {
@@ -153,6 +162,7 @@ impl Caches {
             files: Kept::new(files),
             links: Mutex::new(HashMap::new()),
             lower_attrs: Kept::new(LOWER_ATTRS),
+            looked_up: Kept::new(LOOKED_UP),
         }
     }
 
@@ -183,6 +193,7 @@ impl Caches {
         self.listings.clear();
         self.files.clear();
         self.lower_attrs.clear();
+        self.looked_up.clear();
         self.dirs_changed();
     }
 
@@ -258,6 +269,24 @@ impl Caches {
     /// `id` was copied up: it is no longer a lower file.
     pub fn copied_up(&self, id: FileId) {
         self.lower_attrs.remove(&id);
+    }
+
+    /// What a LOOKUP of `name` in `dir` found, if kept and current:
+    /// `Some(None)` for no such name.
+    pub fn looked_up(&self, dir: FileId, name: &[u8], generation: u64) -> Option<Option<Attr>> {
+        let now = self.stamp(generation);
+        let map = self.looked_up.map.lock();
+        map.get(&(dir, hostdir::name_cookie(name)))
+            .filter(|(stamp, (kept, _))| *stamp == now && kept[..] == *name)
+            .map(|(_, (_, attr))| *attr)
+    }
+
+    /// Keeps what a LOOKUP of `name` in `dir` found under `stamp`: the
+    /// attributes of a name shown by a lower layer, or `None` for none.
+    pub fn keep_looked_up(&self, dir: FileId, name: &[u8], stamp: Stamp, attr: Option<Attr>) {
+        let key = (dir, hostdir::name_cookie(name));
+        self.looked_up
+            .insert(key, stamp, (Name::from_slice(name), attr));
     }
 
     /// The link index of layer `tag`, read by `read` the first time.

@@ -238,6 +238,27 @@ impl StackFs {
         Ok((d, f))
     }
 
+    /// The attributes `name` shows in directory `dir` (found as `d`):
+    /// kept where only a change this process makes can alter them (see
+    /// `caches.rs`), so a name an image holds, or one that is nowhere, costs
+    /// no host call the second time.
+    fn look_up(&self, layers: &Layers, dir: FileId, d: &Found, name: &[u8]) -> Result<Attr> {
+        if let Some(kept) = self.caches.looked_up(dir, name, layers.generation) {
+            return kept.ok_or(Error::NoEnt);
+        }
+        let stamp = self.caches.stamp(layers.generation);
+        let found = layers.lookup(&self.inodes, &d.parts, &cstr(name)?)?;
+        match &found {
+            None => self.caches.keep_looked_up(dir, name, stamp, None),
+            Some(f) if f.layer != UPPER => {
+                self.caches.keep_looked_up(dir, name, stamp, Some(f.attr))
+            }
+            // Written, truncated or chmodded without a counter moving.
+            Some(_) => {}
+        }
+        found.map(|f| f.attr).ok_or(Error::NoEnt)
+    }
+
     fn listing(&self, layers: &Layers, dir: FileId, d: &Found) -> Result<Listing> {
         if let Some(listing) = self.caches.listing(dir, layers.generation) {
             return Ok(listing);
@@ -308,11 +329,9 @@ impl Filesystem for StackFs {
             b".." => self.found(&layers, self.node(&layers, dir)?.parent)?.attr,
             _ if is_hidden(name) => return Err(Error::NoEnt),
             _ => {
-                let f = layers
-                    .lookup(&self.inodes, &d.parts, &cstr(name)?)?
-                    .ok_or(Error::NoEnt)?;
-                self.remember(dir, name, f.attr.fileid);
-                f.attr
+                let attr = self.look_up(&layers, dir, &d, name)?;
+                self.remember(dir, name, attr.fileid);
+                attr
             }
         };
         Ok((attr, d.attr))
