@@ -70,9 +70,17 @@ pub struct ReplyBuf {
     tail: Option<FileTail>,
 }
 
+/// The room every reply starts with, at the least: the largest reply that
+/// does not reserve its own (a LOOKUP's or a CREATE's: a handle and three
+/// sets of attributes) fits, so a reply is one allocation and never grows
+/// field by field. Replies with data or listings reserve what they need.
+pub const FIRST_ROOM: usize = 512;
+
 impl ReplyBuf {
+    /// A reply with room for `body` bytes after the mark, and at least
+    /// [`FIRST_ROOM`].
     pub fn with_capacity(body: usize) -> Self {
-        let mut bytes = Vec::with_capacity(4 + body);
+        let mut bytes = Vec::with_capacity(4 + body.max(FIRST_ROOM));
         bytes.extend_from_slice(&[0; 4]);
         ReplyBuf { bytes, tail: None }
     }

@@ -179,7 +179,8 @@ struct Connection {
     stream: TcpStream,
     writer: ReplyWriter<TcpStream>,
     window: Window,
-    /// When its last call arrived, in milliseconds since the server started.
+    /// When its reader last turned to a new record (as its last call came
+    /// in, or once it was answered), in milliseconds since the server started.
     last_call: AtomicU64,
     /// Chosen to make room for a new connection; going.
     evicted: AtomicBool,
@@ -248,7 +249,12 @@ struct Shared {
 
 impl Shared {
     fn now_ms(&self) -> u64 {
-        self.started.elapsed().as_millis() as u64
+        self.ms_at(Instant::now())
+    }
+
+    /// `at`, in milliseconds since the server started.
+    fn ms_at(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.started).as_millis() as u64
     }
 
     /// Whether a new connection from `peer` may open: below the limit, or
@@ -535,14 +541,14 @@ fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Shared) {
             conn.send_replies(std::mem::take(&mut ready));
         }
         // The clocks start now, not while the reader waited for the window.
-        records.get_ref().next_record(records.buffered() > 0);
+        let turned = records.get_ref().next_record(records.buffered() > 0);
         let record = match records.next_record() {
             Ok(Some(record)) => record,
             Ok(None) => break Ok(()),
             Err(e) => break Err(e),
         };
         conn.records.fetch_add(1, Relaxed);
-        conn.last_call.store(shared.now_ms(), Relaxed);
+        conn.last_call.store(shared.ms_at(turned), Relaxed);
         let for_worker = if dispatcher.is_quick(record.as_bytes()) {
             if let Outcome::Reply(frame) = dispatcher.handle(record.as_bytes(), conn.peer) {
                 ready.push(frame);

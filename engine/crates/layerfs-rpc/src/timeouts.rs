@@ -57,11 +57,12 @@ impl<'a> Timed<'a> {
     }
 
     /// The reader turns to the next record; `more` if bytes of it are
-    /// buffered already.
-    pub fn next_record(&self, more: bool) {
+    /// buffered already. Returns the time read, for the caller's own clocks.
+    pub fn next_record(&self, more: bool) -> Instant {
         let now = Instant::now();
         self.last_record.set(now);
         self.record_started.set(more.then_some(now));
+        now
     }
 
     /// Runs one read, retrying those the receive timeout ends while the

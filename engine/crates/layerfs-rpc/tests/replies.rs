@@ -24,6 +24,20 @@ fn a_frame_is_one_last_fragment() {
 }
 
 #[test]
+fn a_small_reply_is_one_allocation_from_its_header_on() {
+    // An accepted header is 24 bytes; the results packed after it, field by
+    // field, must not move the buffer (each move is a realloc and a copy).
+    let mut reply =
+        layerfs_rpc::envelope::accepted_reply(7, layerfs_rpc::envelope::Accepted::Success);
+    let at = reply.body().as_ptr();
+    for _ in 0..(layerfs_rpc::reply::FIRST_ROOM - 24) / 4 {
+        reply.write_all(&[1, 2, 3, 4]).unwrap();
+    }
+    assert_eq!(reply.body().as_ptr(), at, "the buffer moved");
+    assert_eq!(reply.body_len(), layerfs_rpc::reply::FIRST_ROOM);
+}
+
+#[test]
 fn a_reply_leaves_in_one_write() {
     for len in [0, 24, 8188, 8192, 1024 * 1024 + 100] {
         let writer = ReplyWriter::new(Sink::new(usize::MAX));

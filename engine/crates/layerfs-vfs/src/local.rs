@@ -112,7 +112,9 @@ impl LocalFs {
     }
 
     fn stat_at(&self, parent: FileId, fd: &OwnedFd, name: &[u8]) -> Result<Attr> {
-        let attr = self.host.stats.at(fd.as_fd(), &cstr(name)?)?;
+        // rustix makes the C string on the stack (names are at most 255
+        // bytes), and refuses a NUL in it as EINVAL, as `cstr` would.
+        let attr = self.host.stats.at(fd.as_fd(), name)?;
         Ok(self.named(parent, name, attr))
     }
 
@@ -226,21 +228,28 @@ impl LocalFs {
         Ok(fd)
     }
 
-    /// The parent descriptor and name of `id`, checked to still name it.
-    fn entry(&self, id: FileId) -> Result<(Arc<OwnedFd>, CString, Attr)> {
+    /// The parent descriptor and place of `id`, with its attributes,
+    /// checked to still name it.
+    fn placed(&self, id: FileId) -> Result<(Arc<OwnedFd>, Place, Attr)> {
         let node = self.place(id)?;
         let parent = self.dir_fd(node.parent)?;
         match self.stat_at(node.parent, &parent, &node.name) {
-            Ok(attr) if attr.fileid == id => Ok((parent, cstr(&node.name)?, attr)),
+            Ok(attr) if attr.fileid == id => Ok((parent, node, attr)),
             _ => {
                 // Renamed or removed behind our back: look for it once more.
                 self.ids.lost(id);
                 let node = self.place(id)?;
                 let parent = self.dir_fd(node.parent)?;
                 let attr = self.stat_at(node.parent, &parent, &node.name)?;
-                Ok((parent, cstr(&node.name)?, attr))
+                Ok((parent, node, attr))
             }
         }
+    }
+
+    /// [`LocalFs::placed`], with the name ready for the host's calls.
+    fn entry(&self, id: FileId) -> Result<(Arc<OwnedFd>, CString, Attr)> {
+        let (parent, node, attr) = self.placed(id)?;
+        Ok((parent, cstr(&node.name)?, attr))
     }
 
     /// A descriptor for reading and writing the regular file `id`.
@@ -312,7 +321,7 @@ impl Filesystem for LocalFs {
         if let Some(fd) = self.dirs.lock().get(&id).cloned() {
             return self.stat_fd(id, &fd);
         }
-        Ok(self.entry(id)?.2)
+        Ok(self.placed(id)?.2)
     }
 
     fn setattr(
