@@ -154,6 +154,8 @@ impl Listings {
         read: impl Fn(&[u8]) -> Option<Attr>,
     ) {
         let now = Instant::now();
+        // Read after this, or not served (one comparison per entry).
+        let fresh_after = now.checked_sub(KEPT_FOR);
         let (notices_seen, keeping) = {
             let mut cache = self.cache.lock();
             self.take_notices(&mut cache);
@@ -166,7 +168,7 @@ impl Listings {
                         e.attr = kept
                             .attrs
                             .get(&(at as u32))
-                            .filter(|(_, read_at)| now.duration_since(*read_at) < KEPT_FOR)
+                            .filter(|(_, read_at)| fresh_after.is_none_or(|t| *read_at > t))
                             .map(|(attr, _)| *attr);
                     }
                     kept.watch.is_some()
