@@ -179,8 +179,7 @@ struct Connection {
     stream: TcpStream,
     writer: ReplyWriter<TcpStream>,
     window: Window,
-    /// When its reader last turned to a new record (as its last call came
-    /// in, or once it was answered), in milliseconds since the server started.
+    /// When its last call arrived, in milliseconds since the server started.
     last_call: AtomicU64,
     /// Chosen to make room for a new connection; going.
     evicted: AtomicBool,
@@ -541,14 +540,13 @@ fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Shared) {
             conn.send_replies(std::mem::take(&mut ready));
         }
         // The clocks start now, not while the reader waited for the window.
-        let turned = records.get_ref().next_record(records.buffered() > 0);
+        records.get_ref().next_record(records.buffered() > 0);
         let record = match records.next_record() {
             Ok(Some(record)) => record,
             Ok(None) => break Ok(()),
             Err(e) => break Err(e),
         };
         conn.records.fetch_add(1, Relaxed);
-        conn.last_call.store(shared.ms_at(turned), Relaxed);
         let for_worker = if dispatcher.is_quick(record.as_bytes()) {
             if let Outcome::Reply(frame) = dispatcher.handle(record.as_bytes(), conn.peer) {
                 ready.push(frame);
@@ -558,6 +556,12 @@ fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Shared) {
             Some(record.into_vec())
         };
         conn.note_reads(&records);
+        // When its first byte came, from the clock read then.
+        let arrived = records
+            .get_ref()
+            .record_began()
+            .unwrap_or_else(Instant::now);
+        conn.last_call.store(shared.ms_at(arrived), Relaxed);
         let Some(record) = for_worker else { continue };
         if !conn.window.try_acquire() {
             conn.send_replies(std::mem::take(&mut ready));

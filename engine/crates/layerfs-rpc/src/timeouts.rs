@@ -57,12 +57,17 @@ impl<'a> Timed<'a> {
     }
 
     /// The reader turns to the next record; `more` if bytes of it are
-    /// buffered already. Returns the time read, for the caller's own clocks.
-    pub fn next_record(&self, more: bool) -> Instant {
+    /// buffered already.
+    pub fn next_record(&self, more: bool) {
         let now = Instant::now();
         self.last_record.set(now);
         self.record_started.set(more.then_some(now));
-        now
+    }
+
+    /// When the first byte of the record read last arrived (or the reader
+    /// turned to it, if it was buffered already): the clocks' own reading.
+    pub fn record_began(&self) -> Option<Instant> {
+        self.record_started.get()
     }
 
     /// Runs one read, retrying those the receive timeout ends while the

@@ -385,3 +385,42 @@ fn past_the_connection_limit_the_longest_idle_connection_makes_room() {
     release.send(()).unwrap();
     assert_eq!(reply_xids(&busy, 1), vec![2], "the busy one was kept");
 }
+
+#[test]
+fn the_connection_that_called_last_is_not_the_one_closed_for_room() {
+    // `first` opens and calls before `second`, then calls again after it:
+    // `second` has been idle the longest, whatever either waited before
+    // its last call.
+    let config = ServerConfig {
+        max_connections: 2,
+        ..ServerConfig::default()
+    };
+    let programs: Vec<Box<dyn Program>> = vec![Box::new(TestProgram::new())];
+    let server = Server::bind(
+        "127.0.0.1:0".parse().unwrap(),
+        Arc::new(Dispatcher::new(programs)),
+        config,
+    );
+    let server = server.unwrap().spawn().unwrap();
+    let mut first = connect(&server);
+    first.write_all(&null_call(1)).unwrap();
+    assert_eq!(reply_xids(&first, 1), vec![1]);
+    thread::sleep(Duration::from_millis(150));
+    let mut second = connect(&server);
+    second.write_all(&null_call(2)).unwrap();
+    assert_eq!(reply_xids(&second, 1), vec![2]);
+    thread::sleep(Duration::from_millis(300));
+    first.write_all(&null_call(3)).unwrap();
+    assert_eq!(reply_xids(&first, 1), vec![3]);
+
+    let mut third = connect(&server);
+    time_to_close(&second);
+    third.write_all(&null_call(4)).unwrap();
+    assert_eq!(reply_xids(&third, 1), vec![4]);
+    first.write_all(&null_call(5)).unwrap();
+    assert_eq!(
+        reply_xids(&first, 1),
+        vec![5],
+        "the one that called last stays"
+    );
+}
