@@ -93,11 +93,31 @@ fn options() -> Options {
                 peers::serve_child(&value("KIND"));
                 std::process::exit(0);
             }
-            _ => {}
+            // cargo bench passes this to every bench binary.
+            "--bench" => {}
+            "-h" | "--help" => {
+                print!("{USAGE}");
+                std::process::exit(0);
+            }
+            other => {
+                eprint!("nfs-load: unknown option {other}\n{USAGE}");
+                std::process::exit(2);
+            }
         }
     }
     o
 }
+
+const USAGE: &str = "\
+usage: tools/nfs-load/run [--keep-cpus-awake] [--seconds S] [--rounds N] [--only NAME[,NAME]]
+                          [--svg PATH] [--export-in DIR] [--soak S]
+  --seconds S      length of each test in each round (default 1)
+  --rounds N       rounds; servers and tests interleave, medians reported (default 3)
+  --only NAMES     comma-separated name prefixes, e.g. \"GETATTR,readdirplus 1000\"
+  --svg PATH       where the chart goes (default docs/benchmarks.svg)
+  --export-in DIR  directory the exports are made in (default /dev/shm)
+  --soak S         instead: a mixed load on layerfs alone for S seconds, sampling its memory
+";
 
 /// The generator's raw floor next to a minimal C ping-pong: the C client
 /// and server alone, the C client against the floor process, and this
