@@ -230,15 +230,16 @@ impl Exports {
         }
     }
 
-    /// Whether the handle that `args` start with names a file its
-    /// filesystem finds without a walk (a bad handle is answered at once;
-    /// the MAC is checked when the call runs).
-    pub fn knows_handle_in(&self, args: &[u8]) -> bool {
-        let Some(Ok(handle)) = handle_in(args).map(FileHandle::unchecked) else {
+    /// Whether a call on `handle` finishes without long work on its file:
+    /// a walk to find it (for a handle from before a restart) or, where the
+    /// call may `change` it, a copy-up. A bad handle is answered at once;
+    /// the MAC is checked when the call runs.
+    pub fn is_at_hand(&self, handle: &[u8], change: bool) -> bool {
+        let Ok(handle) = FileHandle::unchecked(handle) else {
             return true;
         };
         match self.get(handle.export) {
-            Some(export) => export.fs.knows(handle.fileid),
+            Some(export) => export.fs.knows(handle.fileid) && !(change && export.fs.may_copy_up()),
             None => true,
         }
     }

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::access::granted;
-use layerfs_rpc::{xdr, Call, Credentials, FileTail, Program, Refusal, ReplyBuf};
+use layerfs_rpc::{xdr, Call, Credentials, FileTail, Placement, Program, Refusal, ReplyBuf};
 use layerfs_vfs::{Attr, Caller, Change, Create, FileId, FileKind, Stability};
 use nfs3_types::nfs3::*;
 use nfs3_types::xdr_codec::{Opaque, Pack, Unpack};
@@ -668,13 +668,24 @@ impl Program for NfsProgram {
         Proc::from_number(proc).map(Proc::name)
     }
 
-    /// Metadata reads that the host answers from its caches in microseconds,
-    /// on a file the filesystem finds without walking the tree for it.
-    fn is_quick(&self, proc: u32, args: &[u8]) -> bool {
-        match Proc::from_number(proc) {
-            Some(Proc::Null) => true,
-            Some(p) => p.is_quick() && self.exports.knows_handle_in(args),
-            None => false,
+    /// What the procedure table says, where the filesystem finds every
+    /// handle's file without walking the tree for it and copies nothing up;
+    /// a WRITE only when it is small and asks for no fsync.
+    fn placement(&self, proc: u32, args: &[u8]) -> Placement {
+        let Some(p) = Proc::from_number(proc) else {
+            return Placement::Worker;
+        };
+        let runs = p.runs();
+        if runs == Placement::Worker || (p == Proc::Write && !write_args::is_brief(args)) {
+            return Placement::Worker;
+        }
+        let at_hand = arg_lengths::all_handles(p.lengths(), args, |handle| {
+            self.exports.is_at_hand(handle, p.copies_up())
+        });
+        if at_hand {
+            runs
+        } else {
+            Placement::Worker
         }
     }
 

@@ -1,15 +1,17 @@
 //! Which calls run on the connection's reader thread: quick metadata reads
-//! on files the filesystem already knows. A handle from before a restart
-//! may need a walk of the whole export, so its call goes to a worker and
-//! the calls behind it on the connection are not held up.
+//! on files the filesystem already knows, and single-entry changes while the
+//! connection is idle. A handle from before a restart may need a walk of the
+//! whole export, and a change in a layered workspace a copy-up: such calls
+//! go to a worker and the calls behind them on the connection are not held
+//! up.
 
 use std::net::IpAddr;
 use std::sync::Arc;
 
 mod support;
 
-use layerfs_rpc::{Dispatcher, Outcome};
-use layerfs_vfs::LocalFs;
+use layerfs_rpc::{Dispatcher, Outcome, Placement};
+use layerfs_vfs::{Filesystem, LocalFs};
 use support::{call_record, xdr_opaque};
 
 const NFS: u32 = 100_003;
@@ -17,7 +19,10 @@ const MOUNT: u32 = 100_005;
 
 /// A server on `dir` with the key a store would keep across restarts.
 fn dispatcher(dir: &std::path::Path) -> Dispatcher {
-    let fs = Arc::new(LocalFs::open(dir).unwrap());
+    dispatcher_of(Arc::new(LocalFs::open(dir).unwrap()), dir)
+}
+
+fn dispatcher_of(fs: Arc<dyn Filesystem>, dir: &std::path::Path) -> Dispatcher {
     let mut export = layerfs_nfs::Export::new(fs, dir.as_os_str().as_encoded_bytes()).unwrap();
     export.key = layerfs_nfs::HandleKey::from_bytes([7; 32]);
     Dispatcher::new(layerfs_nfs::programs_for(export))
@@ -49,24 +54,87 @@ fn a_call_on_a_handle_not_yet_known_goes_to_a_worker() {
     lookup.extend(xdr_opaque(b"f"));
     let file = handle_in(&d, &call_record(3, NFS, 3, &lookup));
     let getattr = |fh: &[u8]| call_record(4, NFS, 1, &xdr_opaque(fh));
-    assert!(d.is_quick(&call_record(5, NFS, 0, &[])), "NULL");
-    assert!(d.is_quick(&getattr(&root)));
-    assert!(d.is_quick(&getattr(&file)));
-    let mut write = xdr_opaque(&file);
-    write.extend([0; 8].iter().chain(&[0, 0, 0, 1, 0, 0, 0, 2]));
-    write.extend(xdr_opaque(b"x"));
-    assert!(!d.is_quick(&call_record(6, NFS, 7, &write)), "WRITE");
+    let on = |record: &[u8]| d.placement(record);
+    assert_eq!(on(&call_record(5, NFS, 0, &[])), Placement::Reader, "NULL");
+    assert_eq!(on(&getattr(&root)), Placement::Reader);
+    assert_eq!(on(&getattr(&file)), Placement::Reader);
+    assert_eq!(on(&write(&file, 2, 1)), Placement::Worker, "FILE_SYNC");
+    assert_eq!(on(&write(&file, 0, 1)), Placement::ReaderWhenIdle);
+    assert_eq!(on(&write(&file, 0, 65_537)), Placement::Worker, "128 KiB");
+    assert_eq!(on(&create(&dir, b"g")), Placement::ReaderWhenIdle);
+    assert_eq!(on(&rename(&dir, &root)), Placement::ReaderWhenIdle);
+    assert_eq!(
+        on(&call_record(6, NFS, 21, &xdr_opaque(&file))),
+        Placement::Worker,
+        "COMMIT"
+    );
     // A restart: the file's handle is unknown until a walk finds it.
     let d = dispatcher(export.path());
-    assert!(d.is_quick(&getattr(&root)));
-    assert!(!d.is_quick(&getattr(&file)));
-    assert!(
-        !d.is_quick(&call_record(7, NFS, 4, &xdr_opaque(&dir))),
+    let on = |record: &[u8]| d.placement(record);
+    assert_eq!(on(&getattr(&root)), Placement::Reader);
+    assert_eq!(on(&getattr(&file)), Placement::Worker);
+    assert_eq!(
+        on(&call_record(7, NFS, 4, &xdr_opaque(&dir))),
+        Placement::Worker,
         "ACCESS"
+    );
+    assert_eq!(on(&create(&dir, b"g")), Placement::Worker);
+    assert_eq!(
+        on(&rename(&root, &dir)),
+        Placement::Worker,
+        "the second handle"
     );
     let peer: Option<IpAddr> = Some("127.0.0.1".parse().unwrap());
     d.handle(&getattr(&file), peer);
-    assert!(d.is_quick(&getattr(&file)), "found by the walk");
+    assert_eq!(on(&getattr(&file)), Placement::Reader, "found by the walk");
     // Garbage is answered from the envelope at once.
-    assert!(d.is_quick(&getattr(&[1, 2, 3])));
+    assert_eq!(on(&getattr(&[1, 2, 3])), Placement::Reader);
+}
+
+#[test]
+fn in_a_layered_workspace_only_changes_that_copy_nothing_up_run_on_the_reader() {
+    let (lower, upper) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    std::fs::write(lower.path().join("f"), b"data").unwrap();
+    let stack = layerfs_layers::StackFs::open_in_upper(&[lower.path().to_owned()], upper.path());
+    let d = dispatcher_of(Arc::new(stack.unwrap()), upper.path());
+    let root = handle_in(&d, &call_record(1, MOUNT, 1, &xdr_opaque(b"/")));
+    let mut lookup = xdr_opaque(&root);
+    lookup.extend(xdr_opaque(b"f"));
+    let file = handle_in(&d, &call_record(2, NFS, 3, &lookup));
+    let on = |record: &[u8]| d.placement(record);
+    assert_eq!(on(&create(&root, b"g")), Placement::ReaderWhenIdle);
+    assert_eq!(
+        on(&call_record(3, NFS, 12, &lookup)),
+        Placement::ReaderWhenIdle,
+        "REMOVE"
+    );
+    assert_eq!(on(&write(&file, 0, 1)), Placement::Worker, "a copy-up");
+    assert_eq!(on(&rename(&root, &root)), Placement::Worker);
+}
+
+/// WRITE of `count` zero bytes at offset 0, `stable` as RFC 1813 numbers it.
+fn write(fh: &[u8], stable: u32, count: u32) -> Vec<u8> {
+    let mut args = xdr_opaque(fh);
+    args.extend([0; 8]);
+    args.extend(count.to_be_bytes().iter().chain(&stable.to_be_bytes()));
+    args.extend(xdr_opaque(&vec![0; count as usize]));
+    call_record(6, NFS, 7, &args)
+}
+
+/// CREATE UNCHECKED of `name` with no attributes set.
+fn create(dir: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut args = xdr_opaque(dir);
+    args.extend(xdr_opaque(name));
+    args.extend([0; 4]);
+    args.extend([0; 24]);
+    call_record(8, NFS, 8, &args)
+}
+
+/// RENAME of `a` in `from` to `b` in `to`.
+fn rename(from: &[u8], to: &[u8]) -> Vec<u8> {
+    let mut args = xdr_opaque(from);
+    args.extend(xdr_opaque(b"a"));
+    args.extend(xdr_opaque(to));
+    args.extend(xdr_opaque(b"b"));
+    call_record(9, NFS, 14, &args)
 }

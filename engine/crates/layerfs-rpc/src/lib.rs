@@ -18,7 +18,7 @@ mod timeouts;
 pub mod xdr;
 
 pub use envelope::{AuthSys, Credentials};
-pub use program::{Call, Dispatcher, Outcome, ProcedureStats, Program, Refusal};
+pub use program::{Call, Dispatcher, Outcome, Placement, ProcedureStats, Program, Refusal};
 pub use record::{Receive, Record, Records, READ_AHEAD, RECORD_LIMIT};
 pub use reply::{FileTail, Frame, ReplyBuf, ReplyWriter, Transmit};
 pub use server::{Admission, Server, ServerConfig, ServerHandle, TransportStats};

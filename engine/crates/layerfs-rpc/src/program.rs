@@ -46,18 +46,36 @@ pub trait Program: Send + Sync {
     fn versions(&self) -> (u32, u32);
     /// The procedure's name for logs and counters; `None` if it does not exist.
     fn procedure_name(&self, proc: u32) -> Option<&'static str>;
-    /// Whether the call of `proc` with arguments `args` finishes in
-    /// microseconds without blocking (NULL, a GETATTR from cache): such calls
-    /// run on the connection's reader thread, which saves two thread
-    /// hand-offs per call; the rest go to the workers, so that a slow call
-    /// never holds up the calls behind it on its connection.
-    fn is_quick(&self, proc: u32, args: &[u8]) -> bool {
+    /// Which thread runs the call of `proc` with arguments `args`.
+    fn placement(&self, proc: u32, args: &[u8]) -> Placement {
         let _ = args;
-        proc == 0
+        if proc == 0 {
+            Placement::Reader
+        } else {
+            Placement::Worker
+        }
     }
     /// Runs a call whose version is within `versions()`, appending the
     /// procedure's results to `reply` (which already holds the reply header).
     fn call(&self, call: &Call<'_>, reply: &mut ReplyBuf) -> Result<(), Refusal>;
+}
+
+/// Which thread runs a call. A call on the connection's reader saves two
+/// thread hand-offs (a wake-up each); one on a worker never holds up the
+/// calls behind it on its connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// On the reader: the call finishes in microseconds without blocking
+    /// (NULL, a GETATTR the host answers from its caches).
+    Reader,
+    /// On the reader when the connection has nothing else to do, no call in
+    /// flight and no byte of another record read: the call takes tens of
+    /// microseconds (a CREATE, a small WRITE), which a client that waits
+    /// for each reply would otherwise spend on the hand-offs too.
+    ReaderWhenIdle,
+    /// On a worker: the call may block for milliseconds (an fsync, a walk,
+    /// a copy-up).
+    Worker,
 }
 
 /// What became of one record.
@@ -117,21 +135,21 @@ impl Dispatcher {
         }
     }
 
-    /// Whether the call in `record` may run on the reader thread (see
-    /// [`Program::is_quick`]). Records that are not well-formed calls are quick:
-    /// they are answered from the envelope alone.
-    pub fn is_quick(&self, record: &[u8]) -> bool {
+    /// Which thread runs the call in `record` (see [`Program::placement`]).
+    /// Records that are not well-formed calls run on the reader: they are
+    /// answered from the envelope alone.
+    pub fn placement(&self, record: &[u8]) -> Placement {
         let Some(header) = record.get(..24) else {
-            return true;
+            return Placement::Reader;
         };
         let word =
             |i: usize| u32::from_be_bytes(header[i * 4..i * 4 + 4].try_into().expect("4 bytes"));
         let Some(entry) = self.programs.iter().find(|e| e.program.number() == word(3)) else {
-            return true;
+            return Placement::Reader;
         };
         match envelope::args_at(record) {
-            Some(at) => entry.program.is_quick(word(5), &record[at..]),
-            None => true,
+            Some(at) => entry.program.placement(word(5), &record[at..]),
+            None => Placement::Reader,
         }
     }
 

@@ -138,6 +138,13 @@ impl<R: Receive> Records<R> {
     /// and any error of the stream other than `Interrupted`. After an error the
     /// stream is out of step and the connection must be closed.
     pub fn next_record(&mut self) -> io::Result<Option<Record<'_>>> {
+        Ok(self.next_record_and_rest()?.map(|(record, _)| record))
+    }
+
+    /// The next record, as [`next_record`](Self::next_record), and how many
+    /// bytes already read follow it: none means the peer has sent nothing
+    /// more yet, as far as this reader knows.
+    pub fn next_record_and_rest(&mut self) -> io::Result<Option<(Record<'_>, usize)>> {
         let Some((len, last)) = self.next_mark(true)? else {
             return Ok(None);
         };
@@ -145,7 +152,8 @@ impl<R: Receive> Records<R> {
             self.fill_to(len)?;
             let body = self.start..self.start + len;
             self.consume(len);
-            return Ok(Some(Record::Buffered(&self.buf[body])));
+            let rest = self.buffered();
+            return Ok(Some((Record::Buffered(&self.buf[body]), rest)));
         }
         let mut record = Vec::with_capacity(len);
         self.append_fragment(&mut record, len)?;
@@ -157,7 +165,7 @@ impl<R: Receive> Records<R> {
             self.append_fragment(&mut record, len)?;
             last = is_last;
         }
-        Ok(Some(Record::Owned(record)))
+        Ok(Some((Record::Owned(record), self.buffered())))
     }
 
     /// Consumes the next fragment mark, reading if fewer than four bytes are

@@ -1,9 +1,10 @@
 //! The TCP server: one reader thread per connection, a shared pool of worker
 //! threads, and a bounded window of calls in flight per connection.
 //!
-//! The reader frames records. Quick calls (see [`crate::Program::is_quick`])
-//! run on the reader itself and their replies are sent together once no
-//! further record is buffered; every other call goes to the pool. Replies leave
+//! The reader frames records. Quick calls, and brief ones while the
+//! connection has nothing else to do (see [`crate::Placement`]), run on the
+//! reader itself and their replies are sent together once no further record
+//! is buffered; every other call goes to the pool. Replies leave
 //! in whatever order calls finish (the xid pairs them). When a connection has
 //! `window` calls in flight its reader stops reading until one finishes, so a
 //! client that pipelines without limit holds at most `window` records in
@@ -20,7 +21,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use socket2::{Domain, SockRef, Socket, Type};
 
-use crate::program::{Dispatcher, Outcome};
+use crate::program::{Dispatcher, Outcome, Placement};
 use crate::record::Records;
 use crate::reply::{Frame, ReplyWriter};
 use crate::timeouts::{Limits, Timed};
@@ -541,13 +542,18 @@ fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Shared) {
         }
         // The clocks start now, not while the reader waited for the window.
         records.get_ref().next_record(records.buffered() > 0);
-        let record = match records.next_record() {
-            Ok(Some(record)) => record,
+        let (record, rest) = match records.next_record_and_rest() {
+            Ok(Some(read)) => read,
             Ok(None) => break Ok(()),
             Err(e) => break Err(e),
         };
         conn.records.fetch_add(1, Relaxed);
-        let for_worker = if dispatcher.is_quick(record.as_bytes()) {
+        let on_reader = match dispatcher.placement(record.as_bytes()) {
+            Placement::Reader => true,
+            Placement::ReaderWhenIdle => rest == 0 && !conn.window.is_busy(),
+            Placement::Worker => false,
+        };
+        let for_worker = if on_reader {
             if let Outcome::Reply(frame) = dispatcher.handle(record.as_bytes(), conn.peer) {
                 ready.push(frame);
             }

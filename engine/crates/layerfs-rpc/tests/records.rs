@@ -52,6 +52,31 @@ fn two_records_in_one_segment_cost_one_read() {
 }
 
 #[test]
+fn each_record_says_how_many_bytes_already_read_follow_it() {
+    let (a, b, big) = (body(100, 1), body(200, 2), body(READ_AHEAD * 2, 3));
+    let mut stream = framed(&a);
+    stream.extend(framed(&b));
+    stream.extend(&framed(&big)[..10]);
+    let second = framed(&b).len() + 10;
+    let mut records = Records::new(Script::new([
+        Step::Data(stream),
+        Step::Data(framed(&big)[10..].to_vec()),
+    ]));
+    let (record, rest) = records.next_record_and_rest().unwrap().unwrap();
+    assert_eq!((record.as_bytes(), rest), (&a[..], second));
+    let (record, rest) = records.next_record_and_rest().unwrap().unwrap();
+    assert_eq!(
+        (record.as_bytes(), rest),
+        (&b[..], 10),
+        "the next one's start"
+    );
+    let (record, rest) = records.next_record_and_rest().unwrap().unwrap();
+    assert!(matches!(record, Record::Owned(_)));
+    assert_eq!((record.as_bytes(), rest), (&big[..], 0));
+    assert!(records.next_record_and_rest().unwrap().is_none());
+}
+
+#[test]
 fn a_body_of_8188_bytes_fills_the_read_ahead_in_one_read() {
     let call = body(READ_AHEAD - 4, 3);
     assert_eq!(call.len(), 8188);

@@ -224,6 +224,51 @@ fn a_full_window_stops_reading_until_a_call_finishes() {
     assert_eq!(xids, (0..20).collect::<Vec<_>>());
 }
 
+/// Sends WHERE calls `xids` in one write; which of them ran on a worker.
+fn where_ran(stream: &mut TcpStream, xids: &[u32]) -> Vec<(u32, bool)> {
+    let calls: Vec<u8> = xids
+        .iter()
+        .flat_map(|&xid| framed(&call_msg(xid, 2, TEST_PROG, 2, 4, (0, &[]), &[])))
+        .collect();
+    stream.write_all(&calls).unwrap();
+    let mut records = Records::new(&*stream);
+    let mut ran: Vec<(u32, bool)> = xids
+        .iter()
+        .map(|_| {
+            let reply = records.next_record().unwrap().expect("a reply");
+            let word =
+                |at: usize| u32::from_be_bytes(reply.as_bytes()[at..at + 4].try_into().unwrap());
+            (word(0), word(24) == 1)
+        })
+        .collect();
+    ran.sort_unstable();
+    ran
+}
+
+#[test]
+fn a_brief_call_runs_on_the_reader_only_while_its_connection_is_idle() {
+    let (release, waiting) = mpsc::channel();
+    let program = TestProgram::new();
+    *program.release.lock().unwrap() = Some(waiting);
+    let server = start(program, 8);
+    // Dropped before the server, so that a failed assertion ends the WAIT
+    // the server's stop would otherwise wait for.
+    let release = release;
+    let mut stream = connect(&server);
+    assert_eq!(where_ran(&mut stream, &[1]), [(1, false)], "alone");
+    // Another record already read behind it: the first goes to a worker.
+    assert!(where_ran(&mut stream, &[2, 3])[0].1, "one behind it");
+    // A call in flight on a worker.
+    stream
+        .write_all(&framed(&call_msg(9, 2, TEST_PROG, 2, 2, (0, &[]), &[])))
+        .unwrap();
+    wait_for_stats(&server, |s| s.records == 4);
+    assert_eq!(where_ran(&mut stream, &[4]), [(4, true)], "one in flight");
+    release.send(()).unwrap();
+    assert_eq!(reply_xids(&stream, 1), [9]);
+    assert_eq!(where_ran(&mut stream, &[5]), [(5, false)], "idle again");
+}
+
 #[test]
 fn a_panicking_call_leaves_the_connection_and_its_window_working() {
     let server = start(TestProgram::new(), 2);

@@ -140,6 +140,14 @@ pub trait Filesystem: Send + Sync {
         true
     }
 
+    /// Whether a change to a file may first copy its data elsewhere (a
+    /// layered filesystem's copy-up of a lower file), taking time that grows
+    /// with the file's size: a door then runs changes where they hold up
+    /// nothing else.
+    fn may_copy_up(&self) -> bool {
+        false
+    }
+
     /// Whether `id` still names the file whose generation was `generation`.
     fn check_generation(&self, id: FileId, generation: u64) -> Result<Attr> {
         let attr = self.getattr(id)?;

@@ -288,6 +288,10 @@ impl Filesystem for StackFs {
         self.ids.knows(id)
     }
 
+    fn may_copy_up(&self) -> bool {
+        true
+    }
+
     fn getattr(&self, id: FileId) -> Result<Attr> {
         Ok(self.found(&self.current(), id)?.attr)
     }

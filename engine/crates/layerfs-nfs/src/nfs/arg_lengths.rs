@@ -32,6 +32,26 @@ pub fn fit(fields: &[Field], args: &[u8]) -> bool {
     })
 }
 
+/// Whether `each` holds for every handle among the fields, as far as they
+/// fit in `args`.
+pub fn all_handles(fields: &[Field], args: &[u8], mut each: impl FnMut(&[u8]) -> bool) -> bool {
+    let mut r = Cursor::new(args);
+    for field in fields {
+        let fits = match field {
+            Field::Handle => match r.opaque(NFS3_FHSIZE) {
+                Some(handle) if !each(handle) => return false,
+                found => found.is_some(),
+            },
+            Field::Bytes => r.opaque(usize::MAX).is_some(),
+            Field::Sattr => sattr(&mut r).is_some(),
+        };
+        if !fits {
+            break;
+        }
+    }
+    true
+}
+
 /// Walks an `sattr3`: mode, uid, gid (optional u32s), size (optional u64),
 /// atime and mtime (don't change, server time, or a client time).
 fn sattr(r: &mut Cursor<'_>) -> Option<()> {
@@ -73,6 +93,29 @@ mod tests {
         assert!(!fit(&[Field::Handle], &opaque(&[1; 65])));
         assert!(!fit(&[Field::Handle], &(100u32.to_be_bytes())));
         assert!(fit(&[], &[]));
+    }
+
+    #[test]
+    fn every_handle_is_seen_up_to_the_end_of_what_fits() {
+        let mut rename = opaque(&[1; 41]);
+        rename.extend(opaque(b"from"));
+        rename.extend(opaque(&[2; 41]));
+        rename.extend(opaque(b"to"));
+        let fields = [Field::Handle, Field::Bytes, Field::Handle, Field::Bytes];
+        let mut seen = Vec::new();
+        assert!(all_handles(&fields, &rename, |h| {
+            seen.push(h[0]);
+            true
+        }));
+        assert_eq!(seen, [1, 2]);
+        assert!(!all_handles(&fields, &rename, |h| h[0] == 1), "the second");
+        // Cut inside the first name: only the first handle is there to see.
+        seen.clear();
+        assert!(all_handles(&fields, &rename[..50], |h| {
+            seen.push(h[0]);
+            true
+        }));
+        assert_eq!(seen, [1]);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 /// Declares [`Proc`] from the table: one row per procedure.
 macro_rules! procedures {
-    ($($proc:ident = $number:literal, $name:literal, changes: $changes:literal, quick: $quick:literal, fail: $fail:literal, lengths: [$($field:ident),*];)*) => {
+    ($($proc:ident = $number:literal, $name:literal, changes: $changes:literal, runs: $runs:ident, copies_up: $copies_up:literal, fail: $fail:literal, lengths: [$($field:ident),*];)*) => {
         /// An NFSv3 procedure.
         #[derive(Clone, Copy, Debug, PartialEq, Eq)]
         pub enum Proc {
@@ -32,12 +32,21 @@ macro_rules! procedures {
                 }
             }
 
-            /// A metadata read the host answers from its caches in
-            /// microseconds: run on the connection's reader when the
-            /// filesystem knows its file without a walk.
-            pub fn is_quick(self) -> bool {
+            /// Which thread runs the call when the filesystem knows its
+            /// files without a walk and copies nothing up: metadata reads
+            /// the host answers from its caches on the connection's reader,
+            /// single-entry changes there too when the connection is idle.
+            pub fn runs(self) -> layerfs_rpc::Placement {
                 match self {
-                    $(Proc::$proc => $quick,)*
+                    $(Proc::$proc => layerfs_rpc::Placement::$runs,)*
+                }
+            }
+
+            /// May change a lower file of a layered filesystem, which then
+            /// copies it up first, in time that grows with its size.
+            pub fn copies_up(self) -> bool {
+                match self {
+                    $(Proc::$proc => $copies_up,)*
                 }
             }
 
@@ -62,28 +71,28 @@ macro_rules! procedures {
 }
 
 procedures! {
-    Null = 0, "NULL", changes: false, quick: true, fail: 0, lengths: [];
-    Getattr = 1, "GETATTR", changes: false, quick: true, fail: 0, lengths: [Handle];
-    Setattr = 2, "SETATTR", changes: true, quick: false, fail: 2, lengths: [Handle];
-    Lookup = 3, "LOOKUP", changes: false, quick: true, fail: 1, lengths: [Handle, Bytes];
-    Access = 4, "ACCESS", changes: false, quick: true, fail: 1, lengths: [Handle];
-    Readlink = 5, "READLINK", changes: false, quick: true, fail: 1, lengths: [Handle];
-    Read = 6, "READ", changes: false, quick: false, fail: 1, lengths: [Handle];
-    Write = 7, "WRITE", changes: true, quick: false, fail: 2, lengths: [Handle];
-    Create = 8, "CREATE", changes: true, quick: false, fail: 2, lengths: [Handle, Bytes];
-    Mkdir = 9, "MKDIR", changes: true, quick: false, fail: 2, lengths: [Handle, Bytes];
-    Symlink = 10, "SYMLINK", changes: true, quick: false, fail: 2, lengths: [Handle, Bytes, Sattr, Bytes];
-    Mknod = 11, "MKNOD", changes: true, quick: false, fail: 2, lengths: [Handle, Bytes];
-    Remove = 12, "REMOVE", changes: true, quick: false, fail: 2, lengths: [Handle, Bytes];
-    Rmdir = 13, "RMDIR", changes: true, quick: false, fail: 2, lengths: [Handle, Bytes];
-    Rename = 14, "RENAME", changes: true, quick: false, fail: 4, lengths: [Handle, Bytes, Handle, Bytes];
-    Link = 15, "LINK", changes: true, quick: false, fail: 3, lengths: [Handle, Handle, Bytes];
-    Readdir = 16, "READDIR", changes: false, quick: false, fail: 1, lengths: [Handle];
-    Readdirplus = 17, "READDIRPLUS", changes: false, quick: false, fail: 1, lengths: [Handle];
-    Fsstat = 18, "FSSTAT", changes: false, quick: false, fail: 1, lengths: [Handle];
-    Fsinfo = 19, "FSINFO", changes: false, quick: true, fail: 1, lengths: [Handle];
-    Pathconf = 20, "PATHCONF", changes: false, quick: true, fail: 1, lengths: [Handle];
-    Commit = 21, "COMMIT", changes: false, quick: false, fail: 2, lengths: [Handle];
+    Null = 0, "NULL", changes: false, runs: Reader, copies_up: false, fail: 0, lengths: [];
+    Getattr = 1, "GETATTR", changes: false, runs: Reader, copies_up: false, fail: 0, lengths: [Handle];
+    Setattr = 2, "SETATTR", changes: true, runs: ReaderWhenIdle, copies_up: true, fail: 2, lengths: [Handle];
+    Lookup = 3, "LOOKUP", changes: false, runs: Reader, copies_up: false, fail: 1, lengths: [Handle, Bytes];
+    Access = 4, "ACCESS", changes: false, runs: Reader, copies_up: false, fail: 1, lengths: [Handle];
+    Readlink = 5, "READLINK", changes: false, runs: Reader, copies_up: false, fail: 1, lengths: [Handle];
+    Read = 6, "READ", changes: false, runs: Worker, copies_up: false, fail: 1, lengths: [Handle];
+    Write = 7, "WRITE", changes: true, runs: ReaderWhenIdle, copies_up: true, fail: 2, lengths: [Handle];
+    Create = 8, "CREATE", changes: true, runs: ReaderWhenIdle, copies_up: false, fail: 2, lengths: [Handle, Bytes];
+    Mkdir = 9, "MKDIR", changes: true, runs: ReaderWhenIdle, copies_up: false, fail: 2, lengths: [Handle, Bytes];
+    Symlink = 10, "SYMLINK", changes: true, runs: ReaderWhenIdle, copies_up: false, fail: 2, lengths: [Handle, Bytes, Sattr, Bytes];
+    Mknod = 11, "MKNOD", changes: true, runs: ReaderWhenIdle, copies_up: false, fail: 2, lengths: [Handle, Bytes];
+    Remove = 12, "REMOVE", changes: true, runs: ReaderWhenIdle, copies_up: false, fail: 2, lengths: [Handle, Bytes];
+    Rmdir = 13, "RMDIR", changes: true, runs: ReaderWhenIdle, copies_up: false, fail: 2, lengths: [Handle, Bytes];
+    Rename = 14, "RENAME", changes: true, runs: ReaderWhenIdle, copies_up: true, fail: 4, lengths: [Handle, Bytes, Handle, Bytes];
+    Link = 15, "LINK", changes: true, runs: ReaderWhenIdle, copies_up: true, fail: 3, lengths: [Handle, Handle, Bytes];
+    Readdir = 16, "READDIR", changes: false, runs: Worker, copies_up: false, fail: 1, lengths: [Handle];
+    Readdirplus = 17, "READDIRPLUS", changes: false, runs: Worker, copies_up: false, fail: 1, lengths: [Handle];
+    Fsstat = 18, "FSSTAT", changes: false, runs: Worker, copies_up: false, fail: 1, lengths: [Handle];
+    Fsinfo = 19, "FSINFO", changes: false, runs: Reader, copies_up: false, fail: 1, lengths: [Handle];
+    Pathconf = 20, "PATHCONF", changes: false, runs: Reader, copies_up: false, fail: 1, lengths: [Handle];
+    Commit = 21, "COMMIT", changes: false, runs: Worker, copies_up: false, fail: 2, lengths: [Handle];
 }
 
 #[cfg(test)]

@@ -44,6 +44,19 @@ impl<'a> WriteArgs<'a> {
     }
 }
 
+/// The largest WRITE that may run on a connection's reader.
+pub const BRIEF_WRITE: usize = 64 * 1024;
+
+/// An UNSTABLE WRITE of at most [`BRIEF_WRITE`] bytes: a copy into the page
+/// cache, with no fsync to wait for.
+pub fn is_brief(args: &[u8]) -> bool {
+    let mut r = Cursor::new(args);
+    let head = r
+        .opaque(NFS3_FHSIZE)
+        .and_then(|_| Some((r.u64()?, r.u32()?, r.u32()?)));
+    matches!(head, Some((_, count, 0)) if count as usize <= BRIEF_WRITE)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -80,6 +93,19 @@ mod tests {
             std::ptr::eq(a.data.as_ptr(), bytes[at..].as_ptr()),
             "not copied"
         );
+    }
+
+    #[test]
+    fn only_small_unstable_writes_are_brief() {
+        let data = vec![0; BRIEF_WRITE + 1];
+        let mut a = sample(&data[..BRIEF_WRITE]);
+        assert!(!is_brief(&packed(&a)), "DATA_SYNC");
+        a.stable = stable_how::UNSTABLE;
+        assert!(is_brief(&packed(&a)));
+        assert!(!is_brief(&packed(&a)[..40]), "cut before its stability");
+        a.data = Opaque::borrowed(&data);
+        a.count = data.len() as u32;
+        assert!(!is_brief(&packed(&a)), "past the size");
     }
 
     #[test]

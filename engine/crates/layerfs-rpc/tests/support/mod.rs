@@ -168,7 +168,9 @@ pub fn words(ws: &[u32]) -> Vec<u8> {
 pub const TEST_PROG: u32 = 200_000;
 
 /// A program for transport tests: 0 NULL, 1 ECHO (one u32 argument, returned),
-/// 2 WAIT (blocks until `release` is sent a value), 3 PANIC.
+/// 2 WAIT (blocks until `release` is sent a value), 3 PANIC, 4 WHERE (placed
+/// on the reader when the connection is idle; returns 1 when it ran on a
+/// worker, 0 on the reader).
 pub struct TestProgram {
     pub release: std::sync::Mutex<Option<std::sync::mpsc::Receiver<()>>>,
 }
@@ -191,9 +193,17 @@ impl layerfs_rpc::Program for TestProgram {
     }
 
     fn procedure_name(&self, proc: u32) -> Option<&'static str> {
-        ["NULL", "ECHO", "WAIT", "PANIC"]
+        ["NULL", "ECHO", "WAIT", "PANIC", "WHERE"]
             .get(proc as usize)
             .copied()
+    }
+
+    fn placement(&self, proc: u32, _args: &[u8]) -> layerfs_rpc::Placement {
+        match proc {
+            0 => layerfs_rpc::Placement::Reader,
+            4 => layerfs_rpc::Placement::ReaderWhenIdle,
+            _ => layerfs_rpc::Placement::Worker,
+        }
     }
 
     fn call(
@@ -215,6 +225,12 @@ impl layerfs_rpc::Program for TestProgram {
                 Ok(())
             }
             3 => panic!("a bug in a procedure"),
+            4 => {
+                let name = std::thread::current().name().unwrap_or("").to_owned();
+                let on_worker = name.starts_with("rpc-worker");
+                reply.extend_from_slice(&u32::from(on_worker).to_be_bytes());
+                Ok(())
+            }
             _ => Err(layerfs_rpc::Refusal::ProcUnavail),
         }
     }
