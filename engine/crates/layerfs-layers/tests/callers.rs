@@ -167,6 +167,43 @@ fn a_new_files_mode_is_the_one_asked_for_whatever_the_servers_umask() {
 }
 
 #[test]
+fn a_new_file_is_its_creators_in_a_setgid_directorys_group_with_what_was_asked() {
+    on_both(|fs| {
+        let top = fs.root();
+        let shared = SetAttr {
+            mode: Some(0o2777),
+            gid: Some(GROUP),
+            ..SetAttr::default()
+        };
+        let sg = fs.mkdir(&Caller::root(), top, b"sg", &shared).unwrap().0;
+        assert_eq!((sg.mode, sg.gid), (0o2777, GROUP));
+        let asked = SetAttr {
+            mode: Some(0o4750),
+            size: Some(3),
+            ..SetAttr::default()
+        };
+        for (dir, gid) in [(sg.fileid, GROUP), (top, OTHER)] {
+            let how = Create::Unchecked(asked);
+            let made = fs.create(&user(OTHER), dir, b"new", how).unwrap().0;
+            let seen = (made.uid, made.gid, made.mode, made.size);
+            assert_eq!(seen, (OTHER, gid, 0o4750, 3));
+            let again = fs.getattr(made.fileid).unwrap();
+            assert_eq!((again.uid, again.gid, again.mode, again.size), seen);
+            assert_eq!((again.ctime, again.mtime), (made.ctime, made.mtime));
+        }
+        // Root's own file, with the mode the server's umask would give it:
+        // nothing to change after the create.
+        let plain = SetAttr {
+            mode: Some(0o644),
+            ..SetAttr::default()
+        };
+        let how = Create::Guarded(plain);
+        let made = fs.create(&Caller::root(), top, b"root's", how).unwrap().0;
+        assert_eq!((made.uid, made.gid, made.mode), (0, 0, 0o644));
+    });
+}
+
+#[test]
 fn moving_a_directory_to_another_parent_needs_write_permission_on_it() {
     on_both(|fs| {
         let parent = at(fs, "parent");

@@ -4,7 +4,7 @@
 //! layered workspace share them.
 
 use std::ffi::CStr;
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
@@ -24,7 +24,7 @@ pub mod watch;
 pub use listing::{list, name_cookie};
 pub use rules::{
     apply, check_name, check_setattr, creatable, cstr, exclusive_times, may_change_entries,
-    may_rename, mode_after_write, mode_of_new, removable, sticky_allows,
+    may_rename, mode_after_write, mode_of_new, removable, sticky_allows, timestamps,
 };
 pub use stat::{keeps_inode_numbers, Stats};
 pub use sys::{sync_all, sync_data};
@@ -97,14 +97,31 @@ impl Host {
         };
         let mode = permissions(set.mode.unwrap_or(0o644));
         let created = match rustix::fs::openat(dir, name, base | OFlags::EXCL, mode) {
-            Ok(_) => true,
+            Ok(file) => Some(file),
             Err(Errno::EXIST) if matches!(how, Create::Guarded(_)) => return Err(Error::Exist),
-            Err(Errno::EXIST) => false,
+            Err(Errno::EXIST) => None,
             Err(Errno::ISDIR) => return Err(Error::Exist),
             Err(e) => return Err(e.into()),
         };
+        if let Some(file) = created {
+            let set = match how {
+                Create::Exclusive(verf) => {
+                    let (atime, mtime) = exclusive_times(verf);
+                    SetAttr {
+                        atime: SetTime::Client(atime),
+                        mtime: SetTime::Client(mtime),
+                        ..SetAttr::default()
+                    }
+                }
+                _ => SetAttr {
+                    mode: Some(set.mode.unwrap_or(0o644)),
+                    ..set
+                },
+            };
+            return self.finish_new_file(caller, file.as_fd(), dir_attr, &set);
+        }
         match how {
-            Create::Exclusive(verf) if !created => {
+            Create::Exclusive(verf) => {
                 let existing = self.stats.at(dir, name)?;
                 if existing.kind != FileKind::Regular
                     || exclusive_times(verf) != (existing.atime, existing.mtime)
@@ -112,22 +129,6 @@ impl Host {
                     return Err(Error::Exist);
                 }
                 Ok(existing)
-            }
-            Create::Exclusive(verf) => {
-                let (atime, mtime) = exclusive_times(verf);
-                let stamp = SetAttr {
-                    atime: SetTime::Client(atime),
-                    mtime: SetTime::Client(mtime),
-                    ..SetAttr::default()
-                };
-                self.finish_new(caller, dir, dir_attr, name, &stamp)
-            }
-            _ if created => {
-                let set = SetAttr {
-                    mode: Some(set.mode.unwrap_or(0o644)),
-                    ..set
-                };
-                self.finish_new(caller, dir, dir_attr, name, &set)
             }
             _ => {
                 // UNCHECKED on an existing file: only the size applies.
@@ -158,18 +159,8 @@ impl Host {
         set: &SetAttr,
     ) -> Result<Attr> {
         if self.as_root {
-            let gid = if dir_attr.mode & 0o2000 != 0 {
-                dir_attr.gid
-            } else {
-                caller.gid
-            };
-            rustix::fs::chownat(
-                dir,
-                name,
-                Some(rustix::fs::Uid::from_raw(set.uid.unwrap_or(caller.uid))),
-                Some(rustix::fs::Gid::from_raw(set.gid.unwrap_or(gid))),
-                AtFlags::SYMLINK_NOFOLLOW,
-            )?;
+            let (uid, gid) = owner_of_new(caller, dir_attr, set);
+            rustix::fs::chownat(dir, name, Some(uid), Some(gid), AtFlags::SYMLINK_NOFOLLOW)?;
         }
         let attr = self.stats.at(dir, name)?;
         let mode = set
@@ -186,6 +177,51 @@ impl Host {
             return Ok(attr);
         }
         self.change(dir, name, &attr, &rest)
+    }
+
+    /// [`finish_new`](Self::finish_new) for a regular file just made and
+    /// still open: every change goes through `file`, which names the file
+    /// made whatever its name names by now, and only changes the file needs
+    /// are made (most files need none, or only their owner).
+    fn finish_new_file(
+        &self,
+        caller: &Caller,
+        file: BorrowedFd<'_>,
+        dir_attr: &Attr,
+        set: &SetAttr,
+    ) -> Result<Attr> {
+        let made = self.stats.fd(file)?;
+        let mut changed = false;
+        let mut owned = made;
+        if self.as_root {
+            let (uid, gid) = owner_of_new(caller, dir_attr, set);
+            (owned.uid, owned.gid) = (uid.as_raw(), gid.as_raw());
+            if (owned.uid, owned.gid) != (made.uid, made.gid) {
+                rustix::fs::fchown(file, Some(uid), Some(gid))?;
+                changed = true;
+            }
+        }
+        if let Some(asked) = set.mode {
+            let mode = mode_of_new(caller, asked, &owned);
+            // A chown by root clears the setuid and setgid bits.
+            if mode != made.mode || (changed && mode & 0o6000 != 0) {
+                rustix::fs::fchmod(file, permissions(mode))?;
+                changed = true;
+            }
+        }
+        if let Some(size) = set.size.filter(|&size| size != made.size) {
+            rustix::fs::ftruncate(file, size)?;
+            changed = true;
+        }
+        if let Some(times) = timestamps(set) {
+            rustix::fs::futimens(file, &times)?;
+            changed = true;
+        }
+        if changed {
+            self.stats.fd(file)
+        } else {
+            Ok(made)
+        }
     }
 
     /// Applies `set` to `name` in `dir`, whose attributes are `before`, once
@@ -221,6 +257,21 @@ impl Host {
         apply(dir, name, set)?;
         self.stats.at(dir, name)
     }
+}
+
+/// Who owns a new entry made for `caller` in a directory with attributes
+/// `dir`: the owner `set` asks for, else the caller, in the directory's
+/// group if it is setgid.
+fn owner_of_new(caller: &Caller, dir: &Attr, set: &SetAttr) -> (rustix::fs::Uid, rustix::fs::Gid) {
+    let gid = if dir.mode & 0o2000 != 0 {
+        dir.gid
+    } else {
+        caller.gid
+    };
+    (
+        rustix::fs::Uid::from_raw(set.uid.unwrap_or(caller.uid)),
+        rustix::fs::Gid::from_raw(set.gid.unwrap_or(gid)),
+    )
 }
 
 /// Truncates the regular file `name`: never through a symlink, and without

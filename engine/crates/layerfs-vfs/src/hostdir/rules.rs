@@ -138,8 +138,16 @@ pub fn mode_of_new(caller: &Caller, asked: u32, made: &Attr) -> u32 {
 
 /// Applies the time part of `set` to `name` in `dir` without following a symlink.
 pub fn apply(dir: BorrowedFd<'_>, name: &CStr, set: &SetAttr) -> Result<()> {
+    if let Some(times) = timestamps(set) {
+        rustix::fs::utimensat(dir, name, &times, AtFlags::SYMLINK_NOFOLLOW)?;
+    }
+    Ok(())
+}
+
+/// The time part of `set` as `utimensat` takes it; `None` when it keeps both.
+pub fn timestamps(set: &SetAttr) -> Option<Timestamps> {
     if set.atime == SetTime::Keep && set.mtime == SetTime::Keep {
-        return Ok(());
+        return None;
     }
     let spec = |t: SetTime| match t {
         SetTime::Keep => rustix::fs::Timespec {
@@ -155,12 +163,10 @@ pub fn apply(dir: BorrowedFd<'_>, name: &CStr, set: &SetAttr) -> Result<()> {
             tv_nsec: i64::from(t.nanos) as _,
         },
     };
-    let times = Timestamps {
+    Some(Timestamps {
         last_access: spec(set.atime),
         last_modification: spec(set.mtime),
-    };
-    rustix::fs::utimensat(dir, name, &times, AtFlags::SYMLINK_NOFOLLOW)?;
-    Ok(())
+    })
 }
 
 /// The sticky-bit rule: in a sticky directory only the owner of the entry or
