@@ -311,22 +311,12 @@ pub fn sync_filesystem(fd: BorrowedFd<'_>) -> Result<()> {
 pub fn chmod_at(dir: BorrowedFd<'_>, name: &CStr, mode: Mode) -> Result<()> {
     #[cfg(target_os = "linux")]
     {
-        use std::os::fd::AsRawFd;
-        // chmodat cannot refuse a symlink before Linux 6.6 (fchmodat2), and
-        // fchmod refuses an O_PATH descriptor: the descriptor's own entry in
-        // /proc/self/fd names exactly the inode opened, whatever the name
-        // points to by now.
-        let entry = rustix::fs::openat(
-            dir,
-            name,
-            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        )?;
-        if rustix::fs::FileType::from_raw_mode(rustix::fs::fstat(&entry)?.st_mode).is_symlink() {
-            return Ok(());
+        match sys::fchmodat2_nofollow(dir, name, mode) {
+            // The entry is a symlink by now.
+            Some(Err(Errno::OPNOTSUPP)) => Ok(()),
+            Some(done) => Ok(done?),
+            None => chmod_through_proc(dir, name, mode),
         }
-        let path = format!("/proc/self/fd/{}", entry.as_raw_fd());
-        Ok(rustix::fs::chmod(path.as_str(), mode)?)
     }
     #[cfg(not(target_os = "linux"))]
     Ok(rustix::fs::chmodat(
@@ -335,6 +325,58 @@ pub fn chmod_at(dir: BorrowedFd<'_>, name: &CStr, mode: Mode) -> Result<()> {
         mode,
         AtFlags::SYMLINK_NOFOLLOW,
     )?)
+}
+
+/// [`chmod_at`] on a kernel without `fchmodat2`, whose chmodat cannot
+/// refuse a symlink, and whose fchmod refuses an O_PATH descriptor: the
+/// descriptor's own entry in /proc/self/fd names exactly the inode opened,
+/// whatever the name points to by now.
+#[cfg(target_os = "linux")]
+fn chmod_through_proc(dir: BorrowedFd<'_>, name: &CStr, mode: Mode) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    let entry = rustix::fs::openat(
+        dir,
+        name,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    if rustix::fs::FileType::from_raw_mode(rustix::fs::fstat(&entry)?.st_mode).is_symlink() {
+        return Ok(());
+    }
+    let path = format!("/proc/self/fd/{}", entry.as_raw_fd());
+    Ok(rustix::fs::chmod(path.as_str(), mode)?)
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// Both ways of `chmod_at` change a file and leave a symlink's target alone.
+    #[test]
+    fn a_chmod_changes_the_entry_and_never_a_symlinks_target() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::write(t.path().join("target"), b"").unwrap();
+        std::os::unix::fs::symlink(t.path().join("target"), t.path().join("link")).unwrap();
+        std::fs::write(t.path().join("file"), b"").unwrap();
+        let dir = rustix::fs::open(t.path(), OFlags::DIRECTORY, Mode::empty()).unwrap();
+        let mode_of = |name: &str| {
+            std::fs::metadata(t.path().join(name))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o7777
+        };
+        let before = mode_of("target");
+        type Chmod = fn(BorrowedFd<'_>, &CStr, Mode) -> Result<()>;
+        let ways: [(Chmod, u32); 2] = [(chmod_at, 0o604), (chmod_through_proc, 0o640)];
+        for (way, mode) in ways {
+            way(dir.as_fd(), c"link", permissions(mode)).unwrap();
+            assert_eq!(mode_of("target"), before, "through the symlink");
+            way(dir.as_fd(), c"file", permissions(mode)).unwrap();
+            assert_eq!(mode_of("file"), mode);
+        }
+    }
 }
 
 /// Where a READ of `count` bytes at `offset` of the open `file` (whose

@@ -1,4 +1,5 @@
-//! What differs between hosts: how to make data durable, and special files.
+//! What differs between hosts: how to make data durable, special files, and
+//! system calls newer than the host's kernel may have.
 
 use std::ffi::CStr;
 use std::os::fd::BorrowedFd;
@@ -46,5 +47,49 @@ pub fn mknod(
     {
         let _ = (dir, name, kind, mode, rdev);
         Err(Error::NotSupp)
+    }
+}
+
+/// `fchmodat2(dir, name, mode, AT_SYMLINK_NOFOLLOW)` (Linux 6.6): a chmod
+/// that refuses a symlink (`EOPNOTSUPP`) in one system call. `None` where
+/// the kernel, or a seccomp filter, does not let it run; after `ENOSYS` it
+/// is not tried again.
+#[cfg(target_os = "linux")]
+pub fn fchmodat2_nofollow(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    mode: Mode,
+) -> Option<std::result::Result<(), rustix::io::Errno>> {
+    use std::os::fd::AsRawFd;
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    // Every architecture numbers the system calls added since Linux 5.1 alike.
+    const SYS_FCHMODAT2: libc::c_long = 452;
+    static MISSING: AtomicBool = AtomicBool::new(false);
+    if MISSING.load(Relaxed) {
+        return None;
+    }
+    // SAFETY: the descriptor and the NUL-terminated name outlive the call,
+    // which reads nothing else of this process.
+    let done = unsafe {
+        libc::syscall(
+            SYS_FCHMODAT2,
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            libc::c_uint::from(mode.bits()),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    if done == 0 {
+        return Some(Ok(()));
+    }
+    match rustix::io::Errno::from_io_error(&std::io::Error::last_os_error()) {
+        Some(rustix::io::Errno::NOSYS) => {
+            MISSING.store(true, Relaxed);
+            None
+        }
+        // What an older seccomp filter answers for a call it does not know.
+        Some(rustix::io::Errno::PERM) => None,
+        Some(errno) => Some(Err(errno)),
+        None => None,
     }
 }
