@@ -179,6 +179,11 @@ impl Served<'_> {
         let found = self.export.on_read(&a.what.dir, |dir| {
             fs.lookup_in(who, dir, a.what.name.as_ref())
         });
+        let found = match found {
+            Ok((Ok(attr), dir_attr)) => Ok((attr, dir_attr)),
+            Ok((Err(missing), dir_attr)) => Err((missing.into(), Some(dir_attr))),
+            Err(failed) => Err(failed),
+        };
         let res: LOOKUP3res = match found {
             Ok((attr, dir_attr)) => Nfs3Result::Ok(LOOKUP3resok {
                 object: self.export.handle(&attr),

@@ -39,7 +39,7 @@ impl Filesystem for PanicsOnCreate {
     fn setattr(&self, c: &Caller, id: FileId, s: &SetAttr, g: Option<Timestamp>) -> Result<Change> {
         self.inner.setattr(c, id, s, g)
     }
-    fn lookup_in(&self, c: &Caller, dir: FileId, name: &[u8]) -> Result<(Attr, Attr)> {
+    fn lookup_in(&self, c: &Caller, dir: FileId, name: &[u8]) -> Result<(Result<Attr>, Attr)> {
         self.inner.lookup_in(c, dir, name)
     }
     fn readlink(&self, c: &Caller, id: FileId) -> Result<Vec<u8>> {

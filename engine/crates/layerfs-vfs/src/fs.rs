@@ -169,13 +169,16 @@ pub trait Filesystem: Send + Sync {
     /// The entry `name` of directory `dir`; `.` and `..` are allowed (`..` of
     /// the root is the root).
     fn lookup(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<Attr> {
-        self.lookup_in(caller, dir, name).map(|(attr, _)| attr)
+        self.lookup_in(caller, dir, name)
+            .and_then(|(found, _)| found)
     }
 
     /// [`Filesystem::lookup`], with the attributes `dir` had when it was
-    /// searched: a door checks a handle's generation against them instead
-    /// of reading them once more.
-    fn lookup_in(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<(Attr, Attr)>;
+    /// searched, whether or not the name was found there: a door checks a
+    /// handle's generation against them and answers a missing name with
+    /// them, instead of reading them once more. The outer error is the
+    /// directory's (not one, not searchable, gone).
+    fn lookup_in(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<(Result<Attr>, Attr)>;
 
     fn readlink(&self, caller: &Caller, id: FileId) -> Result<Vec<u8>>;
 

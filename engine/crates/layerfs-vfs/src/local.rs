@@ -352,20 +352,18 @@ impl Filesystem for LocalFs {
         })
     }
 
-    fn lookup_in(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<(Attr, Attr)> {
+    fn lookup_in(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<(Result<Attr>, Attr)> {
         check_name(name)?;
         let (fd, dir_attr) = self.searchable(caller, dir)?;
-        let attr = match name {
-            b"." => dir_attr,
-            b".." if dir == self.root_id => dir_attr,
-            b".." => self.getattr(self.place(dir)?.parent)?,
-            _ => {
-                let attr = self.stat_at(dir, &fd, name)?;
-                self.remember(dir, name, &attr);
-                attr
-            }
+        let found = match name {
+            b"." => Ok(dir_attr),
+            b".." if dir == self.root_id => Ok(dir_attr),
+            b".." => self.place(dir).and_then(|place| self.getattr(place.parent)),
+            _ => self.stat_at(dir, &fd, name).inspect(|attr| {
+                self.remember(dir, name, attr);
+            }),
         };
-        Ok((attr, dir_attr))
+        Ok((found, dir_attr))
     }
 
     fn readlink(&self, caller: &Caller, id: FileId) -> Result<Vec<u8>> {

@@ -323,22 +323,23 @@ impl Filesystem for StackFs {
         Ok(change(&before.attr, Some(f.shown(host))))
     }
 
-    fn lookup_in(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<(Attr, Attr)> {
+    fn lookup_in(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<(Result<Attr>, Attr)> {
         check_name(name)?;
         let layers = self.current();
         let d = self.dir_for(&layers, caller, dir, 1)?;
-        let attr = match name {
-            b"." => d.attr,
-            b".." if dir == ROOT => d.attr,
-            b".." => self.found(&layers, self.node(&layers, dir)?.parent)?.attr,
-            _ if is_hidden(name) => return Err(Error::NoEnt),
-            _ => {
-                let attr = self.look_up(&layers, dir, &d, name)?;
+        let found = match name {
+            b"." => Ok(d.attr),
+            b".." if dir == ROOT => Ok(d.attr),
+            b".." => self
+                .node(&layers, dir)
+                .and_then(|node| self.found(&layers, node.parent))
+                .map(|parent| parent.attr),
+            _ if is_hidden(name) => Err(Error::NoEnt),
+            _ => self.look_up(&layers, dir, &d, name).inspect(|attr| {
                 self.remember(dir, name, attr.fileid);
-                attr
-            }
+            }),
         };
-        Ok((attr, d.attr))
+        Ok((found, d.attr))
     }
 
     fn readlink(&self, _caller: &Caller, id: FileId) -> Result<Vec<u8>> {
