@@ -6,7 +6,7 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use layerfs_vfs::Caller;
+use layerfs_vfs::{Caller, Groups};
 
 /// A process's groups are read again after this long: a process that drops
 /// or gains a group is seen with its new groups within it.
@@ -34,7 +34,7 @@ impl Callers {
             return Caller {
                 uid,
                 gid,
-                gids: Vec::new(),
+                gids: Groups::new(),
             };
         }
         let now = Instant::now();
@@ -45,7 +45,7 @@ impl Callers {
                     return Caller {
                         uid,
                         gid,
-                        gids: k.gids.clone(),
+                        gids: k.gids.as_slice().into(),
                     };
                 }
             }
@@ -64,7 +64,11 @@ impl Callers {
                 at: now,
             },
         );
-        Caller { uid, gid, gids }
+        Caller {
+            uid,
+            gid,
+            gids: gids.into(),
+        }
     }
 }
 
@@ -103,7 +107,7 @@ mod tests {
         let pid = std::process::id();
         let callers = Callers::default();
         let c = callers.caller(4242, 4343, pid);
-        let mut got = c.gids.clone();
+        let mut got = c.gids.to_vec();
         let mut want: Vec<u32> = mine.iter().map(|g| g.as_raw()).collect();
         got.sort();
         want.sort();

@@ -21,7 +21,7 @@ fn user(uid: u32) -> Caller {
     Caller {
         uid,
         gid: uid,
-        gids: Vec::new(),
+        gids: layerfs_vfs::Groups::new(),
     }
 }
 
@@ -130,7 +130,7 @@ fn chmod_by_an_owner_outside_the_group_drops_setgid() {
         let outsider = Caller {
             uid: OWNER,
             gid: 100,
-            gids: Vec::new(),
+            gids: layerfs_vfs::Groups::new(),
         };
         let set = SetAttr {
             mode: Some(0o2755),

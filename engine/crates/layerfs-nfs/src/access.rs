@@ -61,7 +61,7 @@ mod tests {
         Caller {
             uid,
             gid,
-            gids: gids.to_vec(),
+            gids: gids.into(),
         }
     }
 

@@ -88,7 +88,7 @@ impl Export {
     /// Runs `op` on the file a handle names, with its current attributes.
     pub fn on<T>(
         &self,
-        fh: &nfs_fh3,
+        fh: &(impl HandleBytes + ?Sized),
         op: impl FnOnce(FileId, Attr) -> layerfs_vfs::Result<T>,
     ) -> Result<T, Error> {
         let (id, attr) = self.resolve(fh)?;
@@ -101,10 +101,10 @@ impl Export {
     /// the file's attributes if the handle still names it.
     pub fn on_read<T>(
         &self,
-        fh: &nfs_fh3,
+        fh: &(impl HandleBytes + ?Sized),
         op: impl FnOnce(FileId) -> layerfs_vfs::Result<(T, Attr)>,
     ) -> Result<(T, Attr), (Error, Option<Attr>)> {
-        let h = FileHandle::decode(fh.data.as_ref(), self.id, &self.key).map_err(|e| (e, None))?;
+        let h = FileHandle::decode(fh.handle_bytes(), self.id, &self.key).map_err(|e| (e, None))?;
         match op(h.fileid) {
             Ok((found, attr)) if attr.generation == h.generation => Ok((found, attr)),
             // The id now names another file: what `op` did was on that one.
@@ -117,8 +117,8 @@ impl Export {
         }
     }
 
-    pub fn resolve(&self, fh: &nfs_fh3) -> Result<(FileId, Attr), Error> {
-        let h = FileHandle::decode(fh.data.as_ref(), self.id, &self.key)?;
+    pub fn resolve(&self, fh: &(impl HandleBytes + ?Sized)) -> Result<(FileId, Attr), Error> {
+        let h = FileHandle::decode(fh.handle_bytes(), self.id, &self.key)?;
         let attr = self.fs.check_generation(h.fileid, h.generation)?;
         Ok((h.fileid, attr))
     }
@@ -132,7 +132,7 @@ impl Export {
             return Caller {
                 uid,
                 gid,
-                gids: Vec::new(),
+                gids: layerfs_vfs::Groups::new(),
             };
         }
         match cred {
@@ -143,6 +143,24 @@ impl Export {
             },
             Credentials::None => Caller::nobody(),
         }
+    }
+}
+
+/// A file handle as a client sent it: decoded into an `nfs_fh3`, or
+/// borrowed from the record (the quick procedures' arguments).
+pub trait HandleBytes {
+    fn handle_bytes(&self) -> &[u8];
+}
+
+impl HandleBytes for nfs_fh3 {
+    fn handle_bytes(&self) -> &[u8] {
+        self.data.as_ref()
+    }
+}
+
+impl HandleBytes for [u8] {
+    fn handle_bytes(&self) -> &[u8] {
+        self
     }
 }
 

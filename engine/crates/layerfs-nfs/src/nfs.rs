@@ -16,12 +16,12 @@ use crate::export::{Export, Exports};
 use crate::{NFS_PROGRAM, NFS_VERSION};
 
 mod arg_lengths;
+mod args;
 mod listing;
 mod procedures;
-mod write_args;
 
+use args::WriteArgs;
 use procedures::Proc;
-use write_args::WriteArgs;
 
 /// Largest READ and WRITE; the Linux client uses it as rsize and wsize.
 pub const MAX_TRANSFER: u32 = 1024 * 1024;
@@ -108,11 +108,11 @@ impl Served<'_> {
         let a = call.args;
         match proc {
             Proc::Null => Ok(()),
-            Proc::Getattr => self.getattr(args(a)?, reply),
+            Proc::Getattr => self.getattr(args::handle(a)?, reply),
             Proc::Setattr => self.setattr(&who, args(a)?, reply),
-            Proc::Lookup => self.lookup(&who, args(a)?, reply),
-            Proc::Access => self.access(&who, args(a)?, reply),
-            Proc::Readlink => self.readlink(&who, args(a)?, reply),
+            Proc::Lookup => self.lookup(&who, args::lookup(a)?, reply),
+            Proc::Access => self.access(&who, args::access(a)?, reply),
+            Proc::Readlink => self.readlink(&who, args::handle(a)?, reply),
             Proc::Read => self.read(&who, args(a)?, reply),
             Proc::Write => self.write(&who, WriteArgs::decode(a)?, reply),
             Proc::Create => self.create(&who, args(a)?, reply),
@@ -132,8 +132,8 @@ impl Served<'_> {
         }
     }
 
-    fn getattr(&self, a: GETATTR3args, reply: &mut ReplyBuf) -> Result<(), Refusal> {
-        let res: GETATTR3res = match self.export.resolve(&a.object) {
+    fn getattr(&self, fh: &[u8], reply: &mut ReplyBuf) -> Result<(), Refusal> {
+        let res: GETATTR3res = match self.export.resolve(fh) {
             Ok((_, attr)) => Nfs3Result::Ok(GETATTR3resok {
                 obj_attributes: fattr(&attr, self.fsid()),
             }),
@@ -172,39 +172,42 @@ impl Served<'_> {
     fn lookup(
         &self,
         who: &Caller,
-        a: LOOKUP3args<'static>,
+        (dir, name): (&[u8], &[u8]),
         reply: &mut ReplyBuf,
     ) -> Result<(), Refusal> {
         let fs = &self.export.fs;
-        let found = self.export.on_read(&a.what.dir, |dir| {
-            fs.lookup_in(who, dir, a.what.name.as_ref())
-        });
+        let found = self.export.on_read(dir, |dir| fs.lookup_in(who, dir, name));
         let found = match found {
             Ok((Ok(attr), dir_attr)) => Ok((attr, dir_attr)),
             Ok((Err(missing), dir_attr)) => Err((missing.into(), Some(dir_attr))),
             Err(failed) => Err(failed),
         };
-        let res: LOOKUP3res = match found {
-            Ok((attr, dir_attr)) => Nfs3Result::Ok(LOOKUP3resok {
-                object: self.export.handle(&attr),
-                obj_attributes: post_op(Some(&attr), self.fsid()),
-                dir_attributes: post_op(Some(&dir_attr), self.fsid()),
-            }),
-            Err((e, dir_attr)) => Nfs3Result::Err((
-                status(e),
-                LOOKUP3resfail {
-                    dir_attributes: post_op(dir_attr.as_ref(), self.fsid()),
-                },
-            )),
-        };
-        put(reply, &res)
+        // LOOKUP3res field by field: its `nfs_fh3` would copy the handle
+        // into a buffer of its own.
+        match found {
+            Ok((attr, dir_attr)) => {
+                put(reply, &nfsstat3::NFS3_OK)?;
+                put(reply, &Opaque::borrowed(&self.export.handle_bytes(&attr)))?;
+                put(reply, &post_op(Some(&attr), self.fsid()))?;
+                put(reply, &post_op(Some(&dir_attr), self.fsid()))
+            }
+            Err((e, dir_attr)) => {
+                put(reply, &status(e))?;
+                put(reply, &post_op(dir_attr.as_ref(), self.fsid()))
+            }
+        }
     }
 
-    fn access(&self, who: &Caller, a: ACCESS3args, reply: &mut ReplyBuf) -> Result<(), Refusal> {
-        let res: ACCESS3res = match self.export.resolve(&a.object) {
+    fn access(
+        &self,
+        who: &Caller,
+        (fh, asked): (&[u8], u32),
+        reply: &mut ReplyBuf,
+    ) -> Result<(), Refusal> {
+        let res: ACCESS3res = match self.export.resolve(fh) {
             Ok((_, attr)) => Nfs3Result::Ok(ACCESS3resok {
                 obj_attributes: post_op(Some(&attr), self.fsid()),
-                access: granted(&attr, who, a.access),
+                access: granted(&attr, who, asked),
             }),
             Err(e) => Nfs3Result::Err((
                 status(e),
@@ -216,13 +219,8 @@ impl Served<'_> {
         put(reply, &res)
     }
 
-    fn readlink(
-        &self,
-        who: &Caller,
-        a: READLINK3args,
-        reply: &mut ReplyBuf,
-    ) -> Result<(), Refusal> {
-        let result = self.export.on(&a.symlink, |id, attr| {
+    fn readlink(&self, who: &Caller, fh: &[u8], reply: &mut ReplyBuf) -> Result<(), Refusal> {
+        let result = self.export.on(fh, |id, attr| {
             self.export
                 .fs
                 .readlink(who, id)
@@ -681,7 +679,7 @@ impl Program for NfsProgram {
             return Placement::Worker;
         };
         let runs = p.runs();
-        if runs == Placement::Worker || (p == Proc::Write && !write_args::is_brief(args)) {
+        if runs == Placement::Worker || (p == Proc::Write && !args::is_brief(args)) {
             return Placement::Worker;
         }
         let at_hand = arg_lengths::all_handles(p.lengths(), args, |handle| {

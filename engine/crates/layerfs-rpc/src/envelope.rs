@@ -7,6 +7,8 @@
 
 use std::fmt;
 
+use smallvec::SmallVec;
+
 use nfs3_types::rpc::{
     accept_stat_data, accepted_reply, auth_flavor, auth_stat, msg_body, opaque_auth,
     rejected_reply, reply_body, rpc_msg, RPC_VERSION_2,
@@ -33,14 +35,15 @@ pub enum Credentials {
     Sys(AuthSys),
 }
 
-/// An AUTH_SYS credential.
+/// An AUTH_SYS credential. Its fields are kept inline, the machine name up
+/// to 64 bytes and every group (at most 16): decoding one allocates nothing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AuthSys {
     pub stamp: u32,
-    pub machine_name: Vec<u8>,
+    pub machine_name: SmallVec<[u8; 64]>,
     pub uid: u32,
     pub gid: u32,
-    pub gids: Vec<u32>,
+    pub gids: SmallVec<[u32; MAX_GIDS]>,
 }
 
 /// A decoded call header; the procedure's arguments follow at `args_at`.
@@ -165,14 +168,16 @@ pub fn args_at(record: &[u8]) -> Option<usize> {
 fn decode_auth_sys(body: &[u8]) -> Option<AuthSys> {
     let mut r = Cursor::new(body);
     let stamp = r.u32()?;
-    let machine_name = r.opaque(MAX_MACHINE_NAME)?.to_vec();
+    let machine_name = SmallVec::from_slice(r.opaque(MAX_MACHINE_NAME)?);
     let uid = r.u32()?;
     let gid = r.u32()?;
     let count = r.u32()? as usize;
     if count > MAX_GIDS {
         return None;
     }
-    let gids = (0..count).map(|_| r.u32()).collect::<Option<Vec<_>>>()?;
+    let gids = (0..count)
+        .map(|_| r.u32())
+        .collect::<Option<SmallVec<_>>>()?;
     r.is_empty().then_some(AuthSys {
         stamp,
         machine_name,

@@ -47,10 +47,10 @@ fn an_auth_sys_call_decodes() {
         header.cred,
         Credentials::Sys(AuthSys {
             stamp: 7,
-            machine_name: b"host".to_vec(),
+            machine_name: b"host".as_slice().into(),
             uid: 501,
             gid: 20,
-            gids: vec![12, 61],
+            gids: [12, 61].as_slice().into(),
         })
     );
     assert_eq!(&msg[header.args_at..], words(&[9]));

@@ -5,13 +5,17 @@
 
 use crate::attr::{Attr, FileKind};
 
+/// A caller's supplementary groups, kept inline up to AUTH_SYS's limit of 16
+/// so that naming a caller for a call allocates nothing.
+pub type Groups = smallvec::SmallVec<[u32; 16]>;
+
 /// Who is asking: the uid and groups a door was given (AUTH_SYS over NFS,
 /// the request and `/proc` over FUSE).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Caller {
     pub uid: u32,
     pub gid: u32,
-    pub gids: Vec<u32>,
+    pub gids: Groups,
 }
 
 impl Caller {
@@ -20,7 +24,7 @@ impl Caller {
         Caller {
             uid: 0,
             gid: 0,
-            gids: Vec::new(),
+            gids: Groups::new(),
         }
     }
 
@@ -29,7 +33,7 @@ impl Caller {
         Caller {
             uid: 65534,
             gid: 65534,
-            gids: Vec::new(),
+            gids: Groups::new(),
         }
     }
 
@@ -80,7 +84,7 @@ mod tests {
         Caller {
             uid,
             gid,
-            gids: gids.to_vec(),
+            gids: gids.into(),
         }
     }
 

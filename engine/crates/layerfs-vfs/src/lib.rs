@@ -14,7 +14,7 @@ pub mod ids;
 mod local;
 pub mod stripes;
 
-pub use access::Caller;
+pub use access::{Caller, Groups};
 pub use attr::{Attr, Change, FileKind, SetAttr, SetTime, Timestamp, WccAttr};
 pub use error::{Error, Result};
 pub use fs::{

@@ -57,7 +57,7 @@ pub fn cred(uid: u32, gid: u32) -> opaque_auth<'static> {
         machinename: Opaque::borrowed(b"test"),
         uid,
         gid,
-        gids: vec![gid],
+        gids: [gid].as_slice().into(),
     })
 }
 

@@ -1,4 +1,6 @@
-//! WRITE's arguments, decoded without copying the payload.
+//! Arguments decoded in place, borrowing handles, names and WRITE's payload
+//! from the record: `nfs3_types` copies each into a buffer of its own, an
+//! allocation or more per call that the quick procedures and WRITE skip.
 
 use layerfs_rpc::xdr::Cursor;
 use layerfs_rpc::Refusal;
@@ -42,6 +44,29 @@ impl<'a> WriteArgs<'a> {
             data: &data[..count.min(len)],
         })
     }
+}
+
+/// The handle that GETATTR's and READLINK's arguments are.
+pub fn handle(args: &[u8]) -> Result<&[u8], Refusal> {
+    Cursor::new(args)
+        .opaque(NFS3_FHSIZE)
+        .ok_or(Refusal::GarbageArgs)
+}
+
+/// LOOKUP3args: the directory's handle and the name.
+pub fn lookup(args: &[u8]) -> Result<(&[u8], &[u8]), Refusal> {
+    let mut r = Cursor::new(args);
+    let dir = r.opaque(NFS3_FHSIZE).ok_or(Refusal::GarbageArgs)?;
+    let name = r.opaque(usize::MAX).ok_or(Refusal::GarbageArgs)?;
+    Ok((dir, name))
+}
+
+/// ACCESS3args: the handle and the access bits asked about.
+pub fn access(args: &[u8]) -> Result<(&[u8], u32), Refusal> {
+    let mut r = Cursor::new(args);
+    let fh = r.opaque(NFS3_FHSIZE).ok_or(Refusal::GarbageArgs)?;
+    let asked = r.u32().ok_or(Refusal::GarbageArgs)?;
+    Ok((fh, asked))
 }
 
 /// The largest WRITE that may run on a connection's reader.
@@ -93,6 +118,42 @@ mod tests {
             std::ptr::eq(a.data.as_ptr(), bytes[at..].as_ptr()),
             "not copied"
         );
+    }
+
+    #[test]
+    fn the_quick_procedures_arguments_borrow_their_handles_and_names() {
+        use nfs3_types::nfs3::{diropargs3, filename3, ACCESS3args, LOOKUP3args};
+        let fh = nfs_fh3 {
+            data: Opaque::owned(vec![7; 41]),
+        };
+        let mut bytes = Vec::new();
+        let what = diropargs3 {
+            dir: fh.clone(),
+            name: filename3(Opaque::borrowed(b"name")),
+        };
+        LOOKUP3args { what }.pack(&mut bytes).unwrap();
+        let (dir, name) = lookup(&bytes).unwrap();
+        assert_eq!((dir, name), (&[7; 41][..], &b"name"[..]));
+        assert!(
+            std::ptr::eq(dir.as_ptr(), bytes[4..].as_ptr()),
+            "not copied"
+        );
+        for cut in [0, 3, 44, bytes.len() - 5] {
+            assert!(lookup(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut bytes = Vec::new();
+        ACCESS3args {
+            object: fh.clone(),
+            access: 0x1f,
+        }
+        .pack(&mut bytes)
+        .unwrap();
+        assert_eq!(access(&bytes).unwrap(), (&[7; 41][..], 0x1f));
+        assert!(access(&bytes[..bytes.len() - 1]).is_err());
+        assert_eq!(handle(&bytes).unwrap(), &[7; 41][..]);
+        let mut long = bytes;
+        long[..4].copy_from_slice(&65u32.to_be_bytes());
+        assert!(handle(&long).is_err(), "past NFSv3's 64 bytes");
     }
 
     #[test]
