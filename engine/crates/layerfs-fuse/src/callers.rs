@@ -22,7 +22,7 @@ pub struct Callers {
 struct Known {
     uid: u32,
     gid: u32,
-    gids: Vec<u32>,
+    gids: Groups,
     at: Instant,
 }
 
@@ -45,12 +45,12 @@ impl Callers {
                     return Caller {
                         uid,
                         gid,
-                        gids: k.gids.as_slice().into(),
+                        gids: k.gids.clone(),
                     };
                 }
             }
         }
-        let gids = groups_of(pid).unwrap_or_default();
+        let gids: Groups = groups_of(pid).unwrap_or_default().into();
         let mut known = self.known.lock();
         if known.len() >= MOST {
             known.clear();
@@ -64,11 +64,7 @@ impl Callers {
                 at: now,
             },
         );
-        Caller {
-            uid,
-            gid,
-            gids: gids.into(),
-        }
+        Caller { uid, gid, gids }
     }
 }
 

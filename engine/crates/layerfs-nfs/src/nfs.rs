@@ -176,26 +176,20 @@ impl Served<'_> {
         reply: &mut ReplyBuf,
     ) -> Result<(), Refusal> {
         let fs = &self.export.fs;
-        let found = self.export.on_read(dir, |dir| fs.lookup_in(who, dir, name));
-        let found = match found {
-            Ok((Ok(attr), dir_attr)) => Ok((attr, dir_attr)),
-            Ok((Err(missing), dir_attr)) => Err((missing.into(), Some(dir_attr))),
-            Err(failed) => Err(failed),
-        };
-        // LOOKUP3res field by field: its `nfs_fh3` would copy the handle
-        // into a buffer of its own.
-        match found {
-            Ok((attr, dir_attr)) => {
+        let (e, dir_attr) = match self.export.on_read(dir, |dir| fs.lookup_in(who, dir, name)) {
+            Ok((Ok(attr), dir_attr)) => {
+                // LOOKUP3resok field by field: its `nfs_fh3` would copy the
+                // handle into a buffer of its own.
                 put(reply, &nfsstat3::NFS3_OK)?;
                 put(reply, &Opaque::borrowed(&self.export.handle_bytes(&attr)))?;
                 put(reply, &post_op(Some(&attr), self.fsid()))?;
-                put(reply, &post_op(Some(&dir_attr), self.fsid()))
+                return put(reply, &post_op(Some(&dir_attr), self.fsid()));
             }
-            Err((e, dir_attr)) => {
-                put(reply, &status(e))?;
-                put(reply, &post_op(dir_attr.as_ref(), self.fsid()))
-            }
-        }
+            Ok((Err(missing), dir_attr)) => (missing.into(), Some(dir_attr)),
+            Err(failed) => failed,
+        };
+        put(reply, &status(e))?;
+        put(reply, &post_op(dir_attr.as_ref(), self.fsid()))
     }
 
     fn access(

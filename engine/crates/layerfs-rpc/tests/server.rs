@@ -14,19 +14,19 @@ use layerfs_rpc::{
 use support::{call_msg, framed, words, TestProgram, TEST_PROG};
 
 fn start(program: TestProgram, window: usize) -> ServerHandle {
-    let programs: Vec<Box<dyn Program>> = vec![Box::new(program)];
     let config = ServerConfig {
         window,
         workers: 4,
         ..ServerConfig::default()
     };
-    let server = Server::bind(
-        "127.0.0.1:0".parse().unwrap(),
-        Arc::new(Dispatcher::new(programs)),
-        config,
-    )
-    .unwrap();
-    server.spawn().unwrap()
+    start_with(program, config)
+}
+
+fn start_with(program: TestProgram, config: ServerConfig) -> ServerHandle {
+    let programs: Vec<Box<dyn Program>> = vec![Box::new(program)];
+    let dispatcher = Arc::new(Dispatcher::new(programs));
+    let server = Server::bind("127.0.0.1:0".parse().unwrap(), dispatcher, config);
+    server.unwrap().spawn().unwrap()
 }
 
 fn connect(server: &ServerHandle) -> TcpStream {
@@ -319,18 +319,12 @@ fn stop_closes_open_connections_and_ends_every_thread() {
 }
 
 fn start_with_limits(record_deadline: Duration, idle_timeout: Duration) -> ServerHandle {
-    let programs: Vec<Box<dyn Program>> = vec![Box::new(TestProgram::new())];
     let config = ServerConfig {
         record_deadline,
         idle_timeout,
         ..ServerConfig::default()
     };
-    let server = Server::bind(
-        "127.0.0.1:0".parse().unwrap(),
-        Arc::new(Dispatcher::new(programs)),
-        config,
-    );
-    server.unwrap().spawn().unwrap()
+    start_with(TestProgram::new(), config)
 }
 
 /// Reads until the server closes the stream; how long that took.
@@ -404,17 +398,11 @@ fn past_the_connection_limit_the_longest_idle_connection_makes_room() {
     let (release, gate) = mpsc::channel();
     let program = TestProgram::new();
     *program.release.lock().unwrap() = Some(gate);
-    let programs: Vec<Box<dyn Program>> = vec![Box::new(program)];
     let config = ServerConfig {
         max_connections: 2,
         ..ServerConfig::default()
     };
-    let server = Server::bind(
-        "127.0.0.1:0".parse().unwrap(),
-        Arc::new(Dispatcher::new(programs)),
-        config,
-    );
-    let server = server.unwrap().spawn().unwrap();
+    let server = start_with(program, config);
     let mut idle = connect(&server);
     idle.write_all(&null_call(1)).unwrap();
     assert_eq!(reply_xids(&idle, 1), vec![1]);
@@ -440,13 +428,7 @@ fn the_connection_that_called_last_is_not_the_one_closed_for_room() {
         max_connections: 2,
         ..ServerConfig::default()
     };
-    let programs: Vec<Box<dyn Program>> = vec![Box::new(TestProgram::new())];
-    let server = Server::bind(
-        "127.0.0.1:0".parse().unwrap(),
-        Arc::new(Dispatcher::new(programs)),
-        config,
-    );
-    let server = server.unwrap().spawn().unwrap();
+    let server = start_with(TestProgram::new(), config);
     let mut first = connect(&server);
     first.write_all(&null_call(1)).unwrap();
     assert_eq!(reply_xids(&first, 1), vec![1]);
