@@ -257,7 +257,9 @@ impl Exports {
             return true;
         };
         match self.get(handle.export) {
-            Some(export) => export.fs.knows(handle.fileid) && !(change && export.fs.may_copy_up()),
+            Some(export) => {
+                export.fs.knows(handle.fileid) && !(change && export.fs.may_copy_up(handle.fileid))
+            }
             None => true,
         }
     }

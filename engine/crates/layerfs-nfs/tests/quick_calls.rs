@@ -96,7 +96,8 @@ fn in_a_layered_workspace_only_changes_that_copy_nothing_up_run_on_the_reader() 
     let (lower, upper) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     std::fs::write(lower.path().join("f"), b"data").unwrap();
     let stack = layerfs_layers::StackFs::open_in_upper(&[lower.path().to_owned()], upper.path());
-    let d = dispatcher_of(Arc::new(stack.unwrap()), upper.path());
+    let stack = Arc::new(stack.unwrap());
+    let d = dispatcher_of(stack.clone(), upper.path());
     let root = handle_in(&d, &call_record(1, MOUNT, 1, &xdr_opaque(b"/")));
     let mut lookup = xdr_opaque(&root);
     lookup.extend(xdr_opaque(b"f"));
@@ -109,7 +110,48 @@ fn in_a_layered_workspace_only_changes_that_copy_nothing_up_run_on_the_reader() 
         "REMOVE"
     );
     assert_eq!(on(&write(&file, 0, 1)), Placement::Worker, "a copy-up");
+    assert_eq!(on(&setattr(&file)), Placement::Worker, "a copy-up");
     assert_eq!(on(&rename(&root, &root)), Placement::Worker);
+    let peer: Option<IpAddr> = Some("127.0.0.1".parse().unwrap());
+    let ran = |record: &[u8]| {
+        let Outcome::Reply(reply) = d.handle(record, peer) else {
+            panic!("dropped")
+        };
+        assert_eq!(reply.bytes()[4 + 24..][..4], [0, 0, 0, 0], "status");
+    };
+    ran(&write(&file, 0, 1));
+    assert_eq!(
+        on(&write(&file, 0, 1)),
+        Placement::ReaderWhenIdle,
+        "copied up"
+    );
+    assert_eq!(on(&setattr(&file)), Placement::ReaderWhenIdle, "copied up");
+    // A directory made in the workspace has no lower part: nothing in it is
+    // copied up by a change.
+    let mut mkdir = xdr_opaque(&root);
+    mkdir.extend(xdr_opaque(b"new"));
+    mkdir.extend([0; 24]);
+    ran(&call_record(4, NFS, 9, &mkdir));
+    let mut lookup = xdr_opaque(&root);
+    lookup.extend(xdr_opaque(b"new"));
+    let new = handle_in(&d, &call_record(5, NFS, 3, &lookup));
+    ran(&create(&new, b"a"));
+    assert_eq!(on(&rename(&new, &new)), Placement::ReaderWhenIdle);
+    assert_eq!(on(&rename(&new, &root)), Placement::Worker, "into the root");
+    // A commit turns the upper into a layer: its files are lower again.
+    let next = tempfile::tempdir_in(upper.path().parent().unwrap()).unwrap();
+    stack.commit_upper(next.path(), |_| Ok(())).unwrap();
+    assert_eq!(on(&write(&file, 0, 1)), Placement::Worker, "committed");
+    assert_eq!(on(&rename(&new, &new)), Placement::Worker, "committed");
+}
+
+/// SETATTR of mode 0600.
+fn setattr(fh: &[u8]) -> Vec<u8> {
+    let mut args = xdr_opaque(fh);
+    args.extend([0, 0, 0, 1, 0, 0, 0o6, 0]);
+    args.extend([0; 20]);
+    args.extend([0; 4]);
+    call_record(10, NFS, 2, &args)
 }
 
 /// WRITE of `count` zero bytes at offset 0, `stable` as RFC 1813 numbers it.

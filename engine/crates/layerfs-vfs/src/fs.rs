@@ -140,11 +140,13 @@ pub trait Filesystem: Send + Sync {
         true
     }
 
-    /// Whether a change to a file may first copy its data elsewhere (a
-    /// layered filesystem's copy-up of a lower file), taking time that grows
-    /// with the file's size: a door then runs changes where they hold up
-    /// nothing else.
-    fn may_copy_up(&self) -> bool {
+    /// Whether a change to `id`, or for a directory a change to an entry in
+    /// it, may first copy data elsewhere (a layered filesystem's copy-up of
+    /// a lower file), taking time that grows with the file's size: a door
+    /// then runs the change where it holds up nothing else. Answered from
+    /// what is already known, without a host call; `true` when unsure.
+    fn may_copy_up(&self, id: FileId) -> bool {
+        let _ = id;
         false
     }
 

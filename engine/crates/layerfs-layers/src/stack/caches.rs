@@ -33,7 +33,7 @@ use std::sync::Arc;
 use layerfs_vfs::hostdir;
 use layerfs_vfs::{Attr, FileId, Name};
 
-use super::merge::{Found, Listed};
+use super::merge::{Found, Listed, UPPER};
 
 /// A directory's listing with each entry's cookie, sorted by cookie.
 pub type Listing = Arc<Vec<(u64, Listed)>>;
@@ -79,6 +79,13 @@ impl<K: Hash + Eq, V: Clone> Kept<K, V> {
         map.get(key)
             .filter(|(stamp, _)| valid(stamp))
             .map(|(_, v)| v.clone())
+    }
+
+    /// `test` of the value kept for `key`, if valid; `false` if none is.
+    fn holds(&self, key: &K, valid: impl Fn(&Stamp) -> bool, test: impl Fn(&V) -> bool) -> bool {
+        let map = self.map.lock();
+        map.get(key)
+            .is_some_and(|(stamp, v)| valid(stamp) && test(v))
     }
 
     /// Keeps `value`; whether the map was full and started over.
@@ -235,6 +242,26 @@ impl Caches {
 
     pub fn keep_file(&self, id: FileId, stamp: Stamp, layer: usize, fd: Arc<OwnedFd>) {
         self.files.insert(id, stamp, (layer, fd));
+    }
+
+    /// Whether `id` is known, from what is kept, to lie wholly in the upper
+    /// in `generation`: a file found or opened there, or a directory with no
+    /// lower part. A file never leaves the upper but by going, and nothing
+    /// is copied up for a file already there or for an entry of such a
+    /// directory.
+    pub fn wholly_upper(&self, id: FileId, generation: u64) -> bool {
+        let now = self.stamp(generation);
+        let this_generation = |s: &Stamp| s.generation == generation;
+        self.files
+            .holds(&id, this_generation, |(layer, _)| *layer == UPPER)
+            || self
+                .located
+                .holds(&id, this_generation, |f| f.layer == UPPER)
+            || self.dirs.holds(
+                &id,
+                |s| s.generation == now.generation && s.dirs == now.dirs,
+                |d| d.parts.iter().all(|part| part.layer == UPPER),
+            )
     }
 
     /// The file `id` names is gone.

@@ -288,8 +288,12 @@ impl Filesystem for StackFs {
         self.ids.knows(id)
     }
 
-    fn may_copy_up(&self) -> bool {
-        true
+    /// Not for a file kept open in the upper, or a directory kept with no
+    /// lower part (so every entry in it is the upper's): in this generation
+    /// neither can be found in a lower layer again.
+    fn may_copy_up(&self, id: FileId) -> bool {
+        let generation = self.layers.read().generation;
+        !self.caches.wholly_upper(id, generation)
     }
 
     fn getattr(&self, id: FileId) -> Result<Attr> {
