@@ -6,18 +6,19 @@
 
 use std::hint::black_box;
 use std::time::Instant;
+use twox_hash::XxHash3_64;
 
 fn main() {
     let data = vec![7u8; 1 << 20];
     let rounds = 2000u32;
-    for i in 0..200 {
-        black_box(xxhash_rust::xxh3::xxh3_64_with_seed(&data, i));
+    for i in 0..200u64 {
+        black_box(XxHash3_64::oneshot_with_seed(i, &data));
     }
     let start = Instant::now();
     for i in 0..rounds {
-        black_box(xxhash_rust::xxh3::xxh3_64_with_seed(
-            black_box(&data),
+        black_box(XxHash3_64::oneshot_with_seed(
             u64::from(i),
+            black_box(&data),
         ));
     }
     let xxh3 = start.elapsed() / rounds;
