@@ -248,17 +248,19 @@ impl Exports {
         }
     }
 
-    /// Whether a call on `handle` finishes without long work on its file:
-    /// a walk to find it (for a handle from before a restart) or, where the
-    /// call may `change` it, a copy-up. A bad handle is answered at once;
-    /// the MAC is checked when the call runs.
-    pub fn is_at_hand(&self, handle: &[u8], change: bool) -> bool {
+    /// Whether a call on `handle` (with `entry`, on that entry of the
+    /// directory) finishes without long work: a walk to find its file (for
+    /// a handle from before a restart) or, where the call may `change` it,
+    /// a copy-up. A bad handle is answered at once; the MAC is checked when
+    /// the call runs.
+    pub fn is_at_hand(&self, handle: &[u8], entry: Option<&[u8]>, change: bool) -> bool {
         let Ok(handle) = FileHandle::unchecked(handle) else {
             return true;
         };
         match self.get(handle.export) {
             Some(export) => {
-                export.fs.knows(handle.fileid) && !(change && export.fs.may_copy_up(handle.fileid))
+                export.fs.knows(handle.fileid)
+                    && !(change && export.fs.may_copy_up(handle.fileid, entry))
             }
             None => true,
         }

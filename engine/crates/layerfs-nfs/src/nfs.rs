@@ -676,8 +676,8 @@ impl Program for NfsProgram {
         if runs == Placement::Worker || (p == Proc::Write && !args::is_brief(args)) {
             return Placement::Worker;
         }
-        let at_hand = arg_lengths::all_handles(p.lengths(), args, |handle| {
-            self.exports.is_at_hand(handle, p.copies_up())
+        let at_hand = arg_lengths::all_handles(p.lengths(), args, |handle, entry| {
+            self.exports.is_at_hand(handle, entry, p.copies_up())
         });
         if at_hand {
             runs

@@ -111,7 +111,19 @@ fn in_a_layered_workspace_only_changes_that_copy_nothing_up_run_on_the_reader() 
     );
     assert_eq!(on(&write(&file, 0, 1)), Placement::Worker, "a copy-up");
     assert_eq!(on(&setattr(&file)), Placement::Worker, "a copy-up");
-    assert_eq!(on(&rename(&root, &root)), Placement::Worker);
+    // The root merges with the lower root, whose entries the LOOKUP read:
+    // a RENAME of a name no lower layer holds copies nothing up.
+    assert_eq!(on(&rename(&root, &root)), Placement::ReaderWhenIdle);
+    assert_eq!(
+        on(&rename_names(&root, b"f", &root, b"b")),
+        Placement::Worker,
+        "a lower file"
+    );
+    assert_eq!(
+        on(&rename_names(&root, b"a", &root, b"f")),
+        Placement::Worker,
+        "over a lower file"
+    );
     let peer: Option<IpAddr> = Some("127.0.0.1".parse().unwrap());
     let ran = |record: &[u8]| {
         let Outcome::Reply(reply) = d.handle(record, peer) else {
@@ -137,12 +149,18 @@ fn in_a_layered_workspace_only_changes_that_copy_nothing_up_run_on_the_reader() 
     let new = handle_in(&d, &call_record(5, NFS, 3, &lookup));
     ran(&create(&new, b"a"));
     assert_eq!(on(&rename(&new, &new)), Placement::ReaderWhenIdle);
-    assert_eq!(on(&rename(&new, &root)), Placement::Worker, "into the root");
+    assert_eq!(on(&rename(&new, &root)), Placement::ReaderWhenIdle);
+    assert_eq!(
+        on(&rename_names(&new, b"a", &root, b"f")),
+        Placement::Worker,
+        "over a lower file"
+    );
     // A commit turns the upper into a layer: its files are lower again.
     let next = tempfile::tempdir_in(upper.path().parent().unwrap()).unwrap();
     stack.commit_upper(next.path(), |_| Ok(())).unwrap();
     assert_eq!(on(&write(&file, 0, 1)), Placement::Worker, "committed");
     assert_eq!(on(&rename(&new, &new)), Placement::Worker, "committed");
+    assert_eq!(on(&rename(&root, &root)), Placement::Worker, "committed");
 }
 
 /// SETATTR of mode 0600.
@@ -174,9 +192,13 @@ fn create(dir: &[u8], name: &[u8]) -> Vec<u8> {
 
 /// RENAME of `a` in `from` to `b` in `to`.
 fn rename(from: &[u8], to: &[u8]) -> Vec<u8> {
+    rename_names(from, b"a", to, b"b")
+}
+
+fn rename_names(from: &[u8], a: &[u8], to: &[u8], b: &[u8]) -> Vec<u8> {
     let mut args = xdr_opaque(from);
-    args.extend(xdr_opaque(b"a"));
+    args.extend(xdr_opaque(a));
     args.extend(xdr_opaque(to));
-    args.extend(xdr_opaque(b"b"));
+    args.extend(xdr_opaque(b));
     call_record(9, NFS, 14, &args)
 }

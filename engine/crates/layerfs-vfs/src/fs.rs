@@ -140,13 +140,14 @@ pub trait Filesystem: Send + Sync {
         true
     }
 
-    /// Whether a change to `id`, or for a directory a change to an entry in
-    /// it, may first copy data elsewhere (a layered filesystem's copy-up of
-    /// a lower file), taking time that grows with the file's size: a door
-    /// then runs the change where it holds up nothing else. Answered from
-    /// what is already known, without a host call; `true` when unsure.
-    fn may_copy_up(&self, id: FileId) -> bool {
-        let _ = id;
+    /// Whether a change to `id` (with `entry`, to that entry of directory
+    /// `id`, as a RENAME makes) may first copy data elsewhere (a layered
+    /// filesystem's copy-up of a lower file), taking time that grows with
+    /// the file's size: a door then runs the change where it holds up
+    /// nothing else. Answered from what is already known, without a host
+    /// call; `true` when unsure.
+    fn may_copy_up(&self, id: FileId, entry: Option<&[u8]>) -> bool {
+        let _ = (id, entry);
         false
     }
 

@@ -266,6 +266,19 @@ impl Layers {
         Ok(false)
     }
 
+    /// Whether a layer below the upper may hold `name` in the directory
+    /// made of `parts`, from the indexes already read alone: `true` where
+    /// one is not.
+    pub fn below_may_hold(&self, parts: &[Part], name: &[u8]) -> bool {
+        let indexes = self.indexes.lock();
+        parts.iter().filter(|p| p.layer != UPPER).any(|p| {
+            indexes
+                .by_dir
+                .get(&(p.layer, p.ino))
+                .is_none_or(|index| index.entries.contains_key(name))
+        })
+    }
+
     /// The entries of `part`'s directory if it is in a read-only layer,
     /// read the first time they are asked for.
     fn index(&self, part: &Part) -> Result<Option<Arc<DirIndex>>> {

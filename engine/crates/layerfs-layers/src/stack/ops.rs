@@ -288,12 +288,24 @@ impl Filesystem for StackFs {
         self.ids.knows(id)
     }
 
-    /// Not for a file kept open in the upper, or a directory kept with no
-    /// lower part (so every entry in it is the upper's): in this generation
-    /// neither can be found in a lower layer again.
-    fn may_copy_up(&self, id: FileId) -> bool {
-        let generation = self.layers.read().generation;
-        !self.caches.wholly_upper(id, generation)
+    /// Not for a file found or opened in the upper, nor a directory kept
+    /// with no lower part: in this generation neither is found in a lower
+    /// layer again. Not for an entry that no lower part of its directory
+    /// holds, as their indexes already read tell: it is the upper's, or
+    /// none (a directory's lower parts never gain a name).
+    fn may_copy_up(&self, id: FileId, entry: Option<&[u8]>) -> bool {
+        let layers = self.layers.read();
+        if self.caches.wholly_upper(id, layers.generation) {
+            return false;
+        }
+        let Some(name) = entry else {
+            return true;
+        };
+        let parts = match id {
+            ROOT => Some(layers.root_parts.clone()),
+            _ => self.caches.dir(id, layers.generation).map(|d| d.parts),
+        };
+        parts.is_none_or(|parts| layers.below_may_hold(&parts, name))
     }
 
     fn getattr(&self, id: FileId) -> Result<Attr> {

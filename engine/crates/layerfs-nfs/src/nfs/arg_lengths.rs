@@ -33,14 +33,29 @@ pub fn fit(fields: &[Field], args: &[u8]) -> bool {
 }
 
 /// Whether `each` holds for every handle among the fields, as far as they
-/// fit in `args`.
-pub fn all_handles(fields: &[Field], args: &[u8], mut each: impl FnMut(&[u8]) -> bool) -> bool {
+/// fit in `args`. A handle followed by a name is a directory and an entry
+/// in it (`diropargs3`): `each` gets the name with it.
+pub fn all_handles(
+    fields: &[Field],
+    args: &[u8],
+    mut each: impl FnMut(&[u8], Option<&[u8]>) -> bool,
+) -> bool {
     let mut r = Cursor::new(args);
-    for field in fields {
+    let mut fields = fields.iter().peekable();
+    while let Some(field) = fields.next() {
         let fits = match field {
             Field::Handle => match r.opaque(NFS3_FHSIZE) {
-                Some(handle) if !each(handle) => return false,
-                found => found.is_some(),
+                Some(handle) => {
+                    let name = match fields.next_if_eq(&&Field::Bytes) {
+                        Some(_) => r.opaque(usize::MAX),
+                        None => None,
+                    };
+                    if !each(handle, name) {
+                        return false;
+                    }
+                    true
+                }
+                None => false,
             },
             Field::Bytes => r.opaque(usize::MAX).is_some(),
             Field::Sattr => sattr(&mut r).is_some(),
@@ -103,19 +118,36 @@ mod tests {
         rename.extend(opaque(b"to"));
         let fields = [Field::Handle, Field::Bytes, Field::Handle, Field::Bytes];
         let mut seen = Vec::new();
-        assert!(all_handles(&fields, &rename, |h| {
-            seen.push(h[0]);
+        assert!(all_handles(&fields, &rename, |h, name| {
+            seen.push((h[0], name.map(<[u8]>::to_vec)));
             true
         }));
-        assert_eq!(seen, [1, 2]);
-        assert!(!all_handles(&fields, &rename, |h| h[0] == 1), "the second");
+        assert_eq!(
+            seen,
+            [(1, Some(b"from".to_vec())), (2, Some(b"to".to_vec()))]
+        );
+        assert!(
+            !all_handles(&fields, &rename, |h, _| h[0] == 1),
+            "the second"
+        );
         // Cut inside the first name: only the first handle is there to see.
         seen.clear();
-        assert!(all_handles(&fields, &rename[..50], |h| {
-            seen.push(h[0]);
+        assert!(all_handles(&fields, &rename[..50], |h, name| {
+            seen.push((h[0], name.map(<[u8]>::to_vec)));
             true
         }));
-        assert_eq!(seen, [1]);
+        assert_eq!(seen, [(1, None)]);
+        // LINK: a file, then a directory and the new name.
+        let mut link = opaque(&[3; 41]);
+        link.extend(opaque(&[4; 41]));
+        link.extend(opaque(b"new"));
+        seen.clear();
+        let fields = [Field::Handle, Field::Handle, Field::Bytes];
+        assert!(all_handles(&fields, &link, |h, name| {
+            seen.push((h[0], name.map(<[u8]>::to_vec)));
+            true
+        }));
+        assert_eq!(seen, [(3, None), (4, Some(b"new".to_vec()))]);
     }
 
     #[test]
