@@ -166,7 +166,7 @@ fn in_a_layered_workspace_only_changes_that_copy_nothing_up_run_on_the_reader() 
 /// SETATTR of mode 0600.
 fn setattr(fh: &[u8]) -> Vec<u8> {
     let mut args = xdr_opaque(fh);
-    args.extend([0, 0, 0, 1, 0, 0, 0o6, 0]);
+    args.extend(1u32.to_be_bytes().iter().chain(&0o600u32.to_be_bytes()));
     args.extend([0; 20]);
     args.extend([0; 4]);
     call_record(10, NFS, 2, &args)

@@ -292,9 +292,12 @@ impl Filesystem for StackFs {
     /// with no lower part: in this generation neither is found in a lower
     /// layer again. Not for an entry that no lower part of its directory
     /// holds, as their indexes already read tell: it is the upper's, or
-    /// none (a directory's lower parts never gain a name).
+    /// none (a directory's lower parts never gain a name). While a commit
+    /// changes the stack, anything may.
     fn may_copy_up(&self, id: FileId, entry: Option<&[u8]>) -> bool {
-        let layers = self.layers.read();
+        let Some(layers) = self.layers.try_read() else {
+            return true;
+        };
         if self.caches.wholly_upper(id, layers.generation) {
             return false;
         }
