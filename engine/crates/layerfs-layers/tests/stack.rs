@@ -193,6 +193,44 @@ fn remove_of_a_lower_entry_leaves_a_whiteout_and_rmdir_sees_every_layer() {
 }
 
 #[test]
+fn a_name_made_again_over_a_whiteout_takes_the_whiteout_away() {
+    let s = Stack::new(1, |_, d| {
+        for name in ["c", "r", "l", "m"] {
+            std::fs::write(d.join(name), b"lower").unwrap();
+        }
+    });
+    let fs = s.open();
+    let r = fs.root();
+    for name in ["c", "r", "l", "m"] {
+        fs.remove(&root(), r, name.as_bytes()).unwrap();
+        assert!(s.upper().join(format!(".wh.{name}")).exists());
+    }
+    let how = Create::Unchecked(SetAttr::default());
+    fs.create(&root(), r, b"c", how).unwrap();
+    let new = fs.create(&root(), r, b"new", how).unwrap().0.fileid;
+    fs.rename(&root(), r, b"new", r, b"r").unwrap();
+    fs.link(&root(), new, r, b"l").unwrap();
+    fs.mkdir(&root(), r, b"m", &SetAttr::default()).unwrap();
+    assert_eq!(names(&fs, r), ["c", "l", "m", "r"]);
+    assert_eq!(read_all(&fs, at(&fs, "c").unwrap()), b"");
+    assert_eq!(names(&fs, at(&fs, "m").unwrap()), Vec::<String>::new());
+    let left: Vec<_> = std::fs::read_dir(s.upper())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with(".wh.") && n != STATE_IN_UPPER)
+        .collect();
+    assert_eq!(
+        left,
+        Vec::<String>::new(),
+        "whiteouts left beside new entries"
+    );
+    // And a name never whited out is made without one.
+    fs.create(&root(), r, b"fresh", Create::Unchecked(SetAttr::default()))
+        .unwrap();
+    assert!(!s.upper().join(".wh.fresh").exists());
+}
+
+#[test]
 fn a_lower_directory_renames_without_exdev_and_keeps_every_id() {
     let s = Stack::new(2, |i, d| {
         std::fs::create_dir_all(d.join("src/sub")).unwrap();

@@ -170,7 +170,21 @@ impl Layers {
 
     /// Looks `name` up in the directory made of `parts`.
     pub fn lookup(&self, inodes: &Inodes, parts: &[Part], name: &CStr) -> Result<Option<Found>> {
+        Ok(self.lookup_for_new(inodes, parts, name)?.0)
+    }
+
+    /// Looks `name` up, as [`Layers::lookup`], and says whether a whiteout
+    /// in the upper part hid it: what making an entry of that name has to
+    /// remove. Asked only where the upper holds no entry of that name; a
+    /// directory without an upper part gets a new, empty one.
+    pub fn lookup_for_new(
+        &self,
+        inodes: &Inodes,
+        parts: &[Part],
+        name: &CStr,
+    ) -> Result<(Option<Found>, bool)> {
         let mut found: Option<Found> = None;
+        let mut whiteout_in_upper = false;
         let mut bottom: Option<(usize, Attr)> = None;
         for part in parts {
             if let Some(index) = self.index(part)? {
@@ -225,13 +239,16 @@ impl Layers {
                 }
                 Err(Error::NoEnt) => {
                     if has_whiteout(part.fd.as_fd(), name.to_bytes())? {
+                        whiteout_in_upper = part.layer == UPPER;
                         break;
                     }
                 }
                 Err(e) => return Err(e),
             }
         }
-        let Some(mut f) = found else { return Ok(None) };
+        let Some(mut f) = found else {
+            return Ok((None, whiteout_in_upper));
+        };
         let (layer, host) = bottom.unwrap_or((f.layer, f.host));
         let Origin { id, generation } =
             inodes.identity(self.tag(layer), host.fileid, Some(host.generation))?;
@@ -240,7 +257,7 @@ impl Layers {
         if f.parts.len() > 1 {
             f.attr.nlink = 1;
         }
-        Ok(Some(f))
+        Ok((Some(f), whiteout_in_upper))
     }
 
     /// Whether `name` shows through from the layers below `above` in the

@@ -458,7 +458,9 @@ impl Filesystem for StackFs {
         let layers = self.layers.read();
         let _ns = self.lock_ns();
         let d = self.dir_for(&layers, caller, dir, 1)?;
-        let existing = layers.lookup(&self.inodes, &d.parts, &cname)?;
+        let (existing, whited_out) = layers.lookup_for_new(&self.inodes, &d.parts, &cname)?;
+        // Beside an entry of the upper, a whiteout is not looked for.
+        let whited_out = whited_out || existing.is_some();
         if existing.is_none() || matches!(how, Create::Exclusive(_)) {
             may_change_entries(caller, &d.attr)?;
         }
@@ -493,7 +495,9 @@ impl Filesystem for StackFs {
         layers.all[UPPER]
             .host
             .create(caller, up.as_fd(), &d.attr, &cname, how)?;
-        clear_whiteout(up.as_fd(), name)?;
+        if whited_out {
+            clear_whiteout(up.as_fd(), name)?;
+        }
         let f = self.made(&layers, dir, name, &cname)?;
         self.dropped_file(f.attr.fileid);
         Ok((f.attr, change(&d.attr, self.dir_after(&layers, dir))))
@@ -511,13 +515,13 @@ impl Filesystem for StackFs {
         let layers = self.layers.read();
         let _ns = self.lock_ns();
         let d = self.dir_for(&layers, caller, dir, 1)?;
-        if layers.lookup(&self.inodes, &d.parts, &cname)?.is_some() {
+        let (existing, hidden_below) = layers.lookup_for_new(&self.inodes, &d.parts, &cname)?;
+        if existing.is_some() {
             return Err(Error::Exist);
         }
         may_change_entries(caller, &d.attr)?;
         let up = self.upper_dir(&layers, dir)?;
         let host = &layers.all[UPPER].host;
-        let hidden_below = has_whiteout(up.as_fd(), name)?;
         if hidden_below && matches!(what, NewEntry::Dir) {
             // Made whole elsewhere, so the directories of this name below
             // never show through it, not even for a moment.
@@ -581,7 +585,7 @@ impl Filesystem for StackFs {
         let _ns = self.lock_ns();
         let (fd_, src) = self.victim(&layers, caller, from, from_name)?;
         let td = self.dir_for(&layers, caller, to, 1)?;
-        let dst = layers.lookup(&self.inodes, &td.parts, &to_c)?;
+        let (dst, hidden_at_dst) = layers.lookup_for_new(&self.inodes, &td.parts, &to_c)?;
         let replaced = dst.as_ref().map(|d| &d.attr);
         may_rename(caller, (&fd_.attr, &src.attr), (&td.attr, replaced))?;
         let unchanged = || {
@@ -640,8 +644,11 @@ impl Filesystem for StackFs {
         let from_parts = self.dir_parts(&layers, from)?;
         let src_below = layers.shows_below(&from_parts, UPPER, &from_c)?;
         let to_parts = self.dir_parts(&layers, to)?;
-        let dst_below =
-            has_whiteout(up_to.as_fd(), to_name)? || layers.shows_below(&to_parts, UPPER, &to_c)?;
+        let whiteout_at_dst = match &dst {
+            None => hidden_at_dst,
+            Some(_) => has_whiteout(up_to.as_fd(), to_name)?,
+        };
+        let dst_below = whiteout_at_dst || layers.shows_below(&to_parts, UPPER, &to_c)?;
         if moving_dir && dst_below {
             let moved = hostdir::open_dir(up_from.as_fd(), &from_c)?;
             mark_opaque(moved.as_fd())?;
@@ -655,7 +662,9 @@ impl Filesystem for StackFs {
             whiteout(up_from.as_fd(), from_name)?;
         }
         rustix::fs::renameat(&*up_from, &from_c, &*up_to, &to_c)?;
-        clear_whiteout(up_to.as_fd(), to_name)?;
+        if whiteout_at_dst {
+            clear_whiteout(up_to.as_fd(), to_name)?;
+        }
         if let Some(dst) = dst {
             if dst.layer == UPPER && (dst.host.nlink <= 1 || dst.kind() == FileKind::Directory) {
                 self.inodes.forget(layers.tag(UPPER), dst.host.fileid);
@@ -690,7 +699,8 @@ impl Filesystem for StackFs {
             return Err(Error::IsDir);
         }
         let d = self.dir_for(&layers, caller, dir, 1)?;
-        if layers.lookup(&self.inodes, &d.parts, &cname)?.is_some() {
+        let (existing, whited_out) = layers.lookup_for_new(&self.inodes, &d.parts, &cname)?;
+        if existing.is_some() {
             return Err(Error::Exist);
         }
         may_change_entries(caller, &d.attr)?;
@@ -698,7 +708,9 @@ impl Filesystem for StackFs {
         let src = self.found(&layers, id)?;
         let up = self.upper_dir(&layers, dir)?;
         link_at(src.parent.as_fd(), &src.name, up.as_fd(), &cname)?;
-        clear_whiteout(up.as_fd(), name)?;
+        if whited_out {
+            clear_whiteout(up.as_fd(), name)?;
+        }
         self.changed_entries();
         self.remember(dir, name, id);
         let attr = self.found(&layers, id)?.attr;
