@@ -67,8 +67,20 @@ impl StackFs {
         self.found(layers, dir).ok().map(|f| f.attr)
     }
 
-    /// An open file for `id`, and what clients see as its attributes. With
-    /// `write`, the file is brought into the upper first.
+    /// What clients see of `host`, an entry whose only instance is in layer
+    /// `layer` (a directory merged from several takes its identity from
+    /// its bottom part instead).
+    fn shown(&self, layers: &Layers, layer: usize, host: Attr) -> Result<Attr> {
+        let o = self
+            .inodes
+            .identity(layers.tag(layer), host.fileid, Some(host.generation))?;
+        Ok(Attr {
+            fileid: o.id,
+            generation: o.generation,
+            ..host
+        })
+    }
+
     /// An open file for `id`, and what clients see as its attributes, once
     /// `allowed` accepts those. With `write`, the file is brought into the
     /// upper first.
@@ -82,14 +94,7 @@ impl StackFs {
         if let Some((layer, fd)) = self.caches.file(id, layers.generation) {
             if layer == UPPER || !write {
                 let host = layers.all[layer].host.stats.fd(fd.as_fd())?;
-                let o =
-                    self.inodes
-                        .identity(layers.tag(layer), host.fileid, Some(host.generation))?;
-                let attr = Attr {
-                    fileid: o.id,
-                    generation: o.generation,
-                    ..host
-                };
+                let attr = self.shown(layers, layer, host)?;
                 allowed(&attr)?;
                 return Ok((fd, attr));
             }
@@ -202,15 +207,10 @@ impl StackFs {
             .stats
             .at(part.fd.as_fd(), &name)
             .ok()?;
-        let o = self
-            .inodes
-            .identity(layers.tag(part.layer), host.fileid, Some(host.generation))
-            .ok()?;
-        let attr = (o.id == e.id).then_some(Attr {
-            fileid: o.id,
-            generation: o.generation,
-            ..host
-        })?;
+        let attr = self
+            .shown(layers, part.layer, host)
+            .ok()
+            .filter(|attr| attr.fileid == e.id)?;
         if lower {
             self.caches.keep_lower_attr(e.id, stamp, attr);
         }
@@ -492,15 +492,17 @@ impl Filesystem for StackFs {
             }
         }
         let up = self.upper_dir(&layers, dir)?;
-        layers.all[UPPER]
+        let host = layers.all[UPPER]
             .host
             .create(caller, up.as_fd(), &d.attr, &cname, how)?;
         if whited_out {
             clear_whiteout(up.as_fd(), name)?;
         }
-        let f = self.made(&layers, dir, name, &cname)?;
-        self.dropped_file(f.attr.fileid);
-        Ok((f.attr, change(&d.attr, self.dir_after(&layers, dir))))
+        self.changed_entries();
+        let attr = self.shown(&layers, UPPER, host)?;
+        self.remember(dir, name, attr.fileid);
+        self.dropped_file(attr.fileid);
+        Ok((attr, change(&d.attr, self.dir_after(&layers, dir))))
     }
 
     fn make(
