@@ -204,11 +204,22 @@ impl Caches {
         self.dirs_changed();
     }
 
-    pub fn dir(&self, id: FileId, generation: u64) -> Option<Found> {
+    /// Whether a directory kept under `s` is current: directories move
+    /// only with `dirs` and the generation.
+    fn dir_is_current(&self, generation: u64) -> impl Fn(&Stamp) -> bool {
         let now = self.stamp(generation);
-        self.dirs.get(&id, |s| {
-            s.generation == now.generation && s.dirs == now.dirs
-        })
+        move |s| s.generation == now.generation && s.dirs == now.dirs
+    }
+
+    pub fn dir(&self, id: FileId, generation: u64) -> Option<Found> {
+        self.dirs.get(&id, self.dir_is_current(generation))
+    }
+
+    /// Whether directory `id` is kept, current, and passes `test`; read
+    /// in place, not copied. `test` runs under the map's lock, so it takes
+    /// none of these maps'.
+    pub fn dir_holds(&self, id: FileId, generation: u64, test: impl Fn(&Found) -> bool) -> bool {
+        self.dirs.holds(&id, self.dir_is_current(generation), test)
     }
 
     pub fn keep_dir(&self, id: FileId, stamp: Stamp, found: Found) {
@@ -250,18 +261,15 @@ impl Caches {
     /// is copied up for a file already there or for an entry of such a
     /// directory.
     pub fn wholly_upper(&self, id: FileId, generation: u64) -> bool {
-        let now = self.stamp(generation);
         let this_generation = |s: &Stamp| s.generation == generation;
         self.files
             .holds(&id, this_generation, |(layer, _)| *layer == UPPER)
             || self
                 .located
                 .holds(&id, this_generation, |f| f.layer == UPPER)
-            || self.dirs.holds(
-                &id,
-                |s| s.generation == now.generation && s.dirs == now.dirs,
-                |d| d.parts.iter().all(|part| part.layer == UPPER),
-            )
+            || self.dir_holds(id, generation, |d| {
+                d.parts.iter().all(|part| part.layer == UPPER)
+            })
     }
 
     /// The file `id` names is gone.

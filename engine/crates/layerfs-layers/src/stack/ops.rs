@@ -298,17 +298,13 @@ impl Filesystem for StackFs {
         let Some(layers) = self.layers.try_read() else {
             return true;
         };
-        if self.caches.wholly_upper(id, layers.generation) {
-            return false;
+        match entry {
+            None => !self.caches.wholly_upper(id, layers.generation),
+            Some(name) if id == ROOT => layers.below_may_hold(&layers.root_parts, name),
+            Some(name) => !self.caches.dir_holds(id, layers.generation, |d| {
+                !layers.below_may_hold(&d.parts, name)
+            }),
         }
-        let Some(name) = entry else {
-            return true;
-        };
-        let parts = match id {
-            ROOT => Some(layers.root_parts.clone()),
-            _ => self.caches.dir(id, layers.generation).map(|d| d.parts),
-        };
-        parts.is_none_or(|parts| layers.below_may_hold(&parts, name))
     }
 
     fn getattr(&self, id: FileId) -> Result<Attr> {
