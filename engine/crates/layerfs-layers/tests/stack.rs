@@ -230,6 +230,59 @@ fn a_name_made_again_over_a_whiteout_takes_the_whiteout_away() {
     assert!(!s.upper().join(".wh.fresh").exists());
 }
 
+/// What a change in a directory of the workspace's own costs in host
+/// attribute reads, once the directory is kept: checking a handle's
+/// generation none, the directory once before the change and once after.
+#[test]
+fn a_change_in_a_kept_directory_reads_its_attributes_once_before_and_once_after() {
+    use layerfs_vfs::hostdir::stat_reads_on_this_thread;
+    let s = Stack::new(1, |_, d| std::fs::write(d.join("lower"), b"x").unwrap());
+    let fs = s.open();
+    let me = root();
+    let d = fs
+        .mkdir(&me, fs.root(), b"d", &SetAttr::default())
+        .unwrap()
+        .0;
+    let new = || Create::Guarded(SetAttr::default());
+    fs.create(&me, d.fileid, b"first", new()).unwrap();
+    let reads = |op: &dyn Fn()| {
+        let before = stat_reads_on_this_thread();
+        op();
+        stat_reads_on_this_thread() - before
+    };
+    let top = fs.getattr(fs.root()).unwrap();
+    assert_eq!(
+        reads(&|| fs.still_names(top.fileid, top.generation).unwrap()),
+        0
+    );
+    assert_eq!(
+        reads(&|| fs.still_names(d.fileid, d.generation).unwrap()),
+        0
+    );
+    let stale = || {
+        assert_eq!(
+            fs.still_names(d.fileid, d.generation ^ 1),
+            Err(Error::Stale)
+        )
+    };
+    assert_eq!(reads(&stale), 1, "a generation not kept asks the host");
+    // Between them: the name (not there), and the new file.
+    let create = || {
+        fs.create(&me, d.fileid, b"a", new()).unwrap();
+    };
+    assert_eq!(reads(&create), 4);
+    // Between them: both names, and where the one that moves is.
+    let rename = || {
+        fs.rename(&me, d.fileid, b"a", d.fileid, b"b").unwrap();
+    };
+    assert_eq!(reads(&rename), 6);
+    // Between them: the name.
+    let remove = || {
+        fs.remove(&me, d.fileid, b"b").unwrap();
+    };
+    assert_eq!(reads(&remove), 3);
+}
+
 #[test]
 fn a_lower_directory_renames_without_exdev_and_keeps_every_id() {
     let s = Stack::new(2, |i, d| {

@@ -85,14 +85,21 @@ impl Export {
         Ok(self.handle(&self.fs.getattr(self.fs.root())?))
     }
 
-    /// Runs `op` on the file a handle names, with its current attributes.
+    /// Runs `op` on the file a handle names. `op` reads whatever attributes
+    /// it needs itself, under its own lock.
     pub fn on<T>(
         &self,
         fh: &(impl HandleBytes + ?Sized),
-        op: impl FnOnce(FileId, Attr) -> layerfs_vfs::Result<T>,
+        op: impl FnOnce(FileId) -> layerfs_vfs::Result<T>,
     ) -> Result<T, Error> {
-        let (id, attr) = self.resolve(fh)?;
-        Ok(op(id, attr)?)
+        Ok(op(self.id_of(fh)?)?)
+    }
+
+    /// The file a handle names, checked to still be the one it was made for.
+    pub fn id_of(&self, fh: &(impl HandleBytes + ?Sized)) -> Result<FileId, Error> {
+        let h = FileHandle::decode(fh.handle_bytes(), self.id, &self.key)?;
+        self.fs.still_names(h.fileid, h.generation)?;
+        Ok(h.fileid)
     }
 
     /// Runs `op` on the file a handle names, where `op` reads the file's

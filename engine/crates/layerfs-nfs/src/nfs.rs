@@ -147,7 +147,7 @@ impl Served<'_> {
             Nfs3Option::Some(ctime) => Some(from_time(ctime)),
             Nfs3Option::None => None,
         };
-        let result = self.export.on(&a.object, |id, _| {
+        let result = self.export.on(&a.object, |id| {
             self.export
                 .fs
                 .setattr(who, id, &set_attr(&a.new_attributes), guard)
@@ -214,12 +214,10 @@ impl Served<'_> {
     }
 
     fn readlink(&self, who: &Caller, fh: &[u8], reply: &mut ReplyBuf) -> Result<(), Refusal> {
-        let result = self.export.on(fh, |id, attr| {
-            self.export
-                .fs
-                .readlink(who, id)
-                .map(|target| (target, attr))
-        });
+        let result = self
+            .export
+            .resolve(fh)
+            .and_then(|(id, attr)| Ok((self.export.fs.readlink(who, id)?, attr)));
         let res: READLINK3res<'_> = match result {
             Ok((target, attr)) => Nfs3Result::Ok(READLINK3resok {
                 symlink_attributes: post_op(Some(&attr), self.fsid()),
@@ -295,7 +293,7 @@ impl Served<'_> {
 
     fn write(&self, who: &Caller, a: WriteArgs<'_>, reply: &mut ReplyBuf) -> Result<(), Refusal> {
         let data = a.data;
-        let result = self.export.on(&a.file, |id, _| {
+        let result = self.export.on(&a.file, |id| {
             self.export.fs.write(who, id, a.offset, data, a.stable)
         });
         let res: WRITE3res = match result {
@@ -359,7 +357,7 @@ impl Served<'_> {
             createhow3::GUARDED(s) => Create::Guarded(set_attr(s)),
             createhow3::EXCLUSIVE(v) => Create::Exclusive(v.0),
         };
-        let result = self.export.on(&a.where_.dir, |dir, _| {
+        let result = self.export.on(&a.where_.dir, |dir| {
             self.export.fs.create(who, dir, a.where_.name.as_ref(), how)
         });
         self.made(&a.where_.dir, result, reply)
@@ -371,7 +369,7 @@ impl Served<'_> {
         a: MKDIR3args<'static>,
         reply: &mut ReplyBuf,
     ) -> Result<(), Refusal> {
-        let result = self.export.on(&a.where_.dir, |dir, _| {
+        let result = self.export.on(&a.where_.dir, |dir| {
             self.export
                 .fs
                 .mkdir(who, dir, a.where_.name.as_ref(), &set_attr(&a.attributes))
@@ -385,7 +383,7 @@ impl Served<'_> {
         a: SYMLINK3args<'static>,
         reply: &mut ReplyBuf,
     ) -> Result<(), Refusal> {
-        let result = self.export.on(&a.where_.dir, |dir, _| {
+        let result = self.export.on(&a.where_.dir, |dir| {
             let set = set_attr(&a.symlink.symlink_attributes);
             self.export.fs.symlink(
                 who,
@@ -427,7 +425,7 @@ impl Served<'_> {
                 return put(reply, &wcc_after(after.as_ref(), self.fsid()));
             }
         };
-        let result = self.export.on(&a.where_.dir, |dir, _| {
+        let result = self.export.on(&a.where_.dir, |dir| {
             self.export
                 .fs
                 .mknod(who, dir, a.where_.name.as_ref(), kind, rdev, &set)
@@ -442,7 +440,7 @@ impl Served<'_> {
         reply: &mut ReplyBuf,
         dir_only: bool,
     ) -> Result<(), Refusal> {
-        let result = self.export.on(&a.object.dir, |dir, _| {
+        let result = self.export.on(&a.object.dir, |dir| {
             let name = a.object.name.as_ref();
             if dir_only {
                 self.export.fs.rmdir(who, dir, name)
@@ -466,8 +464,8 @@ impl Served<'_> {
         reply: &mut ReplyBuf,
     ) -> Result<(), Refusal> {
         let result = (|| -> Result<_, Error> {
-            let (from, _) = self.export.resolve(&a.from.dir)?;
-            let (to, _) = self.export.resolve(&a.to.dir)?;
+            let from = self.export.id_of(&a.from.dir)?;
+            let to = self.export.id_of(&a.to.dir)?;
             Ok(self
                 .export
                 .fs
@@ -496,8 +494,8 @@ impl Served<'_> {
         reply: &mut ReplyBuf,
     ) -> Result<(), Refusal> {
         let result = (|| -> Result<_, Error> {
-            let (id, _) = self.export.resolve(&a.file)?;
-            let (dir, _) = self.export.resolve(&a.link.dir)?;
+            let id = self.export.id_of(&a.file)?;
+            let dir = self.export.id_of(&a.link.dir)?;
             Ok(self.export.fs.link(who, id, dir, a.link.name.as_ref())?)
         })();
         match result {
@@ -526,9 +524,10 @@ impl Served<'_> {
     }
 
     fn fsstat(&self, a: FSSTAT3args, reply: &mut ReplyBuf) -> Result<(), Refusal> {
-        let result = self.export.on(&a.fsroot, |id, attr| {
-            self.export.fs.fsstat(id).map(|s| (s, attr))
-        });
+        let result = self
+            .export
+            .resolve(&a.fsroot)
+            .and_then(|(id, attr)| Ok((self.export.fs.fsstat(id)?, attr)));
         let res: FSSTAT3res = match result {
             Ok((s, attr)) => Nfs3Result::Ok(FSSTAT3resok {
                 obj_attributes: post_op(Some(&attr), self.fsid()),
@@ -600,7 +599,7 @@ impl Served<'_> {
     }
 
     fn commit(&self, a: COMMIT3args, reply: &mut ReplyBuf) -> Result<(), Refusal> {
-        let result = self.export.on(&a.file, |id, _| self.export.fs.commit(id));
+        let result = self.export.on(&a.file, |id| self.export.fs.commit(id));
         let res: COMMIT3res = match result {
             Ok(change) => Nfs3Result::Ok(COMMIT3resok {
                 file_wcc: wcc(&change, self.fsid()),

@@ -160,6 +160,13 @@ pub trait Filesystem: Send + Sync {
         Ok(attr)
     }
 
+    /// [`Filesystem::check_generation`] for a caller that needs no
+    /// attributes (a change reads its own, under its lock): a filesystem
+    /// that knows the answer without asking the host gives it at once.
+    fn still_names(&self, id: FileId, generation: u64) -> Result<()> {
+        self.check_generation(id, generation).map(drop)
+    }
+
     /// Sets attributes; with `guard`, only if the file's ctime still equals it.
     fn setattr(
         &self,

@@ -26,6 +26,8 @@ pub use rules::{
     apply, check_name, check_setattr, creatable, cstr, exclusive_times, may_change_entries,
     may_rename, mode_after_write, mode_of_new, removable, sticky_allows, timestamps,
 };
+#[cfg(feature = "count-host-calls")]
+pub use stat::reads_on_this_thread as stat_reads_on_this_thread;
 pub use stat::{keeps_inode_numbers, Stats};
 pub use sys::{sync_all, sync_data};
 

@@ -38,15 +38,24 @@ use places::DirPlaces;
 /// Open descriptors kept per kind; past this the cache starts over.
 const FD_CACHE: usize = 512;
 
+/// A directory kept open, with the generation it had when it was opened:
+/// an open descriptor holds on to its inode, so that never changes, and a
+/// handle's generation is checked against it with no host call.
+struct OpenDir {
+    fd: Arc<OwnedFd>,
+    generation: u64,
+}
+
 pub struct LocalFs {
     host: Host,
     root: Arc<OwnedFd>,
     root_id: FileId,
+    root_generation: u64,
     ids: IdTable,
     /// Directories' ids, where the host does not keep inode numbers.
     places: Option<DirPlaces>,
     listings: Listings,
-    dirs: Mutex<HashMap<FileId, Arc<OwnedFd>>>,
+    dirs: Mutex<HashMap<FileId, OpenDir>>,
     files: Mutex<HashMap<FileId, Arc<OwnedFd>>>,
     /// Serialise changes per id, with their before and after attributes.
     stripes: Stripes,
@@ -62,8 +71,9 @@ impl LocalFs {
         // Up to FD_CACHE directories and as many files stay open.
         hostdir::raise_fd_limit();
         let host = Host::for_dir(root.as_fd());
+        let root_attr = host.stats.fd(root.as_fd())?;
         let (root_id, places) = if host.stats.keeps_inode_numbers() {
-            (host.stats.fd(root.as_fd())?.fileid, None)
+            (root_attr.fileid, None)
         } else {
             tracing::info!(
                 "{}: this filesystem does not keep inode numbers; directories get ids by place",
@@ -75,6 +85,7 @@ impl LocalFs {
             host,
             root: Arc::new(root),
             root_id,
+            root_generation: root_attr.generation,
             ids: IdTable::new(root_id),
             places,
             listings: Listings::default(),
@@ -202,8 +213,8 @@ impl LocalFs {
         if id == self.root_id {
             return Ok(self.root.clone());
         }
-        if let Some(fd) = self.dirs.lock().get(&id) {
-            return Ok(fd.clone());
+        if let Some(dir) = self.dirs.lock().get(&id) {
+            return Ok(dir.fd.clone());
         }
         let node = self.place(id)?;
         let parent = self.dir_fd(node.parent)?;
@@ -216,7 +227,8 @@ impl LocalFs {
             Errno::NOENT => Error::Stale,
             e => e.into(),
         })?;
-        if self.stat_fd(id, &fd)?.fileid != id {
+        let attr = self.stat_fd(id, &fd)?;
+        if attr.fileid != id {
             return Err(Error::Stale);
         }
         let fd = Arc::new(fd);
@@ -224,7 +236,14 @@ impl LocalFs {
         if dirs.len() >= FD_CACHE {
             dirs.clear();
         }
-        dirs.insert(id, fd.clone());
+        let generation = attr.generation;
+        dirs.insert(
+            id,
+            OpenDir {
+                fd: fd.clone(),
+                generation,
+            },
+        );
         Ok(fd)
     }
 
@@ -318,10 +337,23 @@ impl Filesystem for LocalFs {
         if id == self.root_id {
             return self.stat_fd(id, &self.root);
         }
-        if let Some(fd) = self.dirs.lock().get(&id).cloned() {
+        let kept = self.dirs.lock().get(&id).map(|dir| dir.fd.clone());
+        if let Some(fd) = kept {
             return self.stat_fd(id, &fd);
         }
         Ok(self.placed(id)?.2)
+    }
+
+    fn still_names(&self, id: FileId, generation: u64) -> Result<()> {
+        let kept = match id == self.root_id {
+            true => Some(self.root_generation),
+            false => self.dirs.lock().get(&id).map(|dir| dir.generation),
+        };
+        match kept {
+            Some(kept) if kept == generation => Ok(()),
+            Some(_) => Err(Error::Stale),
+            None => self.check_generation(id, generation).map(drop),
+        }
     }
 
     fn setattr(
@@ -527,7 +559,10 @@ impl Filesystem for LocalFs {
         let to_c = removable(to_name)?;
         let _guards = self.stripes.lock_two(from, to);
         let (from_fd, from_before) = self.searchable(caller, from)?;
-        let (to_fd, to_before) = self.searchable(caller, to)?;
+        let (to_fd, to_before) = match to == from {
+            true => (from_fd.clone(), from_before),
+            false => self.searchable(caller, to)?,
+        };
         let moving = self.stat_at(from, &from_fd, from_name)?;
         let replaced = self.stat_at(to, &to_fd, to_name).ok();
         may_rename(
@@ -543,10 +578,12 @@ impl Filesystem for LocalFs {
             places.moved((from, from_name), (to, to_name), moving.fileid);
         }
         self.remember(to, to_name, &moving);
-        Ok((
-            self.change(from, &from_fd, &from_before),
-            self.change(to, &to_fd, &to_before),
-        ))
+        let from_change = self.change(from, &from_fd, &from_before);
+        let to_change = match to == from {
+            true => from_change,
+            false => self.change(to, &to_fd, &to_before),
+        };
+        Ok((from_change, to_change))
     }
 
     fn link(

@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use layerfs_vfs::{Caller, Create, Filesystem, LocalFs, SetAttr};
+use layerfs_vfs::{Caller, Create, Error, Filesystem, LocalFs, SetAttr};
 
 fn names(fs: &LocalFs, page_size: usize) -> BTreeSet<String> {
     let root = fs.root();
@@ -203,4 +203,59 @@ fn a_listing_shows_each_files_attributes_as_they_are_after_every_change() {
     fs.write(&who, made.fileid, 0, b"longer now", Stability::FileSync)
         .unwrap();
     assert_listing_current(&fs, dir, "a write to the file left with one name");
+}
+
+/// What a change costs in host attribute reads where its directory is open
+/// already: checking the handle's generation none, the directory once
+/// before the change and once after it, whatever the change.
+#[test]
+fn a_change_in_an_open_directory_reads_its_attributes_once_before_and_once_after() {
+    use layerfs_vfs::hostdir::stat_reads_on_this_thread;
+    let tmp = tempfile::tempdir().unwrap();
+    let fs = LocalFs::open(tmp.path()).unwrap();
+    let me = Caller::root();
+    let (d, _) = fs.mkdir(&me, fs.root(), b"d", &SetAttr::default()).unwrap();
+    let new = || Create::Guarded(SetAttr::default());
+    // The first change in it opens it.
+    fs.create(&me, d.fileid, b"first", new()).unwrap();
+    let reads = |op: &dyn Fn()| {
+        let before = stat_reads_on_this_thread();
+        op();
+        stat_reads_on_this_thread() - before
+    };
+    let root = fs.getattr(fs.root()).unwrap();
+    assert_eq!(
+        reads(&|| fs.still_names(root.fileid, root.generation).unwrap()),
+        0
+    );
+    assert_eq!(
+        reads(&|| fs.still_names(d.fileid, d.generation).unwrap()),
+        0
+    );
+    let stale = || {
+        assert_eq!(
+            fs.still_names(d.fileid, d.generation ^ 1),
+            Err(Error::Stale)
+        )
+    };
+    assert_eq!(reads(&stale), 0);
+    // The new file's own attributes are the third.
+    let create = || {
+        fs.create(&me, d.fileid, b"a", new()).unwrap();
+    };
+    assert_eq!(reads(&create), 3);
+    // Both names are looked at: the one that goes and the one it takes.
+    let rename = || {
+        fs.rename(&me, d.fileid, b"a", d.fileid, b"b").unwrap();
+    };
+    assert_eq!(reads(&rename), 4);
+    // The name removed is looked at, for the sticky bit and its links.
+    let remove = || {
+        fs.remove(&me, d.fileid, b"b").unwrap();
+    };
+    assert_eq!(reads(&remove), 3);
+    // Once it is gone, its handle is stale.
+    fs.remove(&me, d.fileid, b"first").unwrap();
+    fs.rmdir(&me, fs.root(), b"d").unwrap();
+    assert_eq!(fs.still_names(d.fileid, d.generation), Err(Error::Stale));
 }

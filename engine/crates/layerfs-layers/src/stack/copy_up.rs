@@ -60,6 +60,21 @@ impl StackFs {
 
     /// The upper's part of directory `dir`, made (with the lower one's mode,
     /// owner and times) if it has none yet.
+    /// [`StackFs::upper_dir`] of directory `dir`, found as `d` under the
+    /// same lock: no host call when `d` has its upper part already (a part
+    /// it lacks may have been made since, so that case looks again).
+    pub(super) fn upper_dir_of(
+        &self,
+        layers: &Layers,
+        dir: FileId,
+        d: &Found,
+    ) -> Result<Arc<OwnedFd>> {
+        match d.parts.first() {
+            Some(top) if top.layer == UPPER => Ok(top.fd.clone()),
+            _ => self.upper_dir(layers, dir),
+        }
+    }
+
     pub(super) fn upper_dir(&self, layers: &Layers, dir: FileId) -> Result<Arc<OwnedFd>> {
         let found = self.found(layers, dir)?;
         if found.kind() != FileKind::Directory {

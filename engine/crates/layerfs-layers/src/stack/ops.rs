@@ -153,7 +153,7 @@ impl StackFs {
             return self.unlink_entry(layers, dir, &d, &f, name);
         }
         let below = f.layer != UPPER || layers.shows_below(&d.parts, UPPER, &f.name)?;
-        let up = self.upper_dir(layers, dir)?;
+        let up = self.upper_dir_of(layers, dir, d)?;
         if f.layer == UPPER && f.kind() == FileKind::Directory {
             let child = f.parts[0].fd.as_fd();
             if below {
@@ -286,6 +286,20 @@ impl Filesystem for StackFs {
 
     fn knows(&self, id: FileId) -> bool {
         self.ids.knows(id)
+    }
+
+    /// The root is the workspace's for its life, and a kept directory
+    /// keeps its identity while it is kept: neither asks the host.
+    fn still_names(&self, id: FileId, generation: u64) -> Result<()> {
+        if id == ROOT && generation == self.inodes.workspace {
+            return Ok(());
+        }
+        let stack_generation = self.current().generation;
+        let kept = |d: &Found| d.attr.generation == generation;
+        if self.caches.dir_holds(id, stack_generation, kept) {
+            return Ok(());
+        }
+        self.check_generation(id, generation).map(drop)
     }
 
     /// Not for a file found or opened in the upper, nor a directory kept
@@ -487,7 +501,7 @@ impl Filesystem for StackFs {
                 _ => {}
             }
         }
-        let up = self.upper_dir(&layers, dir)?;
+        let up = self.upper_dir_of(&layers, dir, &d)?;
         let host = layers.all[UPPER]
             .host
             .create(caller, up.as_fd(), &d.attr, &cname, how)?;
@@ -518,7 +532,7 @@ impl Filesystem for StackFs {
             return Err(Error::Exist);
         }
         may_change_entries(caller, &d.attr)?;
-        let up = self.upper_dir(&layers, dir)?;
+        let up = self.upper_dir_of(&layers, dir, &d)?;
         let host = &layers.all[UPPER].host;
         if hidden_below && matches!(what, NewEntry::Dir) {
             // Made whole elsewhere, so the directories of this name below
@@ -637,8 +651,8 @@ impl Filesystem for StackFs {
         } else {
             self.copy_up(&layers, id)?;
         }
-        let up_from = self.upper_dir(&layers, from)?;
-        let up_to = self.upper_dir(&layers, to)?;
+        let up_from = self.upper_dir_of(&layers, from, &fd_)?;
+        let up_to = self.upper_dir_of(&layers, to, &td)?;
         let from_parts = self.dir_parts(&layers, from)?;
         let src_below = layers.shows_below(&from_parts, UPPER, &from_c)?;
         let to_parts = self.dir_parts(&layers, to)?;
@@ -676,10 +690,12 @@ impl Filesystem for StackFs {
             self.changed_dirs();
         }
         self.changed_entries();
-        Ok((
-            change(&fd_.attr, self.dir_after(&layers, from)),
-            change(&td.attr, self.dir_after(&layers, to)),
-        ))
+        let from_after = self.dir_after(&layers, from);
+        let to_after = match to == from {
+            true => from_after,
+            false => self.dir_after(&layers, to),
+        };
+        Ok((change(&fd_.attr, from_after), change(&td.attr, to_after)))
     }
 
     fn link(
@@ -704,7 +720,7 @@ impl Filesystem for StackFs {
         may_change_entries(caller, &d.attr)?;
         self.copy_up(&layers, id)?;
         let src = self.found(&layers, id)?;
-        let up = self.upper_dir(&layers, dir)?;
+        let up = self.upper_dir_of(&layers, dir, &d)?;
         link_at(src.parent.as_fd(), &src.name, up.as_fd(), &cname)?;
         if whited_out {
             clear_whiteout(up.as_fd(), name)?;

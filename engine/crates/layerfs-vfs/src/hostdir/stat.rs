@@ -132,6 +132,18 @@ mod imp {
     }
 }
 
+#[cfg(feature = "count-host-calls")]
+thread_local! {
+    static READS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// How many host attribute reads (through [`Stats`]) this thread has made:
+/// what tests assert an operation costs.
+#[cfg(feature = "count-host-calls")]
+pub fn reads_on_this_thread() -> u64 {
+    READS.with(|n| n.get())
+}
+
 /// Reads attributes for one export.
 #[derive(Clone, Copy, Debug)]
 pub struct Stats {
@@ -176,6 +188,8 @@ impl Stats {
     }
 
     fn finish(&self, stat: Result<(Attr, u64)>) -> Result<Attr> {
+        #[cfg(feature = "count-host-calls")]
+        READS.with(|n| n.set(n.get() + 1));
         let (mut a, dev) = stat?;
         if !self.birth_is_identity {
             a.generation = 0;
