@@ -342,14 +342,18 @@ impl Filesystem for StackFs {
         if set.is_empty() {
             return Ok(change(&before.attr, Some(before.attr)));
         }
-        if before.layer != UPPER {
-            self.copy_up(&layers, id)?;
-        }
-        let f = self.found(&layers, id)?;
+        let before_attr = before.attr;
+        let f = match before.layer == UPPER {
+            true => before,
+            false => {
+                self.copy_up(&layers, id)?;
+                self.found(&layers, id)?
+            }
+        };
         let host = layers.all[UPPER]
             .host
             .change(f.parent.as_fd(), &f.name, &f.host, set)?;
-        Ok(change(&before.attr, Some(f.shown(host))))
+        Ok(change(&before_attr, Some(f.shown(host))))
     }
 
     fn lookup_in(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<(Result<Attr>, Attr)> {
@@ -596,7 +600,10 @@ impl Filesystem for StackFs {
         let layers = self.layers.read();
         let _ns = self.lock_ns();
         let (fd_, src) = self.victim(&layers, caller, from, from_name)?;
-        let td = self.dir_for(&layers, caller, to, 1)?;
+        let td = match to == from {
+            true => fd_.clone(),
+            false => self.dir_for(&layers, caller, to, 1)?,
+        };
         let (dst, hidden_at_dst) = layers.lookup_for_new(&self.inodes, &td.parts, &to_c)?;
         let replaced = dst.as_ref().map(|d| &d.attr);
         may_rename(caller, (&fd_.attr, &src.attr), (&td.attr, replaced))?;
@@ -648,7 +655,7 @@ impl Filesystem for StackFs {
         // The source, whole in the upper: a lower directory cannot move.
         if moving_dir && (src.layer != UPPER || src.parts.len() > 1) {
             self.copy_up_tree(&layers, id)?;
-        } else {
+        } else if src.layer != UPPER {
             self.copy_up(&layers, id)?;
         }
         let up_from = self.upper_dir_of(&layers, from, &fd_)?;
