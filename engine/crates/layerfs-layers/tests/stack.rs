@@ -271,6 +271,14 @@ fn a_change_in_a_kept_directory_reads_its_attributes_once_before_and_once_after(
         fs.create(&me, d.fileid, b"a", new()).unwrap();
     };
     assert_eq!(reads(&create), 4);
+    // The file CREATE made stays open for the writes that follow, known to
+    // be the upper's: its first WRITE needs no copy-up.
+    let a = fs.lookup(&me, d.fileid, b"a").unwrap().fileid;
+    assert!(!fs.may_copy_up(a, None));
+    let write = || {
+        fs.write(&me, a, 0, b"data", Stability::Unstable).unwrap();
+    };
+    assert_eq!(reads(&write), 2);
     // Between them: both names.
     let rename = || {
         fs.rename(&me, d.fileid, b"a", d.fileid, b"b").unwrap();

@@ -82,7 +82,8 @@ impl Host {
     }
 
     /// Creates the regular file `name` in `dir` as CREATE does (RFC 1813
-    /// §3.3.8) and returns its attributes.
+    /// §3.3.8) and returns its attributes, with the file open for reading
+    /// and writing when this call made it: its writes usually follow.
     pub fn create(
         &self,
         caller: &Caller,
@@ -90,9 +91,9 @@ impl Host {
         dir_attr: &Attr,
         name: &CStr,
         how: Create,
-    ) -> Result<Attr> {
+    ) -> Result<(Attr, Option<OwnedFd>)> {
         let base =
-            OFlags::CREATE | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY;
+            OFlags::CREATE | OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY;
         let set = match how {
             Create::Unchecked(set) | Create::Guarded(set) => set,
             Create::Exclusive(_) => SetAttr::default(),
@@ -120,9 +121,10 @@ impl Host {
                     ..set
                 },
             };
-            return self.finish_new_file(caller, file.as_fd(), dir_attr, &set);
+            let attr = self.finish_new_file(caller, file.as_fd(), dir_attr, &set)?;
+            return Ok((attr, Some(file)));
         }
-        match how {
+        let existing = match how {
             Create::Exclusive(verf) => {
                 let existing = self.stats.at(dir, name)?;
                 if existing.kind != FileKind::Regular
@@ -130,7 +132,7 @@ impl Host {
                 {
                     return Err(Error::Exist);
                 }
-                Ok(existing)
+                existing
             }
             _ => {
                 // UNCHECKED on an existing file: only the size applies.
@@ -144,9 +146,10 @@ impl Host {
                     }
                     truncate_at(dir, name, size)?;
                 }
-                self.stats.at(dir, name)
+                self.stats.at(dir, name)?
             }
-        }
+        };
+        Ok((existing, None))
     }
 
     /// Gives a new entry to its creator (the directory's group if it is

@@ -283,12 +283,16 @@ impl LocalFs {
             _ => return Err(Error::Inval),
         }
         let fd = Arc::new(hostdir::open_file(parent.as_fd(), &name)?);
+        self.keep_file(id, fd.clone());
+        Ok(fd)
+    }
+
+    fn keep_file(&self, id: FileId, fd: Arc<OwnedFd>) {
         let mut files = self.files.lock();
         if files.len() >= FD_CACHE {
             files.clear();
         }
-        files.insert(id, fd.clone());
-        Ok(fd)
+        files.insert(id, fd);
     }
 
     /// The open file `id` and its attributes, if `caller` may read it. The
@@ -488,9 +492,12 @@ impl Filesystem for LocalFs {
                 _ => return Err(denied),
             }
         }
-        let attr = self.host.create(caller, fd.as_fd(), &before, &cname, how)?;
+        let (attr, made) = self.host.create(caller, fd.as_fd(), &before, &cname, how)?;
         let attr = self.named(dir, name, attr);
         self.remember(dir, name, &attr);
+        if let Some(file) = made {
+            self.keep_file(attr.fileid, Arc::new(file));
+        }
         Ok((attr, self.change(dir, &fd, &before)))
     }
 

@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use layerfs_vfs::{Caller, Create, Error, Filesystem, LocalFs, SetAttr};
+use layerfs_vfs::{Caller, Create, Error, Filesystem, LocalFs, SetAttr, Stability};
 
 fn names(fs: &LocalFs, page_size: usize) -> BTreeSet<String> {
     let root = fs.root();
@@ -244,6 +244,14 @@ fn a_change_in_an_open_directory_reads_its_attributes_once_before_and_once_after
         fs.create(&me, d.fileid, b"a", new()).unwrap();
     };
     assert_eq!(reads(&create), 3);
+    // The file CREATE made stays open for the writes that follow: a WRITE
+    // reads its attributes before and after, and opens nothing.
+    let a = fs.lookup(&me, d.fileid, b"a").unwrap();
+    let write = || {
+        fs.write(&me, a.fileid, 0, b"data", Stability::Unstable)
+            .unwrap();
+    };
+    assert_eq!(reads(&write), 2);
     // Both names are looked at: the one that goes and the one it takes.
     let rename = || {
         fs.rename(&me, d.fileid, b"a", d.fileid, b"b").unwrap();

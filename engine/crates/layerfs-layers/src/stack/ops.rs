@@ -506,16 +506,24 @@ impl Filesystem for StackFs {
             }
         }
         let up = self.upper_dir_of(&layers, dir, &d)?;
-        let host = layers.all[UPPER]
-            .host
-            .create(caller, up.as_fd(), &d.attr, &cname, how)?;
+        let (host, made) =
+            layers.all[UPPER]
+                .host
+                .create(caller, up.as_fd(), &d.attr, &cname, how)?;
         if whited_out {
             clear_whiteout(up.as_fd(), name)?;
         }
         self.changed_entries();
         let attr = self.shown(&layers, UPPER, host)?;
         self.remember(dir, name, attr.fileid);
-        self.dropped_file(attr.fileid);
+        match made {
+            Some(file) => {
+                let stamp = self.caches.stamp(layers.generation);
+                let file = Arc::new(file);
+                self.caches.keep_file(attr.fileid, stamp, UPPER, file);
+            }
+            None => self.dropped_file(attr.fileid),
+        }
         Ok((attr, change(&d.attr, self.dir_after(&layers, dir))))
     }
 
