@@ -38,10 +38,11 @@ use places::DirPlaces;
 /// Open descriptors kept per kind; past this the cache starts over.
 const FD_CACHE: usize = 512;
 
-/// A directory kept open, with the generation it had when it was opened:
-/// an open descriptor holds on to its inode, so that never changes, and a
-/// handle's generation is checked against it with no host call.
-struct OpenDir {
+/// A file or directory kept open, with the generation it had when it was
+/// opened: an open descriptor holds on to its inode, so that never
+/// changes, and a handle's generation is checked against it with no host
+/// call.
+struct KeptOpen {
     fd: Arc<OwnedFd>,
     generation: u64,
 }
@@ -55,8 +56,8 @@ pub struct LocalFs {
     /// Directories' ids, where the host does not keep inode numbers.
     places: Option<DirPlaces>,
     listings: Listings,
-    dirs: Mutex<HashMap<FileId, OpenDir>>,
-    files: Mutex<HashMap<FileId, Arc<OwnedFd>>>,
+    dirs: Mutex<HashMap<FileId, KeptOpen>>,
+    files: Mutex<HashMap<FileId, KeptOpen>>,
     /// Serialise changes per id, with their before and after attributes.
     stripes: Stripes,
 }
@@ -239,7 +240,7 @@ impl LocalFs {
         let generation = attr.generation;
         dirs.insert(
             id,
-            OpenDir {
+            KeptOpen {
                 fd: fd.clone(),
                 generation,
             },
@@ -273,8 +274,8 @@ impl LocalFs {
 
     /// A descriptor for reading and writing the regular file `id`.
     fn file_fd(&self, id: FileId) -> Result<Arc<OwnedFd>> {
-        if let Some(fd) = self.files.lock().get(&id) {
-            return Ok(fd.clone());
+        if let Some(file) = self.files.lock().get(&id) {
+            return Ok(file.fd.clone());
         }
         let (parent, name, attr) = self.entry(id)?;
         match attr.kind {
@@ -283,16 +284,28 @@ impl LocalFs {
             _ => return Err(Error::Inval),
         }
         let fd = Arc::new(hostdir::open_file(parent.as_fd(), &name)?);
-        self.keep_file(id, fd.clone());
+        self.keep_file(id, fd.clone(), attr.generation);
         Ok(fd)
     }
 
-    fn keep_file(&self, id: FileId, fd: Arc<OwnedFd>) {
+    fn keep_file(&self, id: FileId, fd: Arc<OwnedFd>, generation: u64) {
         let mut files = self.files.lock();
         if files.len() >= FD_CACHE {
             files.clear();
         }
-        files.insert(id, fd);
+        files.insert(id, KeptOpen { fd, generation });
+    }
+
+    /// The attributes of `id`, open as `fd`: `Stale` once it has no name
+    /// left (removed on the host while it was open here), or when `fd` is
+    /// not the file `id` names.
+    fn open_file_attr(&self, id: FileId, fd: &OwnedFd) -> Result<Attr> {
+        let attr = self.host.stats.fd(fd.as_fd())?;
+        if attr.nlink == 0 || attr.fileid != id {
+            self.files.lock().remove(&id);
+            return Err(Error::Stale);
+        }
+        Ok(attr)
     }
 
     /// The open file `id` and its attributes, if `caller` may read it. The
@@ -348,10 +361,15 @@ impl Filesystem for LocalFs {
         Ok(self.placed(id)?.2)
     }
 
+    /// A file kept open is checked again when it is used: one removed on
+    /// the host meanwhile is `Stale` then.
     fn still_names(&self, id: FileId, generation: u64) -> Result<()> {
         let kept = match id == self.root_id {
             true => Some(self.root_generation),
-            false => self.dirs.lock().get(&id).map(|dir| dir.generation),
+            false => {
+                let dir = self.dirs.lock().get(&id).map(|dir| dir.generation);
+                dir.or_else(|| self.files.lock().get(&id).map(|file| file.generation))
+            }
         };
         match kept {
             Some(kept) if kept == generation => Ok(()),
@@ -454,7 +472,7 @@ impl Filesystem for LocalFs {
     ) -> Result<(Change, Stability)> {
         let fd = self.file_fd(id)?;
         let _guard = self.stripes.lock(id);
-        let before = self.host.stats.fd(fd.as_fd())?;
+        let before = self.open_file_attr(id, &fd)?;
         if caller.uid != before.uid && !access::permits(&before, caller, 2) {
             return Err(Error::Access);
         }
@@ -468,7 +486,7 @@ impl Filesystem for LocalFs {
     fn commit(&self, id: FileId) -> Result<Change> {
         let fd = self.file_fd(id)?;
         let _guard = self.stripes.lock(id);
-        let before = self.host.stats.fd(fd.as_fd())?;
+        let before = self.open_file_attr(id, &fd)?;
         hostdir::sync_all(fd.as_fd())?;
         Ok(self.change(id, &fd, &before))
     }
@@ -496,7 +514,7 @@ impl Filesystem for LocalFs {
         let attr = self.named(dir, name, attr);
         self.remember(dir, name, &attr);
         if let Some(file) = made {
-            self.keep_file(attr.fileid, Arc::new(file));
+            self.keep_file(attr.fileid, Arc::new(file), attr.generation);
         }
         Ok((attr, self.change(dir, &fd, &before)))
     }

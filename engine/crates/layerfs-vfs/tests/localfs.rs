@@ -247,6 +247,10 @@ fn a_change_in_an_open_directory_reads_its_attributes_once_before_and_once_after
     // The file CREATE made stays open for the writes that follow: a WRITE
     // reads its attributes before and after, and opens nothing.
     let a = fs.lookup(&me, d.fileid, b"a").unwrap();
+    assert_eq!(
+        reads(&|| fs.still_names(a.fileid, a.generation).unwrap()),
+        0
+    );
     let write = || {
         fs.write(&me, a.fileid, 0, b"data", Stability::Unstable)
             .unwrap();
@@ -266,4 +270,27 @@ fn a_change_in_an_open_directory_reads_its_attributes_once_before_and_once_after
     fs.remove(&me, d.fileid, b"first").unwrap();
     fs.rmdir(&me, fs.root(), b"d").unwrap();
     assert_eq!(fs.still_names(d.fileid, d.generation), Err(Error::Stale));
+}
+
+/// A file kept open is still the file its handle names: removed on the
+/// host, its writes and commits are `Stale`, not written to a file no name
+/// leads to, and its handle stays stale when the name is made again.
+#[test]
+fn a_file_removed_on_the_host_while_open_here_is_stale() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fs = LocalFs::open(tmp.path()).unwrap();
+    let me = Caller::root();
+    let new = || Create::Guarded(SetAttr::default());
+    let (f, _) = fs.create(&me, fs.root(), b"f", new()).unwrap();
+    fs.write(&me, f.fileid, 0, b"kept", Stability::Unstable)
+        .unwrap();
+    std::fs::remove_file(tmp.path().join("f")).unwrap();
+    let write = fs.write(&me, f.fileid, 0, b"lost", Stability::Unstable);
+    assert_eq!(write.err(), Some(Error::Stale));
+    assert_eq!(fs.commit(f.fileid).err(), Some(Error::Stale));
+    assert_eq!(fs.still_names(f.fileid, f.generation), Err(Error::Stale));
+    // Made again on the host under the same name (perhaps with the same
+    // inode number): the old handle still names nothing.
+    std::fs::write(tmp.path().join("f"), b"new").unwrap();
+    assert_eq!(fs.still_names(f.fileid, f.generation), Err(Error::Stale));
 }
