@@ -27,7 +27,7 @@ pub use rules::{
     may_rename, mode_after_write, mode_of_new, removable, sticky_allows, timestamps,
 };
 #[cfg(feature = "count-host-calls")]
-pub use stat::reads_on_this_thread as stat_reads_on_this_thread;
+pub use stat::reads_during as stat_reads_during;
 pub use stat::{keeps_inode_numbers, Stats};
 pub use sys::{sync_all, sync_data};
 

@@ -58,8 +58,6 @@ impl StackFs {
         }
     }
 
-    /// The upper's part of directory `dir`, made (with the lower one's mode,
-    /// owner and times) if it has none yet.
     /// [`StackFs::upper_dir`] of directory `dir`, found as `d` under the
     /// same lock: no host call when `d` has its upper part already (a part
     /// it lacks may have been made since, so that case looks again).
@@ -75,6 +73,8 @@ impl StackFs {
         }
     }
 
+    /// The upper's part of directory `dir`, made (with the lower one's mode,
+    /// owner and times) if it has none yet.
     pub(super) fn upper_dir(&self, layers: &Layers, dir: FileId) -> Result<Arc<OwnedFd>> {
         let found = self.found(layers, dir)?;
         if found.kind() != FileKind::Directory {

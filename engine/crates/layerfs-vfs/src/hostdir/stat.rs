@@ -137,11 +137,13 @@ thread_local! {
     static READS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
-/// How many host attribute reads (through [`Stats`]) this thread has made:
-/// what tests assert an operation costs.
+/// How many host attribute reads (through [`Stats`]) `op` made on this
+/// thread: what tests assert an operation costs.
 #[cfg(feature = "count-host-calls")]
-pub fn reads_on_this_thread() -> u64 {
-    READS.with(|n| n.get())
+pub fn reads_during(op: impl FnOnce()) -> u64 {
+    let before = READS.with(|n| n.get());
+    op();
+    READS.with(|n| n.get()) - before
 }
 
 /// Reads attributes for one export.
