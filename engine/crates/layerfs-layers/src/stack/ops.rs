@@ -238,6 +238,27 @@ impl StackFs {
         Ok((d, f))
     }
 
+    /// [`Layers::lookup_for_new`] of `name` in directory `d`, for CREATE and
+    /// the calls that make an entry, which the host refuses with EEXIST
+    /// where the upper already has one. Where no layer below can hold the
+    /// name and the caller may add entries, nothing is asked: only the
+    /// upper might hold it, and it has no whiteout of it (one is made only
+    /// over a name below).
+    fn lookup_to_make(
+        &self,
+        layers: &Layers,
+        caller: &Caller,
+        d: &Found,
+        name: &CStr,
+    ) -> Result<(Option<Found>, bool)> {
+        if may_change_entries(caller, &d.attr).is_ok()
+            && !layers.below_may_hold(&d.parts, name.to_bytes())
+        {
+            return Ok((None, false));
+        }
+        layers.lookup_for_new(&self.inodes, &d.parts, name)
+    }
+
     /// The attributes `name` shows in directory `dir` (found as `d`):
     /// kept where only a change this process makes can alter them (see
     /// `caches.rs`), so a name an image holds, or one that is nowhere, costs
@@ -472,7 +493,7 @@ impl Filesystem for StackFs {
         let layers = self.layers.read();
         let _ns = self.lock_ns();
         let d = self.dir_for(&layers, caller, dir, 1)?;
-        let (existing, whited_out) = layers.lookup_for_new(&self.inodes, &d.parts, &cname)?;
+        let (existing, whited_out) = self.lookup_to_make(&layers, caller, &d, &cname)?;
         // Beside an entry of the upper, a whiteout is not looked for.
         let whited_out = whited_out || existing.is_some();
         if existing.is_none() || matches!(how, Create::Exclusive(_)) {
@@ -539,7 +560,7 @@ impl Filesystem for StackFs {
         let layers = self.layers.read();
         let _ns = self.lock_ns();
         let d = self.dir_for(&layers, caller, dir, 1)?;
-        let (existing, hidden_below) = layers.lookup_for_new(&self.inodes, &d.parts, &cname)?;
+        let (existing, hidden_below) = self.lookup_to_make(&layers, caller, &d, &cname)?;
         if existing.is_some() {
             return Err(Error::Exist);
         }
