@@ -47,6 +47,21 @@ struct KeptOpen {
     generation: u64,
 }
 
+/// Keeps `fd`, the descriptor of `id`, in `cache`, which starts over once
+/// it holds [`FD_CACHE`].
+fn keep_open(
+    cache: &Mutex<HashMap<FileId, KeptOpen>>,
+    id: FileId,
+    fd: Arc<OwnedFd>,
+    generation: u64,
+) {
+    let mut kept = cache.lock();
+    if kept.len() >= FD_CACHE {
+        kept.clear();
+    }
+    kept.insert(id, KeptOpen { fd, generation });
+}
+
 pub struct LocalFs {
     host: Host,
     root: Arc<OwnedFd>,
@@ -233,18 +248,7 @@ impl LocalFs {
             return Err(Error::Stale);
         }
         let fd = Arc::new(fd);
-        let mut dirs = self.dirs.lock();
-        if dirs.len() >= FD_CACHE {
-            dirs.clear();
-        }
-        let generation = attr.generation;
-        dirs.insert(
-            id,
-            KeptOpen {
-                fd: fd.clone(),
-                generation,
-            },
-        );
+        keep_open(&self.dirs, id, fd.clone(), attr.generation);
         Ok(fd)
     }
 
@@ -284,16 +288,8 @@ impl LocalFs {
             _ => return Err(Error::Inval),
         }
         let fd = Arc::new(hostdir::open_file(parent.as_fd(), &name)?);
-        self.keep_file(id, fd.clone(), attr.generation);
+        keep_open(&self.files, id, fd.clone(), attr.generation);
         Ok(fd)
-    }
-
-    fn keep_file(&self, id: FileId, fd: Arc<OwnedFd>, generation: u64) {
-        let mut files = self.files.lock();
-        if files.len() >= FD_CACHE {
-            files.clear();
-        }
-        files.insert(id, KeptOpen { fd, generation });
     }
 
     /// The attributes of `id`, open as `fd`: `Stale` once it has no name
@@ -514,7 +510,7 @@ impl Filesystem for LocalFs {
         let attr = self.named(dir, name, attr);
         self.remember(dir, name, &attr);
         if let Some(file) = made {
-            self.keep_file(attr.fileid, Arc::new(file), attr.generation);
+            keep_open(&self.files, attr.fileid, Arc::new(file), attr.generation);
         }
         Ok((attr, self.change(dir, &fd, &before)))
     }
