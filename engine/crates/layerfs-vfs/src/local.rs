@@ -7,8 +7,6 @@
 //! Every operation is an `*at` call on a parent descriptor. An id the table
 //! does not know (after a restart) is found again by walking the export once.
 
-use parking_lot::Mutex;
-use std::collections::HashMap;
 use std::ffi::CString;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
@@ -25,6 +23,7 @@ use crate::ids::{IdTable, Place, Seen};
 use crate::stripes::Stripes;
 use crate::FileId;
 
+mod kept_open;
 mod listing;
 mod places;
 
@@ -32,35 +31,9 @@ use crate::hostdir::{
     self, check_name, check_setattr, creatable, cstr, list, may_change_entries, may_rename,
     removable, sticky_allows, Host,
 };
+use kept_open::KeptOpen;
 use listing::Listings;
 use places::DirPlaces;
-
-/// Open descriptors kept per kind; past this the cache starts over.
-const FD_CACHE: usize = 512;
-
-/// A file or directory kept open, with the generation it had when it was
-/// opened: an open descriptor holds on to its inode, so that never
-/// changes, and a handle's generation is checked against it with no host
-/// call.
-struct KeptOpen {
-    fd: Arc<OwnedFd>,
-    generation: u64,
-}
-
-/// Keeps `fd`, the descriptor of `id`, in `cache`, which starts over once
-/// it holds [`FD_CACHE`].
-fn keep_open(
-    cache: &Mutex<HashMap<FileId, KeptOpen>>,
-    id: FileId,
-    fd: Arc<OwnedFd>,
-    generation: u64,
-) {
-    let mut kept = cache.lock();
-    if kept.len() >= FD_CACHE {
-        kept.clear();
-    }
-    kept.insert(id, KeptOpen { fd, generation });
-}
 
 pub struct LocalFs {
     host: Host,
@@ -71,8 +44,8 @@ pub struct LocalFs {
     /// Directories' ids, where the host does not keep inode numbers.
     places: Option<DirPlaces>,
     listings: Listings,
-    dirs: Mutex<HashMap<FileId, KeptOpen>>,
-    files: Mutex<HashMap<FileId, KeptOpen>>,
+    dirs: KeptOpen,
+    files: KeptOpen,
     /// Serialise changes per id, with their before and after attributes.
     stripes: Stripes,
 }
@@ -84,7 +57,7 @@ impl LocalFs {
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
             Mode::empty(),
         )?;
-        // Up to FD_CACHE directories and as many files stay open.
+        // Up to kept_open::KEPT_OPEN directories and as many files stay open.
         hostdir::raise_fd_limit();
         let host = Host::for_dir(root.as_fd());
         let root_attr = host.stats.fd(root.as_fd())?;
@@ -105,8 +78,8 @@ impl LocalFs {
             ids: IdTable::new(root_id),
             places,
             listings: Listings::default(),
-            dirs: Mutex::new(HashMap::new()),
-            files: Mutex::new(HashMap::new()),
+            dirs: KeptOpen::default(),
+            files: KeptOpen::default(),
             stripes: Stripes::default(),
         })
     }
@@ -215,9 +188,9 @@ impl LocalFs {
         self.ids.unlinked(parent, name, victim.fileid, links_left);
         // A file's descriptor may have been opened through this name: its
         // writes would notify this directory, not one the file is still in.
-        self.files.lock().remove(&victim.fileid);
+        self.files.forget(victim.fileid);
         if links_left == 0 {
-            self.dirs.lock().remove(&victim.fileid);
+            self.dirs.forget(victim.fileid);
         }
         if let (Some(places), FileKind::Directory) = (&self.places, victim.kind) {
             places.removed(parent, name);
@@ -229,8 +202,8 @@ impl LocalFs {
         if id == self.root_id {
             return Ok(self.root.clone());
         }
-        if let Some(dir) = self.dirs.lock().get(&id) {
-            return Ok(dir.fd.clone());
+        if let Some(fd) = self.dirs.fd(id) {
+            return Ok(fd);
         }
         let node = self.place(id)?;
         let parent = self.dir_fd(node.parent)?;
@@ -248,7 +221,7 @@ impl LocalFs {
             return Err(Error::Stale);
         }
         let fd = Arc::new(fd);
-        keep_open(&self.dirs, id, fd.clone(), attr.generation);
+        self.dirs.keep(id, fd.clone(), attr.generation);
         Ok(fd)
     }
 
@@ -278,8 +251,8 @@ impl LocalFs {
 
     /// A descriptor for reading and writing the regular file `id`.
     fn file_fd(&self, id: FileId) -> Result<Arc<OwnedFd>> {
-        if let Some(file) = self.files.lock().get(&id) {
-            return Ok(file.fd.clone());
+        if let Some(fd) = self.files.fd(id) {
+            return Ok(fd);
         }
         let (parent, name, attr) = self.entry(id)?;
         match attr.kind {
@@ -288,7 +261,7 @@ impl LocalFs {
             _ => return Err(Error::Inval),
         }
         let fd = Arc::new(hostdir::open_file(parent.as_fd(), &name)?);
-        keep_open(&self.files, id, fd.clone(), attr.generation);
+        self.files.keep(id, fd.clone(), attr.generation);
         Ok(fd)
     }
 
@@ -298,7 +271,7 @@ impl LocalFs {
     fn open_file_attr(&self, id: FileId, fd: &OwnedFd) -> Result<Attr> {
         let attr = self.host.stats.fd(fd.as_fd())?;
         if attr.nlink == 0 || attr.fileid != id {
-            self.files.lock().remove(&id);
+            self.files.forget(id);
             return Err(Error::Stale);
         }
         Ok(attr)
@@ -350,7 +323,7 @@ impl Filesystem for LocalFs {
         if id == self.root_id {
             return self.stat_fd(id, &self.root);
         }
-        let kept = self.dirs.lock().get(&id).map(|dir| dir.fd.clone());
+        let kept = self.dirs.fd(id);
         if let Some(fd) = kept {
             return self.stat_fd(id, &fd);
         }
@@ -363,8 +336,8 @@ impl Filesystem for LocalFs {
         let kept = match id == self.root_id {
             true => Some(self.root_generation),
             false => {
-                let dir = self.dirs.lock().get(&id).map(|dir| dir.generation);
-                dir.or_else(|| self.files.lock().get(&id).map(|file| file.generation))
+                let dir = self.dirs.generation(id);
+                dir.or_else(|| self.files.generation(id))
             }
         };
         match kept {
@@ -510,7 +483,8 @@ impl Filesystem for LocalFs {
         let attr = self.named(dir, name, attr);
         self.remember(dir, name, &attr);
         if let Some(file) = made {
-            keep_open(&self.files, attr.fileid, Arc::new(file), attr.generation);
+            self.files
+                .keep(attr.fileid, Arc::new(file), attr.generation);
         }
         Ok((attr, self.change(dir, &fd, &before)))
     }

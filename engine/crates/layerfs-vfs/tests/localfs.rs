@@ -261,6 +261,34 @@ fn a_change_in_an_open_directory_reads_its_attributes_once_before_and_once_after
     assert_eq!(fs.still_names(d.fileid, d.generation), Err(Error::Stale));
 }
 
+/// A directory in use stays open however many others are opened after
+/// it: past the room for them, the one used least recently is closed, so
+/// checking its handle still asks the host nothing.
+#[test]
+fn a_directory_in_use_stays_open_past_the_room_for_open_directories() {
+    use layerfs_vfs::hostdir::stat_reads_during as reads;
+    let tmp = tempfile::tempdir().unwrap();
+    let fs = LocalFs::open(tmp.path()).unwrap();
+    let me = Caller::root();
+    let new = || Create::Guarded(SetAttr::default());
+    let (d, _) = fs.mkdir(&me, fs.root(), b"d", &SetAttr::default()).unwrap();
+    fs.create(&me, d.fileid, b"f", new()).unwrap();
+    // Well past the 512 directories kept open.
+    for i in 0..700 {
+        let name = format!("e{i}");
+        let (e, _) = fs
+            .mkdir(&me, fs.root(), name.as_bytes(), &SetAttr::default())
+            .unwrap();
+        fs.create(&me, e.fileid, b"f", new()).unwrap();
+        assert_eq!(
+            reads(|| fs.still_names(d.fileid, d.generation).unwrap()),
+            0,
+            "d closed after {i} other directories"
+        );
+        fs.getattr(d.fileid).unwrap();
+    }
+}
+
 /// A file kept open is still the file its handle names: removed on the
 /// host, its writes and commits are `Stale`, not written to a file no name
 /// leads to, and its handle stays stale when the name is made again.
