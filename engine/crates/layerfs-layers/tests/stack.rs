@@ -266,8 +266,11 @@ fn a_change_in_a_kept_directory_reads_its_attributes_once_before_and_once_after(
     assert_eq!(reads(create), 3);
     // The file CREATE made stays open for the writes that follow, known to
     // be the upper's: its first WRITE needs no copy-up.
-    let a = fs.lookup(&me, d.fileid, b"a").unwrap().fileid;
+    let a_attr = fs.lookup(&me, d.fileid, b"a").unwrap();
+    let a = a_attr.fileid;
     assert!(!fs.may_copy_up(a, None));
+    // Its handle is checked from what is kept too.
+    assert_eq!(reads(|| fs.still_names(a, a_attr.generation).unwrap()), 0);
     let write = || {
         fs.write(&me, a, 0, b"data", Stability::Unstable).unwrap();
     };
@@ -292,6 +295,28 @@ fn a_change_in_a_kept_directory_reads_its_attributes_once_before_and_once_after(
         fs.remove(&me, d.fileid, b"b").unwrap();
     };
     assert_eq!(reads(remove), 3);
+    // Gone, it is no longer kept, and its handle is stale.
+    assert_eq!(fs.still_names(a, a_attr.generation), Err(Error::Stale));
+}
+
+/// A file the workspace keeps open, removed from the upper behind its
+/// back, takes no more writes: they are `Stale`, not written to a file no
+/// name leads to, and so is its handle.
+#[test]
+fn a_file_removed_from_the_upper_behind_the_workspace_is_stale() {
+    let s = Stack::new(1, |_, _| {});
+    let fs = s.open();
+    let me = root();
+    let (f, _) = fs
+        .create(&me, fs.root(), b"f", Create::Guarded(SetAttr::default()))
+        .unwrap();
+    fs.write(&me, f.fileid, 0, b"kept", Stability::Unstable)
+        .unwrap();
+    std::fs::remove_file(s.upper().join("f")).unwrap();
+    let write = fs.write(&me, f.fileid, 0, b"lost", Stability::Unstable);
+    assert_eq!(write.err(), Some(Error::Stale));
+    assert_eq!(fs.commit(f.fileid).err(), Some(Error::Stale));
+    assert_eq!(fs.still_names(f.fileid, f.generation), Err(Error::Stale));
 }
 
 /// A name only the upper holds, made again, is answered as a local

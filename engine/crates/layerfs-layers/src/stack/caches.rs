@@ -124,6 +124,16 @@ impl<K: Hash + Eq, V: Clone> Kept<K, V> {
     }
 }
 
+/// A file kept open. Kept until its file goes (a name of it removed, a
+/// copy-up) or the generation of layers moves: the id names this file, with
+/// this generation, for as long as it is kept.
+#[derive(Clone)]
+struct KeptFile {
+    layer: usize,
+    fd: Arc<OwnedFd>,
+    generation: u64,
+}
+
 pub struct Caches {
     dirs_moved: AtomicU64,
     entries_moved: AtomicU64,
@@ -132,8 +142,9 @@ pub struct Caches {
     /// Where files (not directories) were found.
     located: Kept<FileId, Found>,
     listings: Kept<FileId, Listing>,
-    /// Open files: the layer each was opened in, and its descriptor.
-    files: Kept<FileId, (usize, Arc<OwnedFd>)>,
+    /// Open files: the layer each was opened in, its descriptor, and the
+    /// generation clients see it with.
+    files: Kept<FileId, KeptFile>,
     /// Per layer tag, read once: lower layers never change.
     links: Mutex<HashMap<u16, Arc<LinkIndex>>>,
     /// Attributes of files listed in a lower layer, so that listing a
@@ -248,11 +259,37 @@ impl Caches {
     }
 
     pub fn file(&self, id: FileId, generation: u64) -> Option<(usize, Arc<OwnedFd>)> {
-        self.files.get(&id, |s| s.generation == generation)
+        self.files
+            .get(&id, |s| s.generation == generation)
+            .map(|f| (f.layer, f.fd))
     }
 
-    pub fn keep_file(&self, id: FileId, stamp: Stamp, layer: usize, fd: Arc<OwnedFd>) {
-        self.files.insert(id, stamp, (layer, fd));
+    /// Keeps `fd`, `id` open in `layer`, which clients see with
+    /// `file_generation`.
+    pub fn keep_file(
+        &self,
+        id: FileId,
+        stamp: Stamp,
+        layer: usize,
+        fd: Arc<OwnedFd>,
+        file_generation: u64,
+    ) {
+        let file = KeptFile {
+            layer,
+            fd,
+            generation: file_generation,
+        };
+        self.files.insert(id, stamp, file);
+    }
+
+    /// Whether `id` is a file kept open in `generation` of the layers that
+    /// clients see with `file_generation`.
+    pub fn file_is(&self, id: FileId, generation: u64, file_generation: u64) -> bool {
+        self.files.holds(
+            &id,
+            |s| s.generation == generation,
+            |f| f.generation == file_generation,
+        )
     }
 
     /// Whether `id` is known, from what is kept, to lie wholly in the upper
@@ -262,8 +299,7 @@ impl Caches {
     /// directory.
     pub fn wholly_upper(&self, id: FileId, generation: u64) -> bool {
         let this_generation = |s: &Stamp| s.generation == generation;
-        self.files
-            .holds(&id, this_generation, |(layer, _)| *layer == UPPER)
+        self.files.holds(&id, this_generation, |f| f.layer == UPPER)
             || self
                 .located
                 .holds(&id, this_generation, |f| f.layer == UPPER)

@@ -94,9 +94,14 @@ impl StackFs {
         if let Some((layer, fd)) = self.caches.file(id, layers.generation) {
             if layer == UPPER || !write {
                 let host = layers.all[layer].host.stats.fd(fd.as_fd())?;
-                let attr = self.shown(layers, layer, host)?;
-                allowed(&attr)?;
-                return Ok((fd, attr));
+                // No name leads to it any more (removed on the host behind
+                // the workspace): it is looked for, and is most likely gone.
+                if host.nlink > 0 {
+                    let attr = self.shown(layers, layer, host)?;
+                    allowed(&attr)?;
+                    return Ok((fd, attr));
+                }
+                self.dropped_file(id);
             }
         }
         let mut f = self.found(layers, id)?;
@@ -113,7 +118,8 @@ impl StackFs {
         }
         let fd = Arc::new(hostdir::open_file(f.parent.as_fd(), &f.name)?);
         let stamp = self.caches.stamp(layers.generation);
-        self.caches.keep_file(id, stamp, f.layer, fd.clone());
+        self.caches
+            .keep_file(id, stamp, f.layer, fd.clone(), f.attr.generation);
         Ok((fd, f.attr))
     }
 
@@ -309,15 +315,17 @@ impl Filesystem for StackFs {
         self.ids.knows(id)
     }
 
-    /// The root is the workspace's for its life, and a kept directory
-    /// keeps its identity while it is kept: neither asks the host.
+    /// The root is the workspace's for its life, and a kept directory or
+    /// open file keeps its identity while it is kept: none asks the host.
     fn still_names(&self, id: FileId, generation: u64) -> Result<()> {
         if id == ROOT && generation == self.inodes.workspace {
             return Ok(());
         }
         let stack_generation = self.current().generation;
         let kept = |d: &Found| d.attr.generation == generation;
-        if self.caches.dir_holds(id, stack_generation, kept) {
+        if self.caches.dir_holds(id, stack_generation, kept)
+            || self.caches.file_is(id, stack_generation, generation)
+        {
             return Ok(());
         }
         self.check_generation(id, generation).map(drop)
@@ -541,7 +549,8 @@ impl Filesystem for StackFs {
             Some(file) => {
                 let stamp = self.caches.stamp(layers.generation);
                 let file = Arc::new(file);
-                self.caches.keep_file(attr.fileid, stamp, UPPER, file);
+                self.caches
+                    .keep_file(attr.fileid, stamp, UPPER, file, attr.generation);
             }
             None => self.dropped_file(attr.fileid),
         }
