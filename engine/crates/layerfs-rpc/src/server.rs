@@ -13,7 +13,9 @@
 use parking_lot::{Condvar, Mutex};
 use std::io::{self, ErrorKind};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
+};
 use std::sync::{Arc, Weak};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -122,10 +124,15 @@ impl TransportStats {
 }
 
 /// Calls in flight on one connection, at most `size`.
+/// A slot is held from the call's hand-off until its reply is sent, so a
+/// client that reads no replies stops the reader; the call counts as
+/// running only until its reply is made, so a client that sends its next
+/// call on reading the reply finds the connection idle.
 struct Window {
     in_flight: Mutex<usize>,
     freed: Condvar,
     size: usize,
+    running: AtomicU64,
 }
 
 impl Window {
@@ -134,6 +141,7 @@ impl Window {
             in_flight: Mutex::new(0),
             freed: Condvar::new(),
             size: size.max(1),
+            running: AtomicU64::new(0),
         }
     }
 
@@ -142,6 +150,7 @@ impl Window {
         let free = *n < self.size;
         if free {
             *n += 1;
+            self.running.fetch_add(1, Relaxed);
         }
         free
     }
@@ -152,8 +161,15 @@ impl Window {
             self.freed.wait(&mut n);
         }
         *n += 1;
+        self.running.fetch_add(1, Relaxed);
     }
 
+    /// The call's reply is made (or it has none): it no longer runs.
+    fn answered(&self) {
+        self.running.fetch_sub(1, Release);
+    }
+
+    /// The call's reply is sent: its slot is free.
     fn release(&self) {
         *self.in_flight.lock() -= 1;
         self.freed.notify_all();
@@ -161,6 +177,11 @@ impl Window {
 
     fn is_busy(&self) -> bool {
         *self.in_flight.lock() > 0
+    }
+
+    /// Whether a call handed off is still running, its reply not yet made.
+    fn is_running(&self) -> bool {
+        self.running.load(Acquire) > 0
     }
 
     /// Waits until every call in flight has finished.
@@ -205,7 +226,9 @@ impl Connection {
 
     /// Runs one call on a worker and sends its reply; releases its window slot.
     fn answer(&self, dispatcher: &Dispatcher, record: &[u8]) {
-        if let Outcome::Reply(frame) = dispatcher.handle(record, self.peer) {
+        let outcome = dispatcher.handle(record, self.peer);
+        self.window.answered();
+        if let Outcome::Reply(frame) = outcome {
             self.send_replies(vec![frame]);
         }
         self.window.release();
@@ -550,7 +573,7 @@ fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Shared) {
         conn.records.fetch_add(1, Relaxed);
         let on_reader = match dispatcher.placement(record.as_bytes()) {
             Placement::Reader => true,
-            Placement::ReaderWhenIdle => rest == 0 && !conn.window.is_busy(),
+            Placement::ReaderWhenIdle => rest == 0 && !conn.window.is_running(),
             Placement::Worker => false,
         };
         let for_worker = if on_reader {
@@ -578,7 +601,9 @@ fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Shared) {
             record,
         };
         if let Err(lost) = jobs.send(job) {
-            lost.into_inner().conn.window.release();
+            let window = &lost.into_inner().conn.window;
+            window.answered();
+            window.release();
             break Err(io::Error::other("worker pool is gone"));
         }
     };
