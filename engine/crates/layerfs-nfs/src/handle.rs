@@ -121,6 +121,12 @@ fn create_key_file(path: &Path) -> io::Result<Option<HandleKey>> {
     }
 }
 
+thread_local! {
+    /// The handle this thread last found signed, with the key it was.
+    static LAST_SIGNED: std::cell::Cell<Option<(HandleKey, [u8; LEN])>> =
+        const { std::cell::Cell::new(None) };
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FileHandle {
     pub export: u64,
@@ -163,9 +169,25 @@ impl FileHandle {
         })
     }
 
-    /// Whether `bytes` carry a MAC made with `key`.
+    /// Whether `bytes` carry a MAC made with `key`. The same bytes under
+    /// the same key always give the same answer, so the handle this thread
+    /// found signed last is taken without signing again: consecutive calls
+    /// on one file (a stream of WRITEs, LOOKUPs in one directory) compute
+    /// one MAC. Compared in constant time, as the MAC is: a guess learns
+    /// nothing from how long the answer takes.
     pub fn signed_with(bytes: &[u8], key: &HandleKey) -> bool {
-        bytes.len() == LEN && constant_time_eq(&key.mac(&bytes[..BODY]), &bytes[BODY..])
+        let Ok(bytes) = <&[u8; LEN]>::try_from(bytes) else {
+            return false;
+        };
+        let last = LAST_SIGNED.get();
+        if last.is_some_and(|(k, h)| k == *key && constant_time_eq(&h, bytes)) {
+            return true;
+        }
+        let signed = constant_time_eq(&key.mac(&bytes[..BODY]), &bytes[BODY..]);
+        if signed {
+            LAST_SIGNED.set(Some((*key, *bytes)));
+        }
+        signed
     }
 
     /// Decodes a handle of export `export` signed with `key`: a malformed,
@@ -318,6 +340,27 @@ mod tests {
             FileHandle::decode(&bytes, 8, &key),
             Err(Error::Fs(layerfs_vfs::Error::Stale))
         );
+    }
+
+    #[test]
+    fn the_handle_found_signed_last_vouches_for_those_bytes_and_that_key_alone() {
+        let key = HandleKey::from_bytes([3; 32]);
+        let other = HandleKey::from_bytes([4; 32]);
+        let bytes = H.bytes(&key);
+        assert_eq!(FileHandle::decode(&bytes, 7, &key), Ok(H));
+        // Right after it: the same handle again, and nothing else.
+        assert_eq!(FileHandle::decode(&bytes, 7, &key), Ok(H));
+        for at in 0..LEN {
+            let mut forged = bytes;
+            forged[at] ^= 0x80;
+            assert!(!FileHandle::signed_with(&forged, &key), "byte {at}");
+            assert_eq!(FileHandle::decode(&bytes, 7, &key), Ok(H));
+        }
+        assert!(!FileHandle::signed_with(&bytes, &other));
+        assert!(!FileHandle::signed_with(&bytes[..LEN - 1], &key));
+        // Another thread has not seen it and signs it afresh.
+        let on_another = std::thread::spawn(move || FileHandle::signed_with(&bytes, &other));
+        assert!(!on_another.join().unwrap());
     }
 
     #[test]
