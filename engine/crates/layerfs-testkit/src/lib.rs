@@ -100,28 +100,42 @@ pub fn drop_caches() -> Result<(), String> {
     std::fs::write("/proc/sys/vm/drop_caches", "2").map_err(|e| format!("drop_caches: {e}"))
 }
 
-/// A global allocator that remembers the largest single request made by
-/// each thread, so a test can show what one call allocates while other
-/// tests run in parallel. Install it in a test binary with
-/// `#[global_allocator] static A: LargestPerThread = LargestPerThread;`.
+/// A global allocator that remembers, per thread, the largest single
+/// request and how many were made, so a test can show what one call
+/// allocates while other tests run in parallel. Install it in a test binary
+/// with `#[global_allocator] static A: LargestPerThread = LargestPerThread;`.
 pub struct LargestPerThread;
 
 thread_local! {
     static LARGEST: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    static MADE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+fn note_allocation(size: usize) {
+    let _ = LARGEST.try_with(|l| l.set(l.get().max(size)));
+    let _ = MADE.try_with(|n| n.set(n.get() + 1));
 }
 
 unsafe impl std::alloc::GlobalAlloc for LargestPerThread {
     unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
-        let _ = LARGEST.try_with(|l| l.set(l.get().max(layout.size())));
+        note_allocation(layout.size());
         unsafe { std::alloc::System.alloc(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
         unsafe { std::alloc::System.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
-        let _ = LARGEST.try_with(|l| l.set(l.get().max(new_size)));
+        note_allocation(new_size);
         unsafe { std::alloc::System.realloc(ptr, layout, new_size) }
     }
+}
+
+/// How many allocations (and reallocations) this thread made while running
+/// `f` (with [`LargestPerThread`] installed; 0 without it).
+pub fn allocations_while(f: impl FnOnce()) -> usize {
+    let before = MADE.with(|n| n.get());
+    f();
+    MADE.with(|n| n.get()) - before
 }
 
 /// The largest allocation this thread made while running `f` (with

@@ -12,8 +12,10 @@
 //! the file is found again under another name.
 
 use parking_lot::{Mutex, RwLock};
-use std::collections::{HashMap, HashSet, VecDeque};
+use rustc_hash::{FxHashMap, FxHashSet};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::FileId;
@@ -21,11 +23,12 @@ use crate::FileId;
 /// Ids known to be gone that are kept; past this the set starts over.
 const GONE_KEPT: usize = 65_536;
 
-/// Where an id was last seen: its directory and its name there.
+/// Where an id was last seen: its directory and its name there (shared, so
+/// that handing out a place copies no name).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Place {
     pub parent: FileId,
-    pub name: Box<[u8]>,
+    pub name: Arc<[u8]>,
 }
 
 /// One entry met by a walk.
@@ -37,8 +40,10 @@ pub struct Seen {
 
 pub struct IdTable {
     root: FileId,
-    places: RwLock<HashMap<FileId, Place>>,
-    gone: Mutex<HashSet<FileId>>,
+    /// Ids are this process's (host inode numbers or its own), not values a
+    /// client chooses, so an unkeyed fast hash is safe here.
+    places: RwLock<FxHashMap<FileId, Place>>,
+    gone: Mutex<FxHashSet<FileId>>,
     walks: AtomicU64,
 }
 
@@ -46,8 +51,8 @@ impl IdTable {
     pub fn new(root: FileId) -> IdTable {
         IdTable {
             root,
-            places: RwLock::new(HashMap::new()),
-            gone: Mutex::new(HashSet::new()),
+            places: RwLock::new(FxHashMap::default()),
+            gone: Mutex::new(FxHashSet::default()),
             walks: AtomicU64::new(0),
         }
     }
@@ -91,11 +96,23 @@ impl IdTable {
             return;
         }
         self.gone.lock().remove(&id);
+        // A LOOKUP of a name looked up before takes no write lock.
+        if self.is_at(id, parent, name) {
+            return;
+        }
         let place = Place {
             parent,
             name: name.into(),
         };
         self.places.write().insert(id, place);
+    }
+
+    /// Whether `id` was last seen as `name` in `parent`.
+    fn is_at(&self, id: FileId, parent: FileId, name: &[u8]) -> bool {
+        self.places
+            .read()
+            .get(&id)
+            .is_some_and(|p| p.parent == parent && *p.name == *name)
     }
 
     /// Records that `id` names no file any more.
@@ -144,7 +161,7 @@ impl IdTable {
                 if e.id == id {
                     return Ok(Place {
                         parent: dir,
-                        name: e.name,
+                        name: e.name.into(),
                     });
                 }
                 if e.is_dir {

@@ -261,6 +261,36 @@ fn a_change_in_an_open_directory_reads_its_attributes_once_before_and_once_after
     assert_eq!(fs.still_names(d.fileid, d.generation), Err(Error::Stale));
 }
 
+#[global_allocator]
+static ALLOC: layerfs_testkit::LargestPerThread = layerfs_testkit::LargestPerThread;
+
+/// The calls a client repeats most, on files already known, allocate
+/// nothing: where a file was seen is handed out without copying its name,
+/// and a name looked up again is not recorded again.
+#[test]
+fn a_getattr_or_a_lookup_again_of_a_known_file_allocates_nothing() {
+    use layerfs_testkit::allocations_while as allocations;
+    let tmp = tempfile::tempdir().unwrap();
+    let fs = LocalFs::open(tmp.path()).unwrap();
+    let me = Caller::root();
+    let (d, _) = fs.mkdir(&me, fs.root(), b"d", &SetAttr::default()).unwrap();
+    std::fs::write(tmp.path().join("d/f"), b"x").unwrap();
+    let f = fs.lookup(&me, d.fileid, b"f").unwrap();
+    fs.getattr(f.fileid).unwrap();
+    assert_eq!(
+        allocations(|| {
+            fs.getattr(f.fileid).unwrap();
+        }),
+        0
+    );
+    assert_eq!(
+        allocations(|| {
+            fs.lookup(&me, d.fileid, b"f").unwrap();
+        }),
+        0
+    );
+}
+
 /// A directory in use stays open however many others are opened after
 /// it: past the room for them, the one used least recently is closed, so
 /// checking its handle still asks the host nothing.
