@@ -124,6 +124,7 @@ impl TransportStats {
 }
 
 /// Calls in flight on one connection, at most `size`.
+///
 /// A slot is held from the call's hand-off until its reply is sent, so a
 /// client that reads no replies stops the reader; the call counts as
 /// running only until its reply is made, so a client that sends its next
