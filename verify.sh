@@ -74,6 +74,12 @@ for on in tmpfs ext4; do
 done
 echo "-- workload through FUSE, flat, on an overlay across filesystems"
 tests/fuse/run.sh target/release/layerfs flat overlay
+# A door not run as root has no passthrough: every read and write is a
+# request to it.
+for what in flat stack; do
+	echo "-- workload through FUSE without passthrough, $what, on ext4"
+	tests/fuse/run.sh target/release/layerfs $what ext4 no-passthrough
+done
 echo "-- starting and stopping the door"
 tests/fuse/door.sh target/release/layerfs
 echo "-- the workspace daemon through FUSE: import, create, mount, commit, kill -9, restart"

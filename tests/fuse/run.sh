@@ -5,10 +5,15 @@
 # tmpfs of its own, on a fresh ext4 image (`ext4`), or (flat only: a stack
 # refuses it) on an overlay of a tmpfs under that ext4, whose directory inode
 # numbers are not kept (`overlay`). Needs root (it mounts,
-# drops caches and chowns) and /dev/fuse; says SKIPPED without them.
-# usage: tests/fuse/run.sh LAYERFS (flat|stack) [tmpfs|ext4|overlay]
+# drops caches and chowns) and /dev/fuse; says SKIPPED without them. With
+# `no-passthrough`, every read and write goes through the door, as for a door
+# not run as root.
+# usage: tests/fuse/run.sh LAYERFS (flat|stack) [tmpfs|ext4|overlay] [no-passthrough]
 set -euo pipefail
 layerfs=$(realpath "$1") what=$2 on=${3:-tmpfs}
+if [[ ${4:-} == no-passthrough ]]; then
+	export SERVE_FLAGS=--no-passthrough
+fi
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 if [[ ! -c /dev/fuse ]]; then
 	echo "SKIPPED: FUSE $what workload: no /dev/fuse"
@@ -64,7 +69,7 @@ flat)
 		mount -t overlay overlay \
 			-o "lowerdir=$base/lower,upperdir=$base/upper,workdir=$base/work" "$base/export"
 	fi
-	server="exec $layerfs serve --fuse $mnt $base/export"
+	server="exec $layerfs serve --fuse $mnt ${SERVE_FLAGS:-} $base/export"
 	workload=workload.sh
 	;;
 stack)

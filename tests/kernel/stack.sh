@@ -3,6 +3,7 @@
 # layers under WS (default /run/ws) the first time, then runs `layerfs serve`
 # on them.
 # usage: tests/kernel/stack.sh LAYERFS (PORT | --fuse MOUNTPOINT) [WS]
+# SERVE_FLAGS, if set, are more flags for `layerfs serve`.
 set -euo pipefail
 layerfs=$1
 if [[ $2 == --fuse ]]; then
@@ -45,4 +46,4 @@ if [[ ! -d $ws ]]; then
 	(cd $ws && find l1 l2 l3 -type f -print0 | LC_ALL=C sort -z | xargs -0 md5sum >sums)
 fi
 exec "$layerfs" serve "${door[@]}" \
-	--layer $ws/l1 --layer $ws/l2 --layer $ws/l3 --upper $ws/upper
+	--layer $ws/l1 --layer $ws/l2 --layer $ws/l3 --upper $ws/upper ${SERVE_FLAGS:-}

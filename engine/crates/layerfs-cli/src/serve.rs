@@ -46,6 +46,13 @@ pub struct ServeArgs {
     /// Permissions are still checked per caller.
     #[arg(long, requires = "fuse")]
     allow_other: bool,
+    /// With --fuse: send every read and write of a file through layerfs
+    /// rather than let the kernel do them on the file's host file (FUSE
+    /// passthrough, otherwise used when layerfs runs as root on a kernel
+    /// that offers it). Slower; for tracing I/O, or a kernel whose
+    /// passthrough misbehaves.
+    #[arg(long, requires = "fuse")]
+    no_passthrough: bool,
     /// Calls in flight per connection before the server stops reading more from it.
     #[arg(long, default_value_t = ServerConfig::default().window, value_name = "N")]
     window: usize,
@@ -161,6 +168,7 @@ pub fn serve_fuse(args: ServeArgs) -> Result<(), String> {
         allow_other: args.allow_other,
         // One per core.
         threads: 0,
+        passthrough: !args.no_passthrough,
         source: "layerfs".into(),
     };
     let stop = interrupted()?;

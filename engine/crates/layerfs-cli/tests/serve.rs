@@ -60,6 +60,7 @@ fn help_explains_every_flag() {
         "--workers",
         "--layer",
         "--upper",
+        "--no-passthrough",
         "<DIR>",
     ] {
         assert!(help.contains(flag), "--help lacks {flag}");

@@ -406,6 +406,7 @@ impl Daemon {
             caching: layerfs_fuse::Caching::Exclusive,
             allow_other: false,
             threads: 0,
+            passthrough: true,
             source: format!("layerfs:{name}"),
         };
         let mounted =

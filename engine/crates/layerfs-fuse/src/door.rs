@@ -22,14 +22,16 @@ use fuser::{
     ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use layerfs_vfs::access::permits;
+use layerfs_vfs::hostdir;
 use layerfs_vfs::{
     Attr, Caller, Create, Error, FileId, FileKind, Filesystem, NewEntry, SetAttr, SetTime,
     Stability,
 };
+use rustix::fs::{Gid, Uid};
 
 use crate::attrs::{kind, kind_of_mode, timestamp, Caching, Inos};
 use crate::callers::Callers;
-use crate::opens::{OpenFiles, Way, CACHED, PASSTHROUGH};
+use crate::opens::{Held, OpenFiles, Way, CACHED, PASSTHROUGH};
 
 /// Largest WRITE the kernel sends; also its readahead.
 pub const MAX_WRITE: u32 = 1 << 20;
@@ -39,7 +41,8 @@ pub struct Door {
     inos: Inos,
     caching: Caching,
     callers: Callers,
-    /// Whether the kernel agreed to passthrough (see [`crate::opens`]).
+    /// Whether passthrough is asked for, and then whether the kernel agreed
+    /// to it (see [`crate::opens`]).
     passthrough: bool,
     opens: OpenFiles<BackingId>,
 }
@@ -66,14 +69,14 @@ fn name_bytes(name: &OsStr) -> &[u8] {
 }
 
 impl Door {
-    pub fn new(fs: Arc<dyn Filesystem>, caching: Caching) -> Door {
+    pub fn new(fs: Arc<dyn Filesystem>, caching: Caching, passthrough: bool) -> Door {
         let inos = Inos::new(fs.root());
         Door {
             fs,
             inos,
             caching,
             callers: Callers::default(),
-            passthrough: false,
+            passthrough,
             opens: OpenFiles::default(),
         }
     }
@@ -193,7 +196,8 @@ impl fuser::Filesystem for Door {
         // kernel reads and writes host files itself; elsewhere the writeback
         // cache batches small writes into large ones.
         let passthrough = InitFlags::FUSE_PASSTHROUGH;
-        self.passthrough = rustix::process::geteuid().is_root()
+        self.passthrough = self.passthrough
+            && rustix::process::geteuid().is_root()
             && config.capabilities().contains(passthrough)
             && config.set_max_stack_depth(1).is_ok()
             && config.add_capabilities(passthrough).is_ok();
@@ -244,7 +248,8 @@ impl fuser::Filesystem for Door {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.fs.getattr(self.id(ino)) {
+        let id = self.id(ino);
+        match self.or_held(id, self.fs.getattr(id), |file| held_attr(id, file)) {
             Ok(a) => reply.attr(&self.caching.ttl(), &self.inos.attr(&a)),
             Err(e) => reply.error(errno(e)),
         }
@@ -281,6 +286,25 @@ impl fuser::Filesystem for Door {
             .fs
             .setattr(&self.caller(req), id, &set, None)
             .and_then(|c| self.after(id, c.after));
+        // A file with no name left is still changed through an open
+        // (ftruncate, fchmod, the kernel's writeback setting times).
+        let result = self.or_held(id, result, |file| {
+            let set = hostdir::check_setattr(&self.caller(req), &held_attr(id, file)?, &set)?;
+            if let Some(size) = set.size {
+                rustix::fs::ftruncate(file, size)?;
+            }
+            if set.uid.is_some() || set.gid.is_some() {
+                let (uid, gid) = (set.uid.map(Uid::from_raw), set.gid.map(Gid::from_raw));
+                rustix::fs::fchown(file, uid, gid)?;
+            }
+            if let Some(mode) = set.mode {
+                rustix::fs::fchmod(file, hostdir::permissions(mode))?;
+            }
+            if let Some(times) = hostdir::timestamps(&set) {
+                rustix::fs::futimens(file, &times)?;
+            }
+            held_attr(id, file)
+        });
         match result {
             Ok(a) => reply.attr(&self.caching.ttl(), &self.inos.attr(&a)),
             Err(e) => reply.error(errno(e)),
@@ -425,7 +449,9 @@ impl fuser::Filesystem for Door {
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let caller = self.caller(req);
-        let attr = match self.fs.getattr(self.id(ino)) {
+        let id = self.id(ino);
+        // A file with no name left is opened again through /proc/PID/fd.
+        let attr = match self.or_held(id, self.fs.getattr(id), |file| held_attr(id, file)) {
             Ok(a) => a,
             Err(e) => return reply.error(errno(e)),
         };
@@ -433,11 +459,9 @@ impl fuser::Filesystem for Door {
         if !permits(&attr, &caller, wants) {
             return reply.error(Errno::EACCES);
         }
-        if !self.passthrough {
-            return reply.opened(CACHED, self.open_flags());
-        }
         self.opens.open(
             attr.fileid,
+            self.held(attr.fileid, wants & 2 != 0),
             reply,
             |reply| self.backing(&caller, &attr, wants & 2 != 0, |fd| reply.open_backing(fd)),
             |reply, way| match way {
@@ -457,9 +481,7 @@ impl fuser::Filesystem for Door {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        if self.passthrough {
-            self.opens.release(self.id(ino), fh);
-        }
+        self.opens.release(self.id(ino), fh);
         reply.ok()
     }
 
@@ -474,11 +496,16 @@ impl fuser::Filesystem for Door {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        let id = self.id(ino);
         READ_BUF.with_borrow_mut(|buf| {
             buf.clear();
             let read = self
                 .fs
-                .read(&Caller::root(), self.id(ino), offset, size as usize, buf);
+                .read(&Caller::root(), id, offset, size as usize, buf);
+            let read = self.or_held(id, read, |file| {
+                buf.clear();
+                hostdir::read(file, hostdir::host_attr(file)?, offset, size as usize, buf)
+            });
             match read {
                 Ok(_) => reply.data(buf),
                 Err(e) => reply.error(errno(e)),
@@ -503,11 +530,15 @@ impl fuser::Filesystem for Door {
         } else {
             Stability::Unstable
         };
-        match self
+        let id = self.id(ino);
+        let written = self
             .fs
-            .write(&Caller::root(), self.id(ino), offset, data, stable)
-        {
-            Ok(_) => reply.written(data.len() as u32),
+            .write(&Caller::root(), id, offset, data, stable)
+            .map(drop);
+        match self.or_held(id, written, |file| {
+            hostdir::write_at(file, offset, data, stable)
+        }) {
+            Ok(()) => reply.written(data.len() as u32),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -530,10 +561,18 @@ impl fuser::Filesystem for Door {
         _req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
-        _datasync: bool,
+        datasync: bool,
         reply: ReplyEmpty,
     ) {
-        done(reply, self.fs.commit(self.id(ino)))
+        let id = self.id(ino);
+        let committed = self.fs.commit(id).map(drop);
+        done(
+            reply,
+            self.or_held(id, committed, |file| match datasync {
+                true => hostdir::sync_data(file),
+                false => hostdir::sync_all(file),
+            }),
+        )
     }
 
     fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -710,12 +749,10 @@ impl fuser::Filesystem for Door {
             self.inos.attr(&attr),
             Generation(attr.generation),
         );
-        if !self.passthrough {
-            return reply.created(&ttl, &fattr, generation, CACHED, self.open_flags());
-        }
         let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
         self.opens.open(
             attr.fileid,
+            self.held(attr.fileid, write),
             reply,
             |reply| self.backing(&caller, &attr, write, |fd| reply.open_backing(fd)),
             |reply, way| match way {
@@ -731,6 +768,15 @@ impl fuser::Filesystem for Door {
             },
         );
     }
+}
+
+/// The attributes of `id`, open as `file` with no name left.
+fn held_attr(id: FileId, file: BorrowedFd<'_>) -> layerfs_vfs::Result<Attr> {
+    let mut attr = hostdir::host_attr(file)?;
+    attr.fileid = id;
+    // A lower file of a stack still has its name in the layer.
+    attr.nlink = 0;
+    Ok(attr)
 }
 
 /// Open flags beside FOPEN_PASSTHROUGH: the kernel writes the host file
@@ -749,7 +795,7 @@ impl Door {
     ) -> Option<BackingId> {
         // The kernel writes a backing file with the door's privileges, which
         // keep the setuid and setgid bits a write by the caller clears.
-        if attr.kind != FileKind::Regular || attr.mode & 0o6000 != 0 {
+        if !self.passthrough || attr.kind != FileKind::Regular || attr.mode & 0o6000 != 0 {
             return None;
         }
         let fd = self.fs.host_file(caller, attr.fileid, write).ok()??;
@@ -759,6 +805,39 @@ impl Door {
                 tracing::debug!("no passthrough for file {}: {e}", attr.fileid);
                 None
             }
+        }
+    }
+
+    /// What an open of `id` (for writing with `write`) holds until its
+    /// release (see [`crate::opens`]). The open goes on without it where
+    /// the filesystem cannot give it: a write to come then meets the same
+    /// failure (a copy-up into a full upper, say) and reports it.
+    fn held(&self, id: FileId, write: bool) -> Held {
+        let file = match self.fs.file_to_keep(id, write) {
+            Ok(file) => file,
+            Err(e) => {
+                tracing::debug!("file {id} is opened without holding its host file: {e}");
+                None
+            }
+        };
+        Held { file, write }
+    }
+
+    /// `result`, unless it is `Stale` for a file still open: the file lost
+    /// its last name while a process held it, and `on_held` answers from the
+    /// host file its opens hold, as a local filesystem would.
+    fn or_held<T>(
+        &self,
+        id: FileId,
+        result: layerfs_vfs::Result<T>,
+        on_held: impl FnOnce(BorrowedFd<'_>) -> layerfs_vfs::Result<T>,
+    ) -> layerfs_vfs::Result<T> {
+        match result {
+            Err(Error::Stale) => match self.opens.held(id) {
+                Some(file) => on_held(file.as_fd()),
+                None => Err(Error::Stale),
+            },
+            other => other,
         }
     }
 

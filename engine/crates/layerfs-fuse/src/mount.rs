@@ -22,6 +22,10 @@ pub struct Options {
     pub allow_other: bool,
     /// Threads answering the kernel; 0 for one per core.
     pub threads: usize,
+    /// Let the kernel read and write host files itself (FUSE passthrough)
+    /// where it offers that and the door runs as root; otherwise every read
+    /// and write is a request to the door.
+    pub passthrough: bool,
     /// The name the mount table shows as the source.
     pub source: String,
 }
@@ -32,6 +36,7 @@ impl Default for Options {
             caching: Caching::Shared,
             allow_other: false,
             threads: 0,
+            passthrough: true,
             source: "layerfs".into(),
         }
     }
@@ -69,7 +74,7 @@ pub fn mount(fs: Arc<dyn Filesystem>, mountpoint: &Path, options: &Options) -> i
     };
     config.n_threads = Some(threads);
     config.clone_fd = true;
-    let door = Door::new(fs, options.caching);
+    let door = Door::new(fs, options.caching, options.passthrough);
     let session = fuser::spawn_mount(door, &mountpoint, &config).map_err(|e| {
         io::Error::new(
             e.kind(),

@@ -1,12 +1,21 @@
+//! Open files, counted per inode, and what their opens hold.
+//!
 //! Passthrough: the kernel reads and writes a file's host file itself, with
 //! no request to the door. It keeps one backing file per inode, and refuses
 //! to mix passthrough opens with opens it serves through the door (page
-//! cache) on one inode, so every open is counted here per inode, and an
-//! inode that is open one way is opened that way again until all its opens
-//! are released.
+//! cache) on one inode, so an inode that is open one way is opened that way
+//! again until all its opens are released.
+//!
+//! A file removed while open: on a local filesystem a process goes on
+//! reading, writing and syncing a file it holds open after its last name is
+//! removed (a temporary file made and unlinked at once is a common
+//! pattern). So every open inode holds its host file until its last release,
+//! for the door to use once the filesystem answers `Stale` for it.
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
 
 use fuser::FileHandle;
 use layerfs_vfs::FileId;
@@ -20,6 +29,15 @@ struct Opens<B> {
     cached: u32,
     passthrough: u32,
     backing: Option<B>,
+    held: Option<Arc<OwnedFd>>,
+}
+
+/// The host file an open holds (see [`crate::opens`]), and whether it was
+/// opened for writing: a lower file held by a reader gives way to the upper
+/// one a writer's copy-up made.
+pub struct Held {
+    pub file: Option<Arc<OwnedFd>>,
+    pub write: bool,
 }
 
 /// Open files by inode; `B` is the kernel's registration of a backing file
@@ -43,13 +61,14 @@ pub enum Way<'a, B> {
 }
 
 impl<B> OpenFiles<B> {
-    /// Records one more open of `id` and answers `reply` with `answer`:
-    /// through the door if the inode is open that way (or `backing` gives
-    /// nothing), else passthrough with the inode's backing file, which
-    /// `backing` registers on its first passthrough open.
+    /// Records one more open of `id`, which holds `held`, and answers
+    /// `reply` with `answer`: through the door if the inode is open that way
+    /// (or `backing` gives nothing), else passthrough with the inode's
+    /// backing file, which `backing` registers on its first passthrough open.
     pub fn open<R>(
         &self,
         id: FileId,
+        held: Held,
         reply: R,
         backing: impl FnOnce(&R) -> Option<B>,
         answer: impl FnOnce(R, Way<'_, B>),
@@ -59,7 +78,11 @@ impl<B> OpenFiles<B> {
             cached: 0,
             passthrough: 0,
             backing: None,
+            held: None,
         });
+        if held.file.is_some() && (held.write || opens.held.is_none()) {
+            opens.held = held.file;
+        }
         if opens.cached == 0 && opens.backing.is_none() {
             opens.backing = backing(&reply);
         }
@@ -75,6 +98,11 @@ impl<B> OpenFiles<B> {
                 answer(reply, Way::Cached)
             }
         }
+    }
+
+    /// The host file the opens of `id` hold, while it is open.
+    pub fn held(&self, id: FileId) -> Option<Arc<OwnedFd>> {
+        self.by_id.lock().get(&id)?.held.clone()
     }
 
     /// Records the release of an open with file handle `fh`.
@@ -101,6 +129,7 @@ impl<B> OpenFiles<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsRawFd;
 
     /// Opens `id` where a backing file `offered` would be registered; which
     /// way it was answered, and whether a registration was asked for.
@@ -109,6 +138,10 @@ mod tests {
         let mut got = None;
         files.open(
             id,
+            Held {
+                file: None,
+                write: false,
+            },
             (),
             |_| {
                 asked = true;
@@ -135,6 +168,43 @@ mod tests {
         files.release(7, PASSTHROUGH);
         assert!(files.by_id.lock().is_empty());
         assert_eq!(open(&files, 7, Some(71)), (Some(71), true));
+    }
+
+    #[test]
+    fn an_inode_holds_its_first_file_until_a_writer_opens_it_and_until_its_last_release() {
+        let files: OpenFiles<u32> = OpenFiles::default();
+        let file = || {
+            Some(Arc::new(OwnedFd::from(
+                std::fs::File::open("/dev/null").unwrap(),
+            )))
+        };
+        let raw = |f: &Option<Arc<OwnedFd>>| f.as_ref().map(|f| f.as_raw_fd());
+        let hold = |file: Option<Arc<OwnedFd>>, write| {
+            let held = raw(&file);
+            files.open(7, Held { file, write }, (), |_| None, |(), _| {});
+            held
+        };
+        let reader = hold(file(), false);
+        assert_eq!(raw(&files.held(7)), reader);
+        // A second reader (a lower file in a stack) keeps the first's.
+        hold(file(), false);
+        assert_eq!(raw(&files.held(7)), reader);
+        // A writer's file (the copy-up's) is what the inode holds from now.
+        let writer = hold(file(), true);
+        assert_ne!(writer, reader);
+        assert_eq!(raw(&files.held(7)), writer);
+        hold(None, true);
+        assert_eq!(raw(&files.held(7)), writer, "an open with nothing to hold");
+        assert!(files.held(8).is_none(), "other inodes apart");
+        for _ in 0..3 {
+            files.release(7, CACHED);
+            assert!(files.held(7).is_some());
+        }
+        files.release(7, CACHED);
+        assert!(
+            files.held(7).is_none(),
+            "nothing held past the last release"
+        );
     }
 
     #[test]

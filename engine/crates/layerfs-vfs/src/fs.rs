@@ -232,6 +232,19 @@ pub trait Filesystem: Send + Sync {
         Ok(None)
     }
 
+    /// The host file that holds regular file `id` now (in a layered
+    /// filesystem, after a copy-up with `write`), for a door that keeps it
+    /// from a caller's open to its release: once the file's last name is
+    /// removed, calls on `id` are `Stale`, and the door goes on reading,
+    /// writing and syncing the file through this descriptor, as a local
+    /// filesystem lets a process use a file it holds open after an unlink
+    /// (FUSE has opens; NFS has none). No permission check: the door checked
+    /// the open. `None` where no one host file holds the file.
+    fn file_to_keep(&self, id: FileId, write: bool) -> Result<Option<Arc<OwnedFd>>> {
+        let _ = (id, write);
+        Ok(None)
+    }
+
     /// Writes all of `data` at `offset`; returns how durable it already is.
     fn write(
         &self,

@@ -408,6 +408,10 @@ impl Filesystem for LocalFs {
         Ok(Some(fd))
     }
 
+    fn file_to_keep(&self, id: FileId, _write: bool) -> Result<Option<Arc<OwnedFd>>> {
+        self.file_fd(id).map(Some)
+    }
+
     fn read_source(
         &self,
         caller: &Caller,

@@ -431,6 +431,11 @@ impl Filesystem for StackFs {
         Ok(Some(fd))
     }
 
+    fn file_to_keep(&self, id: FileId, write: bool) -> Result<Option<Arc<OwnedFd>>> {
+        let (fd, _) = self.open_file(&self.current(), id, write, |_| Ok(()))?;
+        Ok(Some(fd))
+    }
+
     fn read_source(
         &self,
         caller: &Caller,

@@ -137,6 +137,12 @@ thread_local! {
     static READS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
+/// Attributes of an open file as the host has them, its inode number for
+/// its id, without an export's rules (see [`Stats`]).
+pub fn host_attr(fd: BorrowedFd<'_>) -> Result<Attr> {
+    imp::fd(fd).map(|(attr, _)| attr)
+}
+
 /// How many host attribute reads (through [`Stats`]) `op` made on this
 /// thread: what tests assert an operation costs.
 #[cfg(feature = "count-host-calls")]
