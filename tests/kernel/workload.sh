@@ -50,6 +50,20 @@ drop_caches
 [ "$(stat -c %s sparse)" -eq $((1001 * 4096)) ]
 [ "$(head -c $((1000 * 4096)) sparse | tr -d '\0' | wc -c)" -eq 0 ]
 
+step "a file removed while open: written, read and synced until closed"
+# A temporary file made and unlinked at once. The NFS client renames it
+# aside (.nfsXXXX) until the last close; FUSE and a local filesystem keep it
+# without a name.
+exec 3<>held
+echo before >&3
+rm held
+[ ! -e held ]
+echo after >&3
+sync "/proc/$$/fd/3"
+[ "$(cat /proc/$$/fd/3)" = "$(printf 'before\nafter')" ]
+exec 3>&-
+echo new >held; [ "$(cat held)" = new ]; rm held
+
 step "renames of files and directories, over each other"
 echo a >ra; echo b >rb
 mv ra rb
