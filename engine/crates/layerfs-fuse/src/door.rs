@@ -249,7 +249,7 @@ impl fuser::Filesystem for Door {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let id = self.id(ino);
-        match self.or_held(id, self.fs.getattr(id), |file| held_attr(id, file)) {
+        match self.or_held(id, false, self.fs.getattr(id), |file| held_attr(id, file)) {
             Ok(a) => reply.attr(&self.caching.ttl(), &self.inos.attr(&a)),
             Err(e) => reply.error(errno(e)),
         }
@@ -288,7 +288,7 @@ impl fuser::Filesystem for Door {
             .and_then(|c| self.after(id, c.after));
         // A file with no name left is still changed through an open
         // (ftruncate, fchmod, the kernel's writeback setting times).
-        let result = self.or_held(id, result, |file| {
+        let result = self.or_held(id, true, result, |file| {
             let set = hostdir::check_setattr(&self.caller(req), &held_attr(id, file)?, &set)?;
             if let Some(size) = set.size {
                 rustix::fs::ftruncate(file, size)?;
@@ -451,7 +451,7 @@ impl fuser::Filesystem for Door {
         let caller = self.caller(req);
         let id = self.id(ino);
         // A file with no name left is opened again through /proc/PID/fd.
-        let attr = match self.or_held(id, self.fs.getattr(id), |file| held_attr(id, file)) {
+        let attr = match self.or_held(id, false, self.fs.getattr(id), |file| held_attr(id, file)) {
             Ok(a) => a,
             Err(e) => return reply.error(errno(e)),
         };
@@ -502,7 +502,7 @@ impl fuser::Filesystem for Door {
             let read = self
                 .fs
                 .read(&Caller::root(), id, offset, size as usize, buf);
-            let read = self.or_held(id, read, |file| {
+            let read = self.or_held(id, false, read, |file| {
                 buf.clear();
                 hostdir::read(file, hostdir::host_attr(file)?, offset, size as usize, buf)
             });
@@ -535,7 +535,7 @@ impl fuser::Filesystem for Door {
             .fs
             .write(&Caller::root(), id, offset, data, stable)
             .map(drop);
-        match self.or_held(id, written, |file| {
+        match self.or_held(id, true, written, |file| {
             hostdir::write_at(file, offset, data, stable)
         }) {
             Ok(()) => reply.written(data.len() as u32),
@@ -568,7 +568,7 @@ impl fuser::Filesystem for Door {
         let committed = self.fs.commit(id).map(drop);
         done(
             reply,
-            self.or_held(id, committed, |file| match datasync {
+            self.or_held(id, false, committed, |file| match datasync {
                 true => hostdir::sync_data(file),
                 false => hostdir::sync_all(file),
             }),
@@ -812,29 +812,30 @@ impl Door {
     /// release (see [`crate::opens`]). The open goes on without it where
     /// the filesystem cannot give it: a write to come then meets the same
     /// failure (a copy-up into a full upper, say) and reports it.
-    fn held(&self, id: FileId, write: bool) -> Held {
-        let file = match self.fs.file_to_keep(id, write) {
-            Ok(file) => file,
+    fn held(&self, id: FileId, write: bool) -> Option<Held> {
+        match self.fs.file_to_keep(id, write) {
+            Ok(file) => file.map(|file| Held { file, write }),
             Err(e) => {
                 tracing::debug!("file {id} is opened without holding its host file: {e}");
                 None
             }
-        };
-        Held { file, write }
+        }
     }
 
     /// `result`, unless it is `Stale` for a file still open: the file lost
     /// its last name while a process held it, and `on_held` answers from the
-    /// host file its opens hold, as a local filesystem would.
+    /// host file its opens hold, as a local filesystem would. A change
+    /// (`write`) needs a file taken for writing.
     fn or_held<T>(
         &self,
         id: FileId,
+        write: bool,
         result: layerfs_vfs::Result<T>,
         on_held: impl FnOnce(BorrowedFd<'_>) -> layerfs_vfs::Result<T>,
     ) -> layerfs_vfs::Result<T> {
         match result {
-            Err(Error::Stale) => match self.opens.held(id) {
-                Some(file) => on_held(file.as_fd()),
+            Err(Error::Stale) => match self.opens.held(id).filter(|h| h.write || !write) {
+                Some(held) => on_held(held.file.as_fd()),
                 None => Err(Error::Stale),
             },
             other => other,

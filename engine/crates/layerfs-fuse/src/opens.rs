@@ -29,14 +29,17 @@ struct Opens<B> {
     cached: u32,
     passthrough: u32,
     backing: Option<B>,
-    held: Option<Arc<OwnedFd>>,
+    held: Option<Held>,
 }
 
 /// The host file an open holds (see [`crate::opens`]), and whether it was
-/// opened for writing: a lower file held by a reader gives way to the upper
-/// one a writer's copy-up made.
+/// taken for writing: a lower file held by a reader gives way to the upper
+/// one a writer's copy-up made, and only a file taken for writing is
+/// written through (a lower file is never changed, even where the host
+/// would allow it).
+#[derive(Clone)]
 pub struct Held {
-    pub file: Option<Arc<OwnedFd>>,
+    pub file: Arc<OwnedFd>,
     pub write: bool,
 }
 
@@ -61,14 +64,14 @@ pub enum Way<'a, B> {
 }
 
 impl<B> OpenFiles<B> {
-    /// Records one more open of `id`, which holds `held`, and answers
+    /// Records one more open of `id`, which holds `held` if any, and answers
     /// `reply` with `answer`: through the door if the inode is open that way
     /// (or `backing` gives nothing), else passthrough with the inode's
     /// backing file, which `backing` registers on its first passthrough open.
     pub fn open<R>(
         &self,
         id: FileId,
-        held: Held,
+        held: Option<Held>,
         reply: R,
         backing: impl FnOnce(&R) -> Option<B>,
         answer: impl FnOnce(R, Way<'_, B>),
@@ -80,8 +83,8 @@ impl<B> OpenFiles<B> {
             backing: None,
             held: None,
         });
-        if held.file.is_some() && (held.write || opens.held.is_none()) {
-            opens.held = held.file;
+        if let Some(held) = held.filter(|h| h.write || opens.held.is_none()) {
+            opens.held = Some(held);
         }
         if opens.cached == 0 && opens.backing.is_none() {
             opens.backing = backing(&reply);
@@ -101,7 +104,7 @@ impl<B> OpenFiles<B> {
     }
 
     /// The host file the opens of `id` hold, while it is open.
-    pub fn held(&self, id: FileId) -> Option<Arc<OwnedFd>> {
+    pub fn held(&self, id: FileId) -> Option<Held> {
         self.by_id.lock().get(&id)?.held.clone()
     }
 
@@ -138,10 +141,7 @@ mod tests {
         let mut got = None;
         files.open(
             id,
-            Held {
-                file: None,
-                write: false,
-            },
+            None,
             (),
             |_| {
                 asked = true;
@@ -173,30 +173,40 @@ mod tests {
     #[test]
     fn an_inode_holds_its_first_file_until_a_writer_opens_it_and_until_its_last_release() {
         let files: OpenFiles<u32> = OpenFiles::default();
-        let file = || {
-            Some(Arc::new(OwnedFd::from(
-                std::fs::File::open("/dev/null").unwrap(),
-            )))
+        let file = || Arc::new(OwnedFd::from(std::fs::File::open("/dev/null").unwrap()));
+        let held = |id| files.held(id).map(|h| (h.file.as_raw_fd(), h.write));
+        let hold = |held: Option<Held>| {
+            let seen = held.as_ref().map(|h| (h.file.as_raw_fd(), h.write));
+            files.open(7, held, (), |_| None, |(), _| {});
+            seen
         };
-        let raw = |f: &Option<Arc<OwnedFd>>| f.as_ref().map(|f| f.as_raw_fd());
-        let hold = |file: Option<Arc<OwnedFd>>, write| {
-            let held = raw(&file);
-            files.open(7, Held { file, write }, (), |_| None, |(), _| {});
-            held
-        };
-        let reader = hold(file(), false);
-        assert_eq!(raw(&files.held(7)), reader);
+        let reader = hold(Some(Held {
+            file: file(),
+            write: false,
+        }));
+        assert_eq!(held(7), reader);
         // A second reader (a lower file in a stack) keeps the first's.
-        hold(file(), false);
-        assert_eq!(raw(&files.held(7)), reader);
+        hold(Some(Held {
+            file: file(),
+            write: false,
+        }));
+        assert_eq!(held(7), reader);
         // A writer's file (the copy-up's) is what the inode holds from now.
-        let writer = hold(file(), true);
+        let writer = hold(Some(Held {
+            file: file(),
+            write: true,
+        }));
         assert_ne!(writer, reader);
-        assert_eq!(raw(&files.held(7)), writer);
-        hold(None, true);
-        assert_eq!(raw(&files.held(7)), writer, "an open with nothing to hold");
+        assert_eq!(held(7), writer);
+        assert_eq!(held(7).map(|(_, write)| write), Some(true));
+        hold(Some(Held {
+            file: file(),
+            write: false,
+        }));
+        hold(None);
+        assert_eq!(held(7), writer, "a reader and an open with nothing to hold");
         assert!(files.held(8).is_none(), "other inodes apart");
-        for _ in 0..3 {
+        for _ in 0..4 {
             files.release(7, CACHED);
             assert!(files.held(7).is_some());
         }
