@@ -66,6 +66,12 @@ pub fn mount(fs: Arc<dyn Filesystem>, mountpoint: &Path, options: &Options) -> i
         MountOption::Subtype("layerfs".into()),
         MountOption::NoSuid,
         MountOption::NoDev,
+        // The kernel checks permission on every path walk, open and
+        // change against the attributes it holds (with the caller's own
+        // groups), before it asks the door: without it, a name the kernel
+        // has cached is reached with no search permission checked, and
+        // FIFOs and O_TRUNC are not checked at all. The door checks again.
+        MountOption::DefaultPermissions,
     ];
     config.acl = if options.allow_other {
         SessionACL::All

@@ -112,7 +112,16 @@ pub fn check_setattr(caller: &Caller, attr: &Attr, set: &SetAttr) -> Result<SetA
 /// group execute is set (without it, setgid marks mandatory locking, not
 /// privilege), as the kernel does.
 pub fn mode_after_write(caller: &Caller, attr: &Attr) -> Option<u32> {
-    if caller.is_root() || attr.kind != FileKind::Regular {
+    if caller.is_root() {
+        return None;
+    }
+    mode_without_privilege(attr)
+}
+
+/// The mode [`mode_after_write`] gives a file for a caller without
+/// privilege, where a door knows only that (FUSE: `CAP_FSETID`).
+pub fn mode_without_privilege(attr: &Attr) -> Option<u32> {
+    if attr.kind != FileKind::Regular {
         return None;
     }
     let mut mode = attr.mode & !0o4000;
