@@ -80,6 +80,12 @@ for what in flat stack; do
 	echo "-- workload through FUSE without passthrough, $what, on ext4"
 	tests/fuse/run.sh target/release/layerfs $what ext4 no-passthrough
 done
+echo "-- permissions of non-root callers through FUSE, with passthrough and without"
+tests/fuse/run.sh target/release/layerfs permissions tmpfs
+tests/fuse/run.sh target/release/layerfs permissions tmpfs no-passthrough
+echo "-- pjdfstest (POSIX conformance, mostly as non-root callers) through FUSE"
+tests/fuse/pjdfstest.sh target/release/layerfs flat no-passthrough
+tests/fuse/pjdfstest.sh target/release/layerfs stack
 echo "-- starting and stopping the door"
 tests/fuse/door.sh target/release/layerfs
 echo "-- the workspace daemon through FUSE: import, create, mount, commit, kill -9, restart"

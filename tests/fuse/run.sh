@@ -8,7 +8,9 @@
 # drops caches and chowns) and /dev/fuse; says SKIPPED without them. With
 # `no-passthrough`, every read and write goes through the door, as for a door
 # not run as root.
-# usage: tests/fuse/run.sh LAYERFS (flat|stack) [tmpfs|ext4|overlay] [no-passthrough]
+# `permissions` runs tests/kernel/permissions.sh (callers who are not root)
+# on a flat directory served to every user.
+# usage: tests/fuse/run.sh LAYERFS (flat|stack|permissions) [tmpfs|ext4|overlay] [no-passthrough]
 set -euo pipefail
 layerfs=$(realpath "$1") what=$2 on=${3:-tmpfs}
 if [[ ${4:-} == no-passthrough ]]; then
@@ -44,7 +46,7 @@ ext4 | overlay)
 	rm "$image" # freed once unmounted
 	;;
 *)
-	echo "usage: $0 LAYERFS (flat|stack) [tmpfs|ext4|overlay]" >&2
+	echo "usage: $0 LAYERFS (flat|stack|permissions) [tmpfs|ext4|overlay] [no-passthrough]" >&2
 	exit 2
 	;;
 esac
@@ -72,13 +74,20 @@ flat)
 	server="exec $layerfs serve --fuse $mnt ${SERVE_FLAGS:-} $base/export"
 	workload=workload.sh
 	;;
+permissions)
+	# Served to every user, as callers other than root use it.
+	mkdir "$base/export"
+	chmod 755 "$base"
+	server="exec $layerfs serve --fuse $mnt --allow-other ${SERVE_FLAGS:-} $base/export"
+	workload=permissions.sh
+	;;
 stack)
 	server="exec $repo/tests/kernel/stack.sh $layerfs --fuse $mnt $base/ws"
 	workload=layered.sh
 	export WS=$base/ws
 	;;
 *)
-	echo "usage: $0 LAYERFS (flat|stack)" >&2
+	echo "usage: $0 LAYERFS (flat|stack|permissions)" >&2
 	exit 2
 	;;
 esac

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # POSIX rules for callers who are not root, through the Linux kernel NFSv3
-# client: each step runs as uid 65533 or 65534 (setpriv) on the mount and on
-# the guest's own tmpfs, and the two transcripts must be the same.
+# client (in the guest of tools/kernel-client/run) or through FUSE
+# (tests/fuse/run.sh, DOOR=fuse): each step runs as uid 65533 or 65534
+# (setpriv) on the mount MNT and on a tmpfs of the machine's own, and the two
+# transcripts must be the same.
 set -euo pipefail
+DOOR=${DOOR:-nfs}
 as() {
 	local uid=$1
 	shift
@@ -48,15 +51,45 @@ rules() {
 	echo "sticky directory holds: $(ls s | tr '\n' ' ')"
 	echo "rename in a sticky directory, by the owner: $(try as 65533 mv s/theirs s/mine)"
 	echo "sticky directory holds: $(ls s | tr '\n' ' ')"
+	# A name reached before is not reached again once search permission
+	# on its directory is gone, however long it was cached.
+	mkdir -p q/d
+	echo data >q/d/f
+	chown -R 65533:65533 q
+	as 65533 cat q/d/f >/dev/null
+	chmod 644 q/d
+	echo "read a file under a directory without search permission: $(try as 65533 cat q/d/f)"
+	echo "chmod it: $(try as 65533 chmod 600 q/d/f)"
+	echo "truncate it: $(try as 65533 truncate -s 0 q/d/f)"
+	chmod 755 q/d
+	echo "read it once search permission is back: $(try as 65533 cat q/d/f)"
+	# An owner without write permission truncates nothing.
+	echo data >t
+	chown 65533:65533 t
+	chmod 444 t
+	echo "open with O_TRUNC by an owner without write permission: $(try as 65533 sh -c ': >t')"
+	echo "truncate by that owner: $(try as 65533 truncate -s 1 t)"
+	echo "truncate(2) by that owner: $(try as 65533 perl -e 'truncate("t", 1) or exit 1')"
+	echo "O_RDONLY|O_TRUNC by that owner: $(try as 65533 perl -MFcntl -e 'sysopen(my $f, "t", O_RDONLY | O_TRUNC) or exit 1')"
+	echo "size after: $(stat -c %s t)"
+	# A FIFO's mode holds too (the kernel opens it, not the server).
+	mkfifo fifo
+	chown 65533:65533 fifo
+	chmod 444 fifo
+	echo "open a 0444 FIFO for reading and writing, by its owner: $(try as 65533 sh -c 'exec 3<>fifo')"
+	chmod 666 fifo
+	echo "and once it is 0666: $(try as 65533 sh -c 'exec 3<>fifo')"
 }
 
-mkdir -p /run/reference
-mount -t tmpfs reference /run/reference
-(rules /run/reference) >/run/local.txt
-(rules "$MNT") >/run/nfs.txt
-cat /run/nfs.txt
-if ! diff -u /run/local.txt /run/nfs.txt; then
-	echo "the NFS mount does not behave as the local tmpfs (- local, + NFS)"
+work=$(mktemp -d /run/permissions.XXXXXX)
+mkdir "$work/reference"
+mount -t tmpfs reference "$work/reference"
+trap 'umount "$work/reference"; rm -rf "$work"' EXIT
+(rules "$work/reference") >"$work/local.txt"
+(rules "$MNT") >"$work/$DOOR.txt"
+cat "$work/$DOOR.txt"
+if ! diff -u "$work/local.txt" "$work/$DOOR.txt"; then
+	echo "the $DOOR mount does not behave as the local tmpfs (- local, + $DOOR)"
 	exit 1
 fi
 echo "permissions passed"

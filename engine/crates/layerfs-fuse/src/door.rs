@@ -207,10 +207,7 @@ impl fuser::Filesystem for Door {
         // (READDIRPLUS_AUTO): a listing is nearly always followed by a stat
         // of each entry (ls -l, find, shells completing), which would
         // otherwise cost a LOOKUP each.
-        // HANDLE_KILLPRIV_V2: a write by a caller without CAP_FSETID comes
-        // flagged, and the door clears setuid and setgid (`drop_privilege`).
         let mut wanted = InitFlags::FUSE_DO_READDIRPLUS
-            | InitFlags::FUSE_HANDLE_KILLPRIV_V2
             | InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_CACHE_SYMLINKS
             | InitFlags::FUSE_MAX_PAGES;
@@ -523,7 +520,7 @@ impl fuser::Filesystem for Door {
         _fh: FileHandle,
         offset: u64,
         data: &[u8],
-        write_flags: WriteFlags,
+        _write_flags: WriteFlags,
         flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
@@ -534,11 +531,6 @@ impl fuser::Filesystem for Door {
             Stability::Unstable
         };
         let id = self.id(ino);
-        if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
-            if let Err(e) = self.drop_privilege(id) {
-                return reply.error(errno(e));
-            }
-        }
         let written = self
             .fs
             .write(&Caller::root(), id, offset, data, stable)
@@ -848,26 +840,6 @@ impl Door {
             },
             other => other,
         }
-    }
-
-    /// Clears the setuid bit (and setgid, with group execute) of `id`
-    /// before a write by a caller without `CAP_FSETID`, as a local
-    /// filesystem does: with FUSE_HANDLE_KILLPRIV_V2 the kernel leaves it
-    /// to the door (it could not send the change itself as the caller, who
-    /// may not chmod the file).
-    fn drop_privilege(&self, id: FileId) -> layerfs_vfs::Result<()> {
-        let attr = self.or_held(id, false, self.fs.getattr(id), |file| held_attr(id, file))?;
-        let Some(mode) = hostdir::mode_without_privilege(&attr) else {
-            return Ok(());
-        };
-        let set = SetAttr {
-            mode: Some(mode),
-            ..SetAttr::default()
-        };
-        let changed = self.fs.setattr(&Caller::root(), id, &set, None).map(drop);
-        self.or_held(id, true, changed, |file| {
-            Ok(rustix::fs::fchmod(file, hostdir::permissions(mode))?)
-        })
     }
 
     /// How the kernel may cache an open file's pages.

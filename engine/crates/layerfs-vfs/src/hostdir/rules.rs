@@ -70,7 +70,7 @@ pub fn check_setattr(caller: &Caller, attr: &Attr, set: &SetAttr) -> Result<SetA
         return Ok(*set);
     }
     let owner = caller.uid == attr.uid;
-    if set.mode.is_some() && !owner {
+    if set.mode.is_some() && !owner && !drops_privilege_only(caller, attr, set) {
         return Err(Error::Perm);
     }
     // Only the owner may "change" the owner to itself, or the group to one
@@ -107,6 +107,23 @@ pub fn check_setattr(caller: &Caller, attr: &Attr, set: &SetAttr) -> Result<SetA
     Ok(applied)
 }
 
+/// Whether the mode `set` asks for is what a write by `caller` would leave
+/// (setuid, and setgid with group execute, cleared), with no change of
+/// owner, and `caller` may write the file: anyone who may write may do
+/// that, as a write of theirs does it. A
+/// FUSE kernel clears the bits so, asking as the writer, before a write or
+/// truncate by a caller without `CAP_FSETID`.
+fn drops_privilege_only(caller: &Caller, attr: &Attr, set: &SetAttr) -> bool {
+    let Some(mode) = set.mode else {
+        return false;
+    };
+    let lesser = mode_without_privilege(attr).map(|m| m & 0o7777);
+    lesser == Some(mode & 0o7777)
+        && set.uid.is_none()
+        && set.gid.is_none()
+        && access::permits(attr, caller, 2)
+}
+
 /// The mode a file takes when `caller` writes to or truncates it, if that
 /// changes it: a caller without privilege drops setuid, and setgid where
 /// group execute is set (without it, setgid marks mandatory locking, not
@@ -119,8 +136,8 @@ pub fn mode_after_write(caller: &Caller, attr: &Attr) -> Option<u32> {
 }
 
 /// The mode [`mode_after_write`] gives a file for a caller without
-/// privilege, where a door knows only that (FUSE: `CAP_FSETID`).
-pub fn mode_without_privilege(attr: &Attr) -> Option<u32> {
+/// privilege.
+fn mode_without_privilege(attr: &Attr) -> Option<u32> {
     if attr.kind != FileKind::Regular {
         return None;
     }
@@ -219,4 +236,82 @@ pub fn may_rename(
         return Err(Error::Access);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn caller(uid: u32) -> Caller {
+        Caller {
+            uid,
+            gid: uid,
+            gids: Default::default(),
+        }
+    }
+
+    fn file(mode: u32, owner: u32) -> Attr {
+        Attr {
+            mode,
+            uid: owner,
+            gid: owner,
+            ..Attr::blank(FileKind::Regular)
+        }
+    }
+
+    fn chmod(mode: u32) -> SetAttr {
+        SetAttr {
+            mode: Some(mode),
+            ..SetAttr::default()
+        }
+    }
+
+    #[test]
+    fn a_caller_who_may_write_may_clear_the_setuid_a_write_of_theirs_clears_and_nothing_more() {
+        let other = caller(65534);
+        // Writable by all, owned by someone else: what a write leaves.
+        let f = file(0o6777, 65533);
+        assert_eq!(
+            check_setattr(&other, &f, &chmod(0o777)).unwrap().mode,
+            Some(0o777)
+        );
+        // As the kernel asks with a truncate.
+        let truncate = SetAttr {
+            size: Some(0),
+            ..chmod(0o777)
+        };
+        assert!(check_setattr(&other, &f, &truncate).is_ok());
+        // Any other mode is the owner's to set.
+        for mode in [0o2777, 0o4777, 0o775, 0o7777] {
+            assert_eq!(
+                check_setattr(&other, &f, &chmod(mode)),
+                Err(Error::Perm),
+                "{mode:o}"
+            );
+        }
+        // Setgid without group execute stays, as a write leaves it.
+        let locking = file(0o6766, 65533);
+        assert!(check_setattr(&other, &locking, &chmod(0o2766)).is_ok());
+        assert_eq!(
+            check_setattr(&other, &locking, &chmod(0o766)),
+            Err(Error::Perm)
+        );
+        // Only for a caller who may write.
+        let readonly = file(0o6755, 65533);
+        assert_eq!(
+            check_setattr(&other, &readonly, &chmod(0o755)),
+            Err(Error::Perm)
+        );
+        // Nor with a change of owner beside it.
+        let chown = SetAttr {
+            uid: Some(65533),
+            ..chmod(0o777)
+        };
+        assert_eq!(check_setattr(&other, &f, &chown), Err(Error::Perm));
+        // A file without those bits: no chmod at all by another user.
+        assert_eq!(
+            check_setattr(&other, &file(0o777, 65533), &chmod(0o777)),
+            Err(Error::Perm)
+        );
+    }
 }
