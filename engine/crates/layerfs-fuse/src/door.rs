@@ -1,10 +1,11 @@
 //! FUSE requests answered by a [`Filesystem`].
 //!
-//! Permission is checked where the kernel asks (lookup, open, access, every
-//! change) with the caller's identity; a READ or WRITE on a file the kernel
-//! already opened is not checked again, as on a local filesystem, so a file
-//! opened for writing stays writable after a chmod, and the kernel's own
-//! writeback (sent without a caller) goes through.
+//! The kernel checks permission first (the mount has `default_permissions`);
+//! the door checks again where the kernel asks (lookup, open, every change)
+//! with the caller's identity. A READ or WRITE on a file the kernel already
+//! opened is not checked again, as on a local filesystem, so a file opened
+//! for writing stays writable after a chmod, and the kernel's own writeback
+//! (sent without a caller) goes through.
 
 use std::cell::RefCell;
 use std::ffi::OsStr;
