@@ -25,8 +25,8 @@ use fuser::{
 use layerfs_vfs::access::permits;
 use layerfs_vfs::hostdir;
 use layerfs_vfs::{
-    Attr, Caller, Create, Error, FileId, FileKind, Filesystem, NewEntry, SetAttr, SetTime,
-    Stability,
+    Allocate, Attr, Caller, Create, Error, FileId, FileKind, Filesystem, NewEntry, SetAttr,
+    SetTime, Stability,
 };
 use rustix::fs::{Gid, Uid};
 
@@ -576,6 +576,35 @@ impl fuser::Filesystem for Door {
         )
     }
 
+    /// The modes of fallocate(2) the filesystem offers; others (zero,
+    /// collapse or insert a range) are EOPNOTSUPP, and `posix_fallocate`
+    /// falls back to writing.
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let how = match mode {
+            0 => Allocate::Extend,
+            libc::FALLOC_FL_KEEP_SIZE => Allocate::KeepSize,
+            m if m == libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE => Allocate::PunchHole,
+            _ => return reply.error(Errno::EOPNOTSUPP),
+        };
+        let id = self.id(ino);
+        let done_here = self.fs.allocate(id, offset, length, how).map(drop);
+        done(
+            reply,
+            self.or_held(id, true, done_here, |file| {
+                hostdir::allocate(file, offset, length, how)
+            }),
+        )
+    }
+
     fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let flags = match self.caching {
             // A listing changes only through this door, which tells the
@@ -706,19 +735,6 @@ impl fuser::Filesystem for Door {
 
     fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
         reply.error(Errno::ENOSYS)
-    }
-
-    fn fallocate(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _offset: u64,
-        _length: u64,
-        _mode: i32,
-        reply: ReplyEmpty,
-    ) {
-        reply.error(Errno::ENOTSUP)
     }
 
     fn create(

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use layerfs_layers::{StackFs, STATE_IN_UPPER};
 use layerfs_testkit::{largest_allocation_while, or_skip, CrossOverlay, LargestPerThread, Mounted};
 use layerfs_vfs::{
-    Caller, Create, Error, FileId, FileKind, Filesystem, SetAttr, SetTime, Stability, Timestamp,
+    Allocate, Caller, Create, Error, FileId, FileKind, Filesystem, SetAttr, SetTime, Stability,
+    Timestamp,
 };
 
 fn root() -> Caller {
@@ -317,6 +318,32 @@ fn a_file_removed_from_the_upper_behind_the_workspace_is_stale() {
     assert_eq!(write.err(), Some(Error::Stale));
     assert_eq!(fs.commit(f.fileid).err(), Some(Error::Stale));
     assert_eq!(fs.still_names(f.fileid, f.generation), Err(Error::Stale));
+}
+
+#[test]
+fn allocating_in_a_lower_file_copies_it_up_and_leaves_the_layer_as_it_was() {
+    let data = vec![7u8; 64 * 1024];
+    let s = Stack::new(1, |_, l| std::fs::write(l.join("f"), &data).unwrap());
+    let fs = s.open();
+    let f = at(&fs, "f").unwrap();
+    // A hole punched in the middle reads as zeros; the size stays.
+    let punched = fs.allocate(f, 16 * 1024, 16 * 1024, Allocate::PunchHole);
+    assert!(punched.is_ok(), "{punched:?}");
+    let mut expected = data.clone();
+    expected[16 * 1024..32 * 1024].fill(0);
+    assert_eq!(read_all(&fs, f), expected);
+    // Space past the end: the file grows to it with Extend, not with KeepSize.
+    fs.allocate(f, 64 * 1024, 4096, Allocate::KeepSize).unwrap();
+    assert_eq!(fs.getattr(f).unwrap().size, 64 * 1024);
+    let grown = fs.allocate(f, 64 * 1024, 4096, Allocate::Extend).unwrap();
+    assert_eq!(grown.after.map(|a| a.size), Some(68 * 1024));
+    assert_eq!(fs.getattr(f).unwrap().size, 68 * 1024);
+    assert_eq!(fs.getattr(f).unwrap().fileid, f, "the copy keeps the id");
+    assert_eq!(
+        std::fs::read(s.lowers[0].join("f")).unwrap(),
+        data,
+        "the layer is untouched"
+    );
 }
 
 /// A name only the upper holds, made again, is answered as a local

@@ -3,7 +3,7 @@ use std::sync::Arc;
 
 use crate::access::Caller;
 use crate::attr::{Attr, Change, FileKind, SetAttr, Timestamp};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::FileId;
 
 /// See [`Filesystem::read_source`].
@@ -37,6 +37,19 @@ pub enum NewEntry<'a> {
     /// A FIFO, socket or device file, with its device numbers; devices only
     /// where the host allows.
     Node(FileKind, (u32, u32)),
+}
+
+/// What [`Filesystem::allocate`] does to a range of a file (fallocate(2)'s
+/// modes a door passes on).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Allocate {
+    /// Reserves the range's blocks, growing the file to cover it (mode 0).
+    Extend,
+    /// Reserves the range's blocks, size unchanged (`FALLOC_FL_KEEP_SIZE`).
+    KeepSize,
+    /// Frees the range's blocks, which then read as zeros, size unchanged
+    /// (`FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`).
+    PunchHole,
 }
 
 /// How durable a WRITE must be before it is answered.
@@ -254,6 +267,14 @@ pub trait Filesystem: Send + Sync {
         data: &[u8],
         stable: Stability,
     ) -> Result<(Change, Stability)>;
+
+    /// Does `how` to `len` bytes at `offset` of regular file `id`, as
+    /// fallocate(2) does; for a door whose clients can ask (FUSE; NFSv3 has
+    /// no such call). `NotSupp` where the filesystem cannot.
+    fn allocate(&self, id: FileId, offset: u64, len: u64, how: Allocate) -> Result<Change> {
+        let _ = (id, offset, len, how);
+        Err(Error::NotSupp)
+    }
 
     /// Makes everything written to `id` durable.
     fn commit(&self, id: FileId) -> Result<Change>;

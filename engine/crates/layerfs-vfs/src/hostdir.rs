@@ -13,7 +13,7 @@ use rustix::io::Errno;
 use crate::access::{self, Caller};
 use crate::attr::{Attr, FileKind, SetAttr, SetTime};
 use crate::error::{Error, Result};
-use crate::fs::{Create, FsStat, NewEntry, ReadSource, Stability};
+use crate::fs::{Allocate, Create, FsStat, NewEntry, ReadSource, Stability};
 
 mod listing;
 mod rules;
@@ -478,6 +478,25 @@ pub fn open_file(dir: BorrowedFd<'_>, name: &CStr) -> Result<rustix::fd::OwnedFd
         )?),
         other => Ok(other?),
     }
+}
+
+/// Does `how` to `len` bytes at `offset` of the open file `fd`.
+#[cfg(target_os = "linux")]
+pub fn allocate(fd: BorrowedFd<'_>, offset: u64, len: u64, how: Allocate) -> Result<()> {
+    use rustix::fs::FallocateFlags as F;
+    let mode = match how {
+        Allocate::Extend => F::empty(),
+        Allocate::KeepSize => F::KEEP_SIZE,
+        Allocate::PunchHole => F::PUNCH_HOLE | F::KEEP_SIZE,
+    };
+    Ok(rustix::fs::fallocate(fd, mode, offset, len)?)
+}
+
+/// Does `how` to `len` bytes at `offset` of the open file `fd`: not offered
+/// here, as no door asks for it.
+#[cfg(not(target_os = "linux"))]
+pub fn allocate(_fd: BorrowedFd<'_>, _offset: u64, _len: u64, _how: Allocate) -> Result<()> {
+    Err(Error::NotSupp)
 }
 
 /// Opens the directory `name` in `dir` without following a symlink.

@@ -18,7 +18,7 @@ pub use access::{Caller, Groups};
 pub use attr::{Attr, Change, FileKind, SetAttr, SetTime, Timestamp, WccAttr};
 pub use error::{Error, Result};
 pub use fs::{
-    Create, DirEntry, DirPage, Filesystem, FsStat, Name, NewEntry, ReadSource, Stability,
+    Allocate, Create, DirEntry, DirPage, Filesystem, FsStat, Name, NewEntry, ReadSource, Stability,
 };
 pub use local::LocalFs;
 

@@ -18,7 +18,7 @@ use rustix::io::Errno;
 use crate::access::{self, Caller};
 use crate::attr::{Attr, Change, FileKind, SetAttr, Timestamp};
 use crate::error::{Error, Result};
-use crate::fs::{Create, DirPage, Filesystem, FsStat, NewEntry, ReadSource, Stability};
+use crate::fs::{Allocate, Create, DirPage, Filesystem, FsStat, NewEntry, ReadSource, Stability};
 use crate::ids::{IdTable, Place, Seen};
 use crate::stripes::Stripes;
 use crate::FileId;
@@ -454,6 +454,14 @@ impl Filesystem for LocalFs {
         }
         hostdir::write_at(fd.as_fd(), offset, data, stable)?;
         Ok((self.change(id, &fd, &before), stable))
+    }
+
+    fn allocate(&self, id: FileId, offset: u64, len: u64, how: Allocate) -> Result<Change> {
+        let fd = self.file_fd(id)?;
+        let _guard = self.stripes.lock(id);
+        let before = self.open_file_attr(id, &fd)?;
+        hostdir::allocate(fd.as_fd(), offset, len, how)?;
+        Ok(self.change(id, &fd, &before))
     }
 
     fn commit(&self, id: FileId) -> Result<Change> {

@@ -10,7 +10,7 @@ use layerfs_vfs::hostdir::{
     may_rename, name_cookie, removable, sticky_allows,
 };
 use layerfs_vfs::{
-    Attr, Change, Create, DirPage, Error, FileId, FileKind, Filesystem, FsStat, NewEntry,
+    Allocate, Attr, Change, Create, DirPage, Error, FileId, FileKind, Filesystem, FsStat, NewEntry,
     ReadSource, Result, SetAttr, Stability, Timestamp,
 };
 use rustix::fs::AtFlags;
@@ -494,6 +494,20 @@ impl Filesystem for StackFs {
             ..after
         };
         Ok((change(&before, Some(after)), stable))
+    }
+
+    fn allocate(&self, id: FileId, offset: u64, len: u64, how: Allocate) -> Result<Change> {
+        let layers = self.layers.read();
+        let _changing = self.stripes.lock(id);
+        let (fd, before) = self.open_file(&layers, id, true, |_| Ok(()))?;
+        hostdir::allocate(fd.as_fd(), offset, len, how)?;
+        let after = layers.all[UPPER].host.stats.fd(fd.as_fd())?;
+        let after = Attr {
+            fileid: before.fileid,
+            generation: before.generation,
+            ..after
+        };
+        Ok(change(&before, Some(after)))
     }
 
     fn commit(&self, id: FileId) -> Result<Change> {
