@@ -123,6 +123,18 @@ impl StackFs {
         Ok((fd, f.attr))
     }
 
+    /// The change to the upper file `fd`, which clients saw as `before`:
+    /// its attributes now, under the id and generation clients know it by.
+    fn changed_upper_file(&self, layers: &Layers, fd: &OwnedFd, before: &Attr) -> Result<Change> {
+        let after = layers.all[UPPER].host.stats.fd(fd.as_fd())?;
+        let after = Attr {
+            fileid: before.fileid,
+            generation: before.generation,
+            ..after
+        };
+        Ok(change(before, Some(after)))
+    }
+
     fn readable(
         &self,
         layers: &Layers,
@@ -487,13 +499,7 @@ impl Filesystem for StackFs {
             rustix::fs::fchmod(&*fd, hostdir::permissions(mode))?;
         }
         hostdir::write_at(fd.as_fd(), offset, data, stable)?;
-        let after = layers.all[UPPER].host.stats.fd(fd.as_fd())?;
-        let after = Attr {
-            fileid: before.fileid,
-            generation: before.generation,
-            ..after
-        };
-        Ok((change(&before, Some(after)), stable))
+        Ok((self.changed_upper_file(&layers, &fd, &before)?, stable))
     }
 
     fn allocate(&self, id: FileId, offset: u64, len: u64, how: Allocate) -> Result<Change> {
@@ -501,13 +507,7 @@ impl Filesystem for StackFs {
         let _changing = self.stripes.lock(id);
         let (fd, before) = self.open_file(&layers, id, true, |_| Ok(()))?;
         hostdir::allocate(fd.as_fd(), offset, len, how)?;
-        let after = layers.all[UPPER].host.stats.fd(fd.as_fd())?;
-        let after = Attr {
-            fileid: before.fileid,
-            generation: before.generation,
-            ..after
-        };
-        Ok(change(&before, Some(after)))
+        self.changed_upper_file(&layers, &fd, &before)
     }
 
     fn commit(&self, id: FileId) -> Result<Change> {

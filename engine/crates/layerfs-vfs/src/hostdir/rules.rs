@@ -110,9 +110,9 @@ pub fn check_setattr(caller: &Caller, attr: &Attr, set: &SetAttr) -> Result<SetA
 /// Whether the mode `set` asks for is what a write by `caller` would leave
 /// (setuid, and setgid with group execute, cleared), with no change of
 /// owner, and `caller` may write the file: anyone who may write may do
-/// that, as a write of theirs does it. A
-/// FUSE kernel clears the bits so, asking as the writer, before a write or
-/// truncate by a caller without `CAP_FSETID`.
+/// that, as a write of theirs does it. A FUSE kernel clears the bits so,
+/// asking as the writer, before a write or truncate by a caller without
+/// `CAP_FSETID`.
 fn drops_privilege_only(caller: &Caller, attr: &Attr, set: &SetAttr) -> bool {
     let Some(mode) = set.mode else {
         return false;
