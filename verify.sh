@@ -66,7 +66,8 @@ fi
 
 step "end to end: the Linux kernel FUSE client (native)"
 # Needs root and /dev/fuse; each run says SKIPPED where they are missing.
-for on in tmpfs ext4; do
+# On btrfs the flat run also serves a subvolume inside the export.
+for on in tmpfs ext4 xfs btrfs; do
 	for what in flat stack; do
 		echo "-- workload through FUSE, $what, on $on"
 		tests/fuse/run.sh target/release/layerfs $what $on

@@ -2,15 +2,15 @@
 # Runs the kernel-client workloads through a FUSE mount on this machine: the
 # whole of tests/kernel/workload.sh on a flat directory (`flat`), or
 # tests/kernel/layered.sh on a three-layer stack (`stack`), with the data on a
-# tmpfs of its own, on a fresh ext4 image (`ext4`), or (flat only: a stack
-# refuses it) on an overlay of a tmpfs under that ext4, whose directory inode
-# numbers are not kept (`overlay`). Needs root (it mounts,
+# tmpfs of its own, on a fresh ext4, xfs or btrfs image (`ext4`, `xfs`,
+# `btrfs`), or (flat only: a stack refuses it) on an overlay of a tmpfs under
+# that ext4, whose directory inode numbers are not kept (`overlay`). Needs root (it mounts,
 # drops caches and chowns) and /dev/fuse; says SKIPPED without them. With
 # `no-passthrough`, every read and write goes through the door, as for a door
 # not run as root.
 # `permissions` runs tests/kernel/permissions.sh (callers who are not root)
 # on a flat directory served to every user.
-# usage: tests/fuse/run.sh LAYERFS (flat|stack|permissions) [tmpfs|ext4|overlay] [no-passthrough]
+# usage: tests/fuse/run.sh LAYERFS (flat|stack|permissions) [tmpfs|ext4|xfs|btrfs|overlay] [no-passthrough]
 set -euo pipefail
 layerfs=$(realpath "$1") what=$2 on=${3:-tmpfs}
 if [[ ${4:-} == no-passthrough ]]; then
@@ -28,17 +28,23 @@ fi
 base=$(mktemp -d /tmp/layerfs-fuse.XXXXXX)
 case $on in
 tmpfs) mount -t tmpfs -o size=2g tmpfs "$base" ;;
-ext4 | overlay)
-	if ! command -v mkfs.ext4 >/dev/null; then
-		echo "SKIPPED: FUSE $what workload on ext4: mkfs.ext4 is missing (e2fsprogs)"
+ext4 | xfs | btrfs | overlay)
+	fs=$on
+	[[ $on == overlay ]] && fs=ext4
+	if ! command -v "mkfs.$fs" >/dev/null; then
+		echo "SKIPPED: FUSE $what workload on $on: mkfs.$fs is missing (e2fsprogs, xfsprogs, btrfs-progs)"
 		rmdir "$base"
 		exit 0
 	fi
-	image=$(mktemp /tmp/layerfs-fuse-ext4.XXXXXX)
+	image=$(mktemp /tmp/layerfs-fuse-$fs.XXXXXX)
 	truncate -s 2G "$image"
-	mkfs.ext4 -q -F "$image"
+	case $fs in
+	ext4) mkfs.ext4 -q -F "$image" ;;
+	xfs) mkfs.xfs -q -f "$image" ;;
+	btrfs) mkfs.btrfs -q -f "$image" >/dev/null ;;
+	esac
 	if ! mount -o loop "$image" "$base" 2>/dev/null; then
-		echo "SKIPPED: FUSE $what workload on $on: no loop device to mount an ext4 image"
+		echo "SKIPPED: FUSE $what workload on $on: no loop device (or no $fs in this kernel) to mount the image"
 		rm "$image"
 		rmdir "$base"
 		exit 0
@@ -46,7 +52,7 @@ ext4 | overlay)
 	rm "$image" # freed once unmounted
 	;;
 *)
-	echo "usage: $0 LAYERFS (flat|stack|permissions) [tmpfs|ext4|overlay] [no-passthrough]" >&2
+	echo "usage: $0 LAYERFS (flat|stack|permissions) [tmpfs|ext4|xfs|btrfs|overlay] [no-passthrough]" >&2
 	exit 2
 	;;
 esac
@@ -106,4 +112,28 @@ if ! MNT=$mnt DOOR=fuse SERVER=$server bash "tests/kernel/$workload"; then
 	echo "-- door log:"
 	tail -n 20 "$base/door.log"
 	exit 1
+fi
+# A btrfs subvolume inside the export numbers its inodes apart, as a mount
+# would: its files are refused (EXDEV), never taken for the export's files
+# of the same numbers, and nothing of it is written.
+if [[ $on == btrfs && $what == flat ]]; then
+	echo "== a btrfs subvolume inside the export"
+	btrfs subvolume create "$base/export/sub" >/dev/null
+	for i in $(seq 20); do
+		echo "outside $i" >"$base/export/o$i"
+		echo "inside $i" >"$base/export/sub/i$i"
+	done
+	for i in $(seq 20); do
+		[[ $(cat "$mnt/o$i") == "outside $i" ]] || { echo "o$i reads $(cat "$mnt/o$i")"; exit 1; }
+		if out=$(cat "$mnt/sub/i$i" 2>&1) || [[ $out != *"cross-device"* ]]; then
+			echo "sub/i$i: $out (expected EXDEV)"
+			exit 1
+		fi
+		if (echo changed >"$mnt/sub/i$i") 2>/dev/null; then
+			echo "sub/i$i was written"
+			exit 1
+		fi
+	done
+	[[ $(cat "$base/export/sub/i7") == "inside 7" ]] || { echo "sub/i7 changed on the host"; exit 1; }
+	echo "subvolume refused, nothing of it read or written"
 fi

@@ -774,3 +774,31 @@ fn a_full_upper_is_nospc_at_every_step_and_the_stack_recovers_when_space_returns
         assert_eq!(read_all(&fs, id), b"AGAIN", "f{i}");
     }
 }
+
+/// A filesystem mounted inside a layer numbers its inodes apart from the
+/// layer's: its files are refused (EXDEV), the name is still listed, and
+/// the rest of the directory lists and reads as before, also where the
+/// mount point merges with a directory of another layer.
+#[test]
+fn a_filesystem_mounted_inside_a_layer_is_refused_and_its_name_still_listed() {
+    let s = Stack::new(2, |i, d| {
+        std::fs::create_dir(d.join("m")).unwrap();
+        std::fs::write(d.join(format!("f{i}")), b"layer").unwrap();
+    });
+    let Some(_inner) = or_skip(
+        Mounted::tmpfs(&s.lowers[0].join("m"), "1m"),
+        "tmpfs in a layer",
+    ) else {
+        return;
+    };
+    std::fs::write(s.lowers[0].join("m/inside"), b"mounted").unwrap();
+    let fs = s.open();
+    assert_eq!(at(&fs, "m"), Err(Error::XDev));
+    assert_eq!(at(&fs, "m/inside"), Err(Error::XDev));
+    assert_eq!(names(&fs, fs.root()), ["f0", "f1", "m"]);
+    let page = fs.readdir(&root(), fs.root(), 0, 1000, true).unwrap();
+    for e in page.entries.iter().filter(|e| e.cookie > 2) {
+        assert_eq!(e.attr.is_some(), &e.name[..] != b"m", "{:?}", e.name);
+    }
+    assert_eq!(read_all(&fs, at(&fs, "f0").unwrap()), b"layer");
+}

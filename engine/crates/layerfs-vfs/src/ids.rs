@@ -154,6 +154,10 @@ impl IdTable {
     fn find(&self, id: FileId, mut list: impl FnMut(FileId) -> Result<Vec<Seen>>) -> Result<Place> {
         self.walks.fetch_add(1, Relaxed);
         let mut queue = VecDeque::from([self.root]);
+        // Each directory is listed once, should a listing show one twice
+        // (a directory mounted on its own subdirectory, or a subvolume
+        // whose entry's number is the root's).
+        let mut listed = FxHashSet::from_iter([self.root]);
         while let Some(dir) = queue.pop_front() {
             let Ok(entries) = list(dir) else { continue };
             for e in entries {
@@ -164,7 +168,7 @@ impl IdTable {
                         name: e.name.into(),
                     });
                 }
-                if e.is_dir {
+                if e.is_dir && listed.insert(e.id) {
                     queue.push_back(e.id);
                 }
             }
@@ -211,6 +215,24 @@ mod tests {
         assert_eq!(ids.place(9, tree), Err(Error::Stale));
         assert_eq!(ids.place(9, tree), Err(Error::Stale));
         assert_eq!(ids.walks(), 2);
+    }
+
+    #[test]
+    fn a_walk_lists_each_directory_once_when_a_listing_shows_the_root_again() {
+        let ids = IdTable::new(1);
+        let mut listings = 0;
+        // root / a(2, dir) / up(1: the root, as a mount on its own
+        // subdirectory shows it), with the id sought nowhere.
+        let looped = |dir| {
+            listings += 1;
+            assert!(listings <= 2, "listed {listings} times");
+            Ok(match dir {
+                1 => vec![seen("a", 2, true)],
+                2 => vec![seen("up", 1, true), seen("a", 2, true)],
+                _ => Vec::new(),
+            })
+        };
+        assert_eq!(ids.place(9, looped), Err(Error::Stale));
     }
 
     #[test]

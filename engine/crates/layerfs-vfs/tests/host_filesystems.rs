@@ -166,3 +166,55 @@ fn a_hard_linked_file_keeps_its_id_while_it_has_a_name() {
     fs.remove(&root(), top, b"c").unwrap();
     assert_eq!(fs.getattr(a), Err(Error::Stale));
 }
+
+/// A filesystem mounted inside the export (as a btrfs subvolume is, too)
+/// numbers its inodes apart: a file there may have the number of a file of
+/// the export. Its files are refused, never taken for the export's, also by
+/// the walk that finds a file again after a restart.
+#[test]
+fn a_filesystem_mounted_inside_the_export_is_refused_not_mixed_up() {
+    use std::os::unix::fs::MetadataExt;
+    let t = tempfile::tempdir().unwrap();
+    let outer = t.path().join("export");
+    std::fs::create_dir(&outer).unwrap();
+    let Some(_export) = or_skip(Mounted::tmpfs(&outer, "4m"), "tmpfs export") else {
+        return;
+    };
+    std::fs::create_dir_all(outer.join("m")).unwrap();
+    std::fs::create_dir_all(outer.join("z/y")).unwrap();
+    std::fs::write(outer.join("z/y/a"), b"the export's").unwrap();
+    let ino = std::fs::metadata(outer.join("z/y/a")).unwrap().ino();
+    let Some(_inner) = or_skip(Mounted::tmpfs(&outer.join("m"), "4m"), "tmpfs inside") else {
+        return;
+    };
+    // A file one level nearer the root with the same inode number, where
+    // the kernel numbers a fresh tmpfs as it did the export's.
+    let mut collides = false;
+    for i in 0..64 {
+        let p = outer.join(format!("m/f{i}"));
+        std::fs::write(&p, b"the mount's").unwrap();
+        if std::fs::metadata(&p).unwrap().ino() == ino {
+            collides = true;
+            break;
+        }
+    }
+    let fs = LocalFs::open(&outer).unwrap();
+    let top = fs.root();
+    assert_eq!(
+        fs.lookup(&root(), top, b"m").map(|a| a.fileid),
+        Err(Error::XDev)
+    );
+    let z = fs.lookup(&root(), top, b"z").unwrap().fileid;
+    let y = fs.lookup(&root(), z, b"y").unwrap().fileid;
+    let a = fs.lookup(&root(), y, b"a").unwrap();
+    assert_eq!(a.fileid, ino);
+    // Restarted: the id is found again by walking the tree from the root.
+    let fs = LocalFs::open(&outer).unwrap();
+    let mut buf = Vec::new();
+    fs.read(&root(), a.fileid, 0, 64, &mut buf).unwrap();
+    assert_eq!(
+        buf, b"the export's",
+        "a file numbered alike elsewhere: {collides}"
+    );
+    assert_eq!(fs.getattr(a.fileid).map(|x| x.size), Ok(12));
+}

@@ -363,13 +363,16 @@ impl Layers {
                 continue;
             };
             if s.merges {
-                match self.lookup(inodes, parts, &hostdir::cstr(&name)?)? {
-                    Some(f) if f.parts.len() > 1 => {
+                match self.lookup(inodes, parts, &hostdir::cstr(&name)?) {
+                    Ok(Some(f)) if f.parts.len() > 1 => {
                         s.listed.id = f.attr.fileid;
                         s.listed.alone_in = None;
                     }
-                    Some(_) => {}
-                    None => continue,
+                    Ok(Some(_)) => {}
+                    Ok(None) => continue,
+                    // The name is listed, and its lookup gives the error
+                    // (XDev: one instance is on another filesystem).
+                    Err(_) => s.listed.alone_in = None,
                 }
             }
             out.push(s.listed);

@@ -5,7 +5,9 @@ use std::os::fd::BorrowedFd;
 use rustix::fs::{AtFlags, FileType};
 
 use crate::attr::{Attr, FileKind, Timestamp};
-use crate::error::Result;
+use parking_lot::Mutex;
+
+use crate::error::{Error, Result};
 
 fn kind(mode: u32) -> FileKind {
     match FileType::from_raw_mode(mode as rustix::fs::RawMode) {
@@ -162,6 +164,10 @@ pub struct Stats {
     /// Whether the host keeps a file's inode number for as long as the file
     /// exists, unique across the export. See [`keeps_inode_numbers`].
     keeps_inodes: bool,
+    /// Where ids are inode numbers: the export's device. A file on another
+    /// (a filesystem mounted inside the export, a btrfs subvolume) numbers
+    /// its inodes apart, so its number could be another file's id here.
+    dev: Option<u64>,
 }
 
 /// Bits of a non-directory's id that hold its host inode number where the
@@ -170,9 +176,13 @@ const INO_BITS: u32 = 48;
 
 impl Stats {
     pub fn for_export(root: BorrowedFd<'_>) -> Stats {
+        let keeps_inodes = keeps_inode_numbers(root);
         Stats {
             birth_is_identity: !is_overlay(root),
-            keeps_inodes: keeps_inode_numbers(root),
+            keeps_inodes,
+            dev: keeps_inodes
+                .then(|| imp::fd(root).ok().map(|(_, dev)| dev))
+                .flatten(),
         }
     }
 
@@ -199,6 +209,10 @@ impl Stats {
         #[cfg(feature = "count-host-calls")]
         READS.with(|n| n.set(n.get() + 1));
         let (mut a, dev) = stat?;
+        if self.dev.is_some_and(|export| export != dev) {
+            another_filesystem(dev);
+            return Err(Error::XDev);
+        }
         if !self.birth_is_identity {
             a.generation = 0;
         }
@@ -206,6 +220,23 @@ impl Stats {
             a.fileid = device_and_inode(dev, a.fileid);
         }
         Ok(a)
+    }
+}
+
+/// Says once per device that its files are not served: an export is one
+/// filesystem, as knfsd's is without `crossmnt` and nfs-ganesha's always.
+fn another_filesystem(dev: u64) {
+    static TOLD: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+    let mut told = TOLD.lock();
+    if !told.contains(&dev) {
+        told.push(dev);
+        tracing::warn!(
+            "files on device {}:{} are on another filesystem than the export \
+             (a mount or a btrfs subvolume inside it): they are refused with EXDEV; \
+             export that filesystem on its own",
+            dev >> 32,
+            dev & 0xffff_ffff
+        );
     }
 }
 
