@@ -273,6 +273,16 @@ impl Exports {
         }
     }
 
+    /// Whether a listing of the directory `handle` names is at hand
+    /// ([`Filesystem::lists_at_hand`]); a bad handle is answered at once.
+    pub fn lists_at_hand(&self, handle: &[u8], with_attrs: bool) -> bool {
+        let Ok(handle) = FileHandle::unchecked(handle) else {
+            return true;
+        };
+        self.get(handle.export)
+            .is_none_or(|export| export.fs.lists_at_hand(handle.fileid, with_attrs))
+    }
+
     /// The export a MNT path names and the rest of the path below it: the
     /// export whose path, or host path, is the longest whole-component
     /// prefix of `path`.

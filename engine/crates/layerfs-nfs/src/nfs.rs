@@ -666,7 +666,10 @@ impl Program for NfsProgram {
 
     /// What the procedure table says, where the filesystem finds every
     /// handle's file without walking the tree for it and copies nothing up;
-    /// a WRITE only when it is small and asks for no fsync.
+    /// a WRITE only when it is small and asks for no fsync; a listing only
+    /// when the filesystem has it at hand (a directory listed lately: no
+    /// host call per entry, where a cold one could read thousands of
+    /// inodes from disk).
     fn placement(&self, proc: u32, args: &[u8]) -> Placement {
         let Some(p) = Proc::from_number(proc) else {
             return Placement::Worker;
@@ -675,8 +678,14 @@ impl Program for NfsProgram {
         if runs == Placement::Worker || (p == Proc::Write && !args::is_brief(args)) {
             return Placement::Worker;
         }
+        let lists = match p {
+            Proc::Readdir => Some(false),
+            Proc::Readdirplus => Some(true),
+            _ => None,
+        };
         let at_hand = arg_lengths::all_handles(p.lengths(), args, |handle, entry| {
             self.exports.is_at_hand(handle, entry, p.copies_up())
+                && lists.is_none_or(|with_attrs| self.exports.lists_at_hand(handle, with_attrs))
         });
         if at_hand {
             runs

@@ -163,6 +163,93 @@ fn in_a_layered_workspace_only_changes_that_copy_nothing_up_run_on_the_reader() 
     assert_eq!(on(&rename(&root, &root)), Placement::Worker, "committed");
 }
 
+/// A listing runs on the reader only once the directory was listed lately
+/// and its entries' attributes are kept: a cold one could read thousands of
+/// inodes from disk while the connection's other calls wait.
+#[test]
+fn a_listing_runs_on_the_reader_only_when_kept() {
+    let export = tempfile::tempdir().unwrap();
+    for d in ["files", "dirs"] {
+        std::fs::create_dir(export.path().join(d)).unwrap();
+    }
+    for i in 0..100 {
+        std::fs::write(export.path().join(format!("files/f{i}")), b"x").unwrap();
+        // Directories' attributes are never kept: read at every listing.
+        std::fs::create_dir(export.path().join(format!("dirs/d{i}"))).unwrap();
+    }
+    // A listing is kept once its directory has not changed for a while.
+    std::thread::sleep(std::time::Duration::from_millis(120));
+    let d = dispatcher(export.path());
+    let root = handle_in(&d, &call_record(1, MOUNT, 1, &xdr_opaque(b"/")));
+    let on = |record: &[u8]| d.placement(record);
+    let peer: Option<IpAddr> = Some("127.0.0.1".parse().unwrap());
+    for name in [&b"files"[..], b"dirs"] {
+        let mut lookup = xdr_opaque(&root);
+        lookup.extend(xdr_opaque(name));
+        let dir = handle_in(&d, &call_record(2, NFS, 3, &lookup));
+        assert_eq!(on(&readdir(&dir)), Placement::Worker, "not listed yet");
+        assert_eq!(on(&readdirplus(&dir)), Placement::Worker, "not listed yet");
+        let Outcome::Reply(_) = d.handle(&readdirplus(&dir), peer) else {
+            panic!("dropped")
+        };
+        assert_eq!(on(&readdir(&dir)), Placement::ReaderWhenIdle, "listed");
+        let plus = if name == b"files" {
+            Placement::ReaderWhenIdle
+        } else {
+            Placement::Worker
+        };
+        assert_eq!(on(&readdirplus(&dir)), plus, "{:?}", name);
+    }
+    // A workspace: lower files' attributes are kept once listed.
+    let (lower, upper) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    for i in 0..100 {
+        std::fs::write(lower.path().join(format!("f{i}")), b"x").unwrap();
+    }
+    let stack = layerfs_layers::StackFs::open_in_upper(&[lower.path().to_owned()], upper.path());
+    let d = dispatcher_of(Arc::new(stack.unwrap()), upper.path());
+    let root = handle_in(&d, &call_record(1, MOUNT, 1, &xdr_opaque(b"/")));
+    let on = |record: &[u8]| d.placement(record);
+    assert_eq!(on(&readdirplus(&root)), Placement::Worker, "not listed yet");
+    let Outcome::Reply(_) = d.handle(&readdir(&root), peer) else {
+        panic!("dropped")
+    };
+    assert_eq!(on(&readdir(&root)), Placement::ReaderWhenIdle);
+    assert_eq!(
+        on(&readdirplus(&root)),
+        Placement::Worker,
+        "no attributes kept"
+    );
+    // The first listing with attributes reads them from the host; the next
+    // finds them kept.
+    for runs in [Placement::Worker, Placement::ReaderWhenIdle] {
+        let Outcome::Reply(_) = d.handle(&readdirplus(&root), peer) else {
+            panic!("dropped")
+        };
+        assert_eq!(on(&readdirplus(&root)), runs);
+    }
+}
+
+/// READDIR from cookie 0 with room for 64 KiB.
+fn readdir(dir: &[u8]) -> Vec<u8> {
+    let mut args = xdr_opaque(dir);
+    args.extend([0; 16]);
+    args.extend(65_536u32.to_be_bytes());
+    call_record(11, NFS, 16, &args)
+}
+
+/// READDIRPLUS from cookie 0 with room for all of a small directory.
+fn readdirplus(dir: &[u8]) -> Vec<u8> {
+    let mut args = xdr_opaque(dir);
+    args.extend([0; 16]);
+    args.extend(
+        65_536u32
+            .to_be_bytes()
+            .iter()
+            .chain(&(1u32 << 20).to_be_bytes()),
+    );
+    call_record(12, NFS, 17, &args)
+}
+
 /// SETATTR of mode 0600.
 fn setattr(fh: &[u8]) -> Vec<u8> {
     let mut args = xdr_opaque(fh);

@@ -69,9 +69,10 @@ pub enum Placement {
     /// (NULL, a GETATTR the host answers from its caches).
     Reader,
     /// On the reader when the connection has nothing else to do, no call in
-    /// flight and no byte of another record read: the call takes tens of
-    /// microseconds (a CREATE, a small WRITE), which a client that waits
-    /// for each reply would otherwise spend on the hand-offs too.
+    /// flight and no byte of another record read: the call takes tens to a
+    /// few hundred microseconds without blocking (a CREATE, a small WRITE,
+    /// a listing of a thousand entries kept in memory), which a client that
+    /// waits for each reply would otherwise spend on the hand-offs too.
     ReaderWhenIdle,
     /// On a worker: the call may block for milliseconds (an fsync, a walk,
     /// a copy-up).

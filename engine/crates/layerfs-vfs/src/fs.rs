@@ -135,6 +135,11 @@ pub struct FsStat {
     pub avail_files: u64,
 }
 
+/// Attributes a listing "at hand" ([`Filesystem::lists_at_hand`]) may still
+/// read from the host: a few directories or hard-linked files, whose inodes
+/// are in memory after a listing, at about a microsecond each.
+pub const READS_AT_HAND: usize = 64;
+
 /// A tree of files addressed by stable ids. Every method checks that `caller`
 /// may do what it asks. Names are single path components: no `/`, no NUL, not
 /// `.` or `..` (except where `lookup` allows them), at most [`crate::NAME_MAX`] bytes.
@@ -161,6 +166,16 @@ pub trait Filesystem: Send + Sync {
     /// call; `true` when unsure.
     fn may_copy_up(&self, id: FileId, entry: Option<&[u8]>) -> bool {
         let _ = (id, entry);
+        false
+    }
+
+    /// Whether a listing of directory `dir` (with its entries' attributes
+    /// if `with_attrs`) is answered from what is kept, reading at most
+    /// [`READS_AT_HAND`] entries' attributes from the host: a door may then run it where it holds up other calls, as
+    /// it does a CREATE. Answered from what is known, without a host call;
+    /// `false` when unsure.
+    fn lists_at_hand(&self, dir: FileId, with_attrs: bool) -> bool {
+        let _ = (dir, with_attrs);
         false
     }
 

@@ -319,6 +319,10 @@ impl Filesystem for LocalFs {
         self.ids.knows(id)
     }
 
+    fn lists_at_hand(&self, dir: FileId, with_attrs: bool) -> bool {
+        self.listings.at_hand(dir, with_attrs)
+    }
+
     fn getattr(&self, id: FileId) -> Result<Attr> {
         if id == self.root_id {
             return self.stat_fd(id, &self.root);

@@ -142,6 +142,9 @@ pub struct Caches {
     /// Where files (not directories) were found.
     located: Kept<FileId, Found>,
     listings: Kept<FileId, Listing>,
+    /// Entries whose attributes a directory's last listing with attributes
+    /// read from the host, kept as its listing is.
+    listed_reads: Kept<FileId, usize>,
     /// Open files: the layer each was opened in, its descriptor, and the
     /// generation clients see it with.
     files: Kept<FileId, KeptFile>,
@@ -177,6 +180,7 @@ impl Caches {
             dirs: Kept::new(dirs),
             located: Kept::new(LOCATIONS),
             listings: Kept::new(dirs),
+            listed_reads: Kept::new(dirs),
             files: Kept::new(files),
             links: Mutex::new(HashMap::new()),
             lower_attrs: Kept::new(LOWER_ATTRS),
@@ -256,6 +260,17 @@ impl Caches {
 
     pub fn keep_listing(&self, dir: FileId, stamp: Stamp, listing: Listing) {
         self.listings.insert(dir, stamp, listing);
+    }
+
+    /// How many entries' attributes the last listing of `dir` with
+    /// attributes read from the host, if its listing is still current.
+    pub fn listed_reads(&self, dir: FileId, generation: u64) -> Option<usize> {
+        let now = self.stamp(generation);
+        self.listed_reads.get(&dir, |s| *s == now)
+    }
+
+    pub fn keep_listed_reads(&self, dir: FileId, stamp: Stamp, reads: usize) {
+        self.listed_reads.insert(dir, stamp, reads);
     }
 
     pub fn file(&self, id: FileId, generation: u64) -> Option<(usize, Arc<OwnedFd>)> {

@@ -11,7 +11,7 @@ use layerfs_vfs::hostdir::{
 };
 use layerfs_vfs::{
     Allocate, Attr, Change, Create, DirPage, Error, FileId, FileKind, Filesystem, FsStat, NewEntry,
-    ReadSource, Result, SetAttr, Stability, Timestamp,
+    ReadSource, Result, SetAttr, Stability, Timestamp, READS_AT_HAND,
 };
 use rustix::fs::AtFlags;
 
@@ -359,6 +359,23 @@ impl Filesystem for StackFs {
             Some(name) => !self.caches.dir_holds(id, layers.generation, |d| {
                 !layers.below_may_hold(&d.parts, name)
             }),
+        }
+    }
+
+    /// A merged listing kept, still current; with attributes, when the
+    /// last listing with them read at most [`READS_AT_HAND`] entries'
+    /// attributes from the host (upper files and merged directories have
+    /// none kept; lower files have theirs once listed).
+    fn lists_at_hand(&self, dir: FileId, with_attrs: bool) -> bool {
+        let Some(layers) = self.layers.try_read() else {
+            return false;
+        };
+        match with_attrs {
+            false => self.caches.listing(dir, layers.generation).is_some(),
+            true => self
+                .caches
+                .listed_reads(dir, layers.generation)
+                .is_some_and(|reads| reads <= READS_AT_HAND),
         }
     }
 
@@ -818,6 +835,8 @@ impl Filesystem for StackFs {
         } else {
             self.node(&layers, dir)?.parent
         };
+        // Taken before anything is read, as every kept answer's stamp is.
+        let stamp = self.caches.stamp(layers.generation);
         let listing = self.listing(&layers, dir, &d)?;
         let first = listing.partition_point(|e| e.0 <= cookie);
         let named = listing[first..]
@@ -850,11 +869,14 @@ impl Filesystem for StackFs {
             self.caches.lower_attrs(ids, layers.generation, |at, attr| {
                 named[lower[at]].attr = Some(attr);
             });
+            let mut reads = 0;
             for (e, (_, l)) in named.iter_mut().zip(listed) {
                 if e.attr.is_none() {
                     e.attr = self.listed_attr(&layers, &d, l);
+                    reads += 1;
                 }
             }
+            self.caches.keep_listed_reads(dir, stamp, reads);
         }
         Ok(page)
     }

@@ -87,8 +87,8 @@ procedures! {
     Rmdir = 13, "RMDIR", changes: true, runs: ReaderWhenIdle, copies_up: false, fail: 2, lengths: [Handle, Bytes];
     Rename = 14, "RENAME", changes: true, runs: ReaderWhenIdle, copies_up: true, fail: 4, lengths: [Handle, Bytes, Handle, Bytes];
     Link = 15, "LINK", changes: true, runs: ReaderWhenIdle, copies_up: true, fail: 3, lengths: [Handle, Handle, Bytes];
-    Readdir = 16, "READDIR", changes: false, runs: Worker, copies_up: false, fail: 1, lengths: [Handle];
-    Readdirplus = 17, "READDIRPLUS", changes: false, runs: Worker, copies_up: false, fail: 1, lengths: [Handle];
+    Readdir = 16, "READDIR", changes: false, runs: ReaderWhenIdle, copies_up: false, fail: 1, lengths: [Handle];
+    Readdirplus = 17, "READDIRPLUS", changes: false, runs: ReaderWhenIdle, copies_up: false, fail: 1, lengths: [Handle];
     Fsstat = 18, "FSSTAT", changes: false, runs: Worker, copies_up: false, fail: 1, lengths: [Handle];
     Fsinfo = 19, "FSINFO", changes: false, runs: Reader, copies_up: false, fail: 1, lengths: [Handle];
     Pathconf = 20, "PATHCONF", changes: false, runs: Reader, copies_up: false, fail: 1, lengths: [Handle];

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::attr::{Attr, FileKind, Timestamp};
 use crate::error::Result;
-use crate::fs::DirEntry;
+use crate::fs::{DirEntry, READS_AT_HAND};
 use crate::hostdir::name_cookie;
 use crate::hostdir::watch::{Notice, WatchId, Watcher};
 use crate::ids::Seen;
@@ -139,6 +139,18 @@ impl Listings {
             cache.attrs -= old.attrs.len();
         }
         Ok(listing)
+    }
+
+    /// Whether `dir`'s listing is kept (with its files' attributes, watched,
+    /// if `with_attrs`), so that listing it again makes a host call for
+    /// at most [`READS_AT_HAND`] entries (directories, files with several
+    /// names: their inodes are in memory). Attributes past [`KEPT_FOR`] are
+    /// read again, but were read lately: their inodes are in memory.
+    pub fn at_hand(&self, dir: FileId, with_attrs: bool) -> bool {
+        self.cache.lock().dirs.get(&dir).is_some_and(|kept| {
+            !with_attrs
+                || (kept.watch.is_some() && kept.listing.len() <= kept.attrs.len() + READS_AT_HAND)
+        })
     }
 
     /// Fills in the attributes of `entries`, the entries of `dir` (open as
