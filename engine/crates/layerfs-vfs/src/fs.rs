@@ -171,9 +171,9 @@ pub trait Filesystem: Send + Sync {
 
     /// Whether a listing of directory `dir` (with its entries' attributes
     /// if `with_attrs`) is answered from what is kept, reading at most
-    /// [`READS_AT_HAND`] entries' attributes from the host: a door may then run it where it holds up other calls, as
-    /// it does a CREATE. Answered from what is known, without a host call;
-    /// `false` when unsure.
+    /// [`READS_AT_HAND`] entries' attributes from the host: a door may then
+    /// run it where it holds up other calls, as it does a CREATE. Answered
+    /// from what is known, without a host call; `false` when unsure.
     fn lists_at_hand(&self, dir: FileId, with_attrs: bool) -> bool {
         let _ = (dir, with_attrs);
         false

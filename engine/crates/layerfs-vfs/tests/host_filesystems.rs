@@ -204,6 +204,12 @@ fn a_filesystem_mounted_inside_the_export_is_refused_not_mixed_up() {
         fs.lookup(&root(), top, b"m").map(|a| a.fileid),
         Err(Error::XDev)
     );
+    let page = fs.readdir(&root(), top, 0, 64, true).unwrap();
+    let m = page.entries.iter().find(|e| &e.name[..] == b"m");
+    assert!(
+        m.is_some_and(|e| e.attr.is_none()),
+        "listed, without attributes"
+    );
     let z = fs.lookup(&root(), top, b"z").unwrap().fileid;
     let y = fs.lookup(&root(), z, b"y").unwrap().fileid;
     let a = fs.lookup(&root(), y, b"a").unwrap();

@@ -370,9 +370,10 @@ impl Layers {
                     }
                     Ok(Some(_)) => {}
                     Ok(None) => continue,
-                    // The name is listed, and its lookup gives the error
-                    // (XDev: one instance is on another filesystem).
-                    Err(_) => s.listed.alone_in = None,
+                    // One instance is on another filesystem: the name is
+                    // listed, and its lookup gives the error.
+                    Err(Error::XDev) => s.listed.alone_in = None,
+                    Err(e) => return Err(e),
                 }
             }
             out.push(s.listed);

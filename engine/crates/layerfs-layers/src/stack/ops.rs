@@ -370,13 +370,12 @@ impl Filesystem for StackFs {
         let Some(layers) = self.layers.try_read() else {
             return false;
         };
-        match with_attrs {
-            false => self.caches.listing(dir, layers.generation).is_some(),
-            true => self
-                .caches
-                .listed_reads(dir, layers.generation)
-                .is_some_and(|reads| reads <= READS_AT_HAND),
-        }
+        self.caches.listing(dir, layers.generation).is_some()
+            && (!with_attrs
+                || self
+                    .caches
+                    .listed_reads(dir, layers.generation)
+                    .is_some_and(|reads| reads <= READS_AT_HAND))
     }
 
     fn getattr(&self, id: FileId) -> Result<Attr> {

@@ -2,11 +2,10 @@
 
 use std::os::fd::BorrowedFd;
 
+use parking_lot::Mutex;
 use rustix::fs::{AtFlags, FileType};
 
 use crate::attr::{Attr, FileKind, Timestamp};
-use parking_lot::Mutex;
-
 use crate::error::{Error, Result};
 
 fn kind(mode: u32) -> FileKind {

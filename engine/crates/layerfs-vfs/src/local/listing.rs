@@ -142,10 +142,11 @@ impl Listings {
     }
 
     /// Whether `dir`'s listing is kept (with its files' attributes, watched,
-    /// if `with_attrs`), so that listing it again makes a host call for
-    /// at most [`READS_AT_HAND`] entries (directories, files with several
-    /// names: their inodes are in memory). Attributes past [`KEPT_FOR`] are
-    /// read again, but were read lately: their inodes are in memory.
+    /// if `with_attrs`), so that listing it again while it is unchanged
+    /// reads at most [`READS_AT_HAND`] entries' attributes from the host
+    /// (directories, files with several names). What a change or
+    /// [`KEPT_FOR`] makes it read again was read lately: those inodes are in
+    /// memory.
     pub fn at_hand(&self, dir: FileId, with_attrs: bool) -> bool {
         self.cache.lock().dirs.get(&dir).is_some_and(|kept| {
             !with_attrs
