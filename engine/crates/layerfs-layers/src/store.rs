@@ -147,18 +147,24 @@ impl Store {
             archive.set_overwrite(true);
             // Owners are part of a layer; only root can set them.
             archive.set_preserve_ownerships(rustix::process::geteuid().is_root());
-            for entry in archive.entries()? {
-                let mut entry = entry?;
-                if !entry.unpack_in(staged)? {
-                    let path = entry
-                        .path()
-                        .map(|p| p.display().to_string())
-                        .unwrap_or_default();
+            let damaged = |e: io::Error| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("not a tar archive, or a damaged one: {e}"),
+                )
+            };
+            for entry in archive.entries().map_err(damaged)? {
+                let mut entry = entry.map_err(damaged)?;
+                let unpacked = entry.unpack_in(staged);
+                if !matches!(unpacked, Ok(true)) {
+                    let path = entry.path().map(|p| p.display().to_string());
+                    let why = unpacked.err().map(|e| refusal(&e, staged));
                     return Err(io::Error::new(
                         io::ErrorKind::InvalidData,
                         format!(
-                            "{}: entry {path:?} would land outside the layer",
-                            tarball.display()
+                            "entry {:?} {}",
+                            path.unwrap_or_default(),
+                            why.as_deref().unwrap_or(OUTSIDE)
                         ),
                     ));
                 }
@@ -205,6 +211,33 @@ impl Store {
         tracing::info!(layer = %id, "imported");
         Ok(id)
     }
+}
+
+const OUTSIDE: &str = "would land outside the layer";
+
+/// Why the tar crate refused to unpack an entry, in the layer's terms: its
+/// messages name the staging directory, which means nothing to the user.
+/// A path out of the layer (through `..`, a symlink, or a hard link's
+/// target) is [`OUTSIDE`]; any other reason is the innermost cause.
+fn refusal(error: &io::Error, staged: &Path) -> String {
+    let mut causes = vec![error.to_string()];
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        causes.push(cause.to_string());
+        source = cause.source();
+    }
+    if causes
+        .iter()
+        .any(|c| c.contains("outside of destination path"))
+    {
+        return OUTSIDE.to_owned();
+    }
+    let staged = staged.display().to_string();
+    let innermost = causes.pop().unwrap_or_default();
+    format!(
+        "cannot be unpacked: {}",
+        innermost.replace(&staged, "<layer>")
+    )
 }
 
 /// Told (bytes done, bytes in all) as an import goes.

@@ -161,3 +161,108 @@ fn a_truncated_tarball_is_an_error_not_a_layer() {
         0
     );
 }
+
+/// A tar entry written raw: the `tar` crate's builder refuses names and link
+/// targets that climb out of the archive.
+fn raw_entry(kind: tar::EntryType, name: &str, link: &str, data: &[u8]) -> (tar::Header, Vec<u8>) {
+    let mut header = tar::Header::new_gnu();
+    header.set_size(data.len() as u64);
+    header.set_mode(if kind.is_dir() { 0o755 } else { 0o644 });
+    header.set_entry_type(kind);
+    header.set_uid(0);
+    header.set_gid(0);
+    header.set_mtime(0);
+    let gnu = header.as_gnu_mut().unwrap();
+    gnu.name[..name.len()].copy_from_slice(name.as_bytes());
+    gnu.linkname[..link.len()].copy_from_slice(link.as_bytes());
+    header.set_cksum();
+    (header, data.to_vec())
+}
+
+#[test]
+fn a_tarball_reaching_out_through_links_is_refused_with_the_entry_named() {
+    use tar::EntryType::{Directory, Link, Regular, Symlink};
+    let work = tempfile::tempdir().unwrap();
+    let outside = work.path().join("outside");
+    fs::create_dir(&outside).unwrap();
+    fs::write(outside.join("secret"), b"kept").unwrap();
+    let out = outside.display().to_string();
+    let secret = format!("{out}/secret");
+    let cases: Vec<(&str, Vec<_>, &str, &str)> = vec![
+        (
+            "a file through a symlink to a directory outside",
+            vec![
+                raw_entry(Symlink, "a", &out, b""),
+                raw_entry(Regular, "a/new", "", b"x"),
+            ],
+            "a/new",
+            "would land outside the layer",
+        ),
+        (
+            "a file through a relative symlink climbing out",
+            vec![
+                raw_entry(Directory, "d", "", b""),
+                raw_entry(Symlink, "d/up", "../../../../../../..", b""),
+                raw_entry(Regular, "d/up/new", "", b"x"),
+            ],
+            "d/up/new",
+            "would land outside the layer",
+        ),
+        (
+            "a hard link to a file outside",
+            vec![raw_entry(Link, "h", &secret, b"")],
+            "h",
+            "would land outside the layer",
+        ),
+        (
+            "a hard link through a symlink",
+            vec![
+                raw_entry(Symlink, "s", &out, b""),
+                raw_entry(Link, "h", "s/secret", b""),
+            ],
+            "h",
+            "would land outside the layer",
+        ),
+        (
+            "a hard link to a name the archive never made",
+            vec![raw_entry(Link, "h", "missing", b"")],
+            "h",
+            "cannot be unpacked",
+        ),
+    ];
+    let store = Store::open(&work.path().join("store")).unwrap();
+    for (what, entries, name, why) in cases {
+        let tarball = work.path().join("evil.tar");
+        let mut builder = tar::Builder::new(fs::File::create(&tarball).unwrap());
+        for (header, data) in entries {
+            builder.append(&header, &data[..]).unwrap();
+        }
+        builder.finish().unwrap();
+        drop(builder);
+        let err = store.import_tar(&tarball).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("entry {name:?} {why}")),
+            "{what}: {err}"
+        );
+        assert!(
+            !err.contains("staging"),
+            "{what}: the message names the store's insides: {err}"
+        );
+        assert_eq!(fs::read(outside.join("secret")).unwrap(), b"kept", "{what}");
+        assert_eq!(fs::read_dir(&outside).unwrap().count(), 1, "{what}");
+        assert!(store.layers().unwrap().is_empty(), "{what}");
+        let staging = work.path().join("store/staging");
+        assert_eq!(fs::read_dir(staging).unwrap().count(), 0, "{what}");
+    }
+}
+
+#[test]
+fn a_file_that_is_no_tarball_is_refused_as_one() {
+    let work = tempfile::tempdir().unwrap();
+    let junk = work.path().join("junk.tar");
+    fs::write(&junk, b"hello world ".repeat(100)).unwrap();
+    let store = Store::open(&work.path().join("store")).unwrap();
+    let err = store.import_tar(&junk).unwrap_err();
+    assert!(err.to_string().starts_with("not a tar archive"), "{err}");
+    assert!(store.layers().unwrap().is_empty());
+}
