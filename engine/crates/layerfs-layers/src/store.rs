@@ -8,11 +8,15 @@
 
 use std::fs::{self, File};
 use std::io::{self, BufReader, Read};
+use std::os::fd::AsFd;
 use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+use layerfs_vfs::hostdir;
+
 use crate::digest::tree_digest;
+use crate::stack::UNSTABLE_INODES;
 
 /// A layer's name: the hex digest of its contents.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -38,8 +42,17 @@ static STAGING_SEQ: AtomicU64 = AtomicU64::new(0);
 
 impl Store {
     /// Opens (creating if needed) the store at `root`, clearing imports a
-    /// crash left unfinished.
+    /// crash left unfinished. A store on a filesystem that does not keep
+    /// inode numbers is refused before anything is made: no workspace over
+    /// its layers could be served (see [`crate::StackFs::open`]).
     pub fn open(root: &Path) -> io::Result<Store> {
+        let existing = root
+            .ancestors()
+            .find(|dir| dir.is_dir())
+            .unwrap_or(Path::new("."));
+        if !hostdir::keeps_inode_numbers(File::open(existing)?.as_fd()) {
+            return Err(io::Error::other(UNSTABLE_INODES));
+        }
         fs::create_dir_all(root.join("layers"))?;
         let staging = root.join("staging");
         if staging.exists() {

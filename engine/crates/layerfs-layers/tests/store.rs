@@ -7,6 +7,7 @@ use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::Path;
 
 use layerfs_layers::{Store, OPAQUE_MARKER};
+use layerfs_testkit::{or_skip, CrossOverlay};
 
 /// A small image layer: files, a symlink, a whiteout and an opaque directory.
 fn sample_tree(dir: &Path) {
@@ -265,4 +266,23 @@ fn a_file_that_is_no_tarball_is_refused_as_one() {
     let err = store.import_tar(&junk).unwrap_err();
     assert!(err.to_string().starts_with("not a tar archive"), "{err}");
     assert!(store.layers().unwrap().is_empty());
+}
+
+#[test]
+fn a_store_on_a_filesystem_that_renumbers_files_is_refused_before_anything_is_made() {
+    let ov = CrossOverlay::new(|_| {});
+    let Some(ov) = or_skip(ov, "an overlay across filesystems") else {
+        return;
+    };
+    let root = ov.merged().join("store");
+    let err = Store::open(&root)
+        .err()
+        .expect("a store whose workspaces could never be served was opened");
+    assert!(
+        err.to_string().contains("does not keep inode numbers"),
+        "{err}"
+    );
+    assert!(!root.exists(), "the store was made before the refusal");
+    // The same path one filesystem down is a store.
+    assert!(Store::open(&ov.beside().join("store")).is_ok());
 }
