@@ -47,6 +47,14 @@ refused "/dev/fuse is missing" unshare -m sh -c \
 	"mount -t tmpfs none /dev && exec $layerfs serve --fuse $t/mnt $t/src"
 refused "fusermount3 is missing" env PATH=/nonexistent "$(command -v setpriv)" \
 	--reuid 65534 --regid 65534 --clear-groups "$layerfs" serve --fuse "$t/mnt" "$t/src"
+if command -v fusermount3 >/dev/null; then
+	# fusermount3 opens the device as the user: where it is 0600 only root mounts.
+	refused "/dev/fuse is not open to this user" unshare -m sh -c \
+		"mount -t tmpfs none /dev && mknod -m 600 /dev/fuse c 10 229 &&
+		exec setpriv --reuid 65534 --regid 65534 --clear-groups $layerfs serve --fuse $t/mnt $t/src"
+else
+	echo "SKIPPED: the message for a /dev/fuse closed to users who are not root: fusermount3 is not installed"
+fi
 
 step "SIGTERM unmounts and exits 0"
 "$layerfs" serve --fuse "$t/mnt" "$t/src" >/dev/null 2>&1 &

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use fuser::{BackgroundSession, Config, MountOption, SessionACL};
 use layerfs_vfs::Filesystem;
+use rustix::fs::Access;
 
 use crate::door::Door;
 
@@ -190,7 +191,8 @@ fn usable_mountpoint(path: &Path) -> io::Result<PathBuf> {
 }
 
 /// Whether this process can mount FUSE: `/dev/fuse` exists, and a user who
-/// is not root has `fusermount3`.
+/// is not root has `fusermount3` and may open the device (fusermount3
+/// opens it as that user, so where it is mode 0600 only root can mount).
 fn usable_fuse() -> io::Result<()> {
     if !Path::new("/dev/fuse").exists() {
         return Err(io::Error::new(
@@ -204,6 +206,15 @@ fn usable_fuse() -> io::Result<()> {
             io::ErrorKind::NotFound,
             "fusermount3 is missing, and a user who is not root mounts through it: \
              install it (Debian and Ubuntu: apt install fuse3)",
+        ));
+    }
+    let may_open = rustix::fs::access("/dev/fuse", Access::READ_OK | Access::WRITE_OK).is_ok();
+    if !rustix::process::geteuid().is_root() && !may_open {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "/dev/fuse is not open to this user, and a user who is not root needs it \
+             readable and writable (mode 0666, as Debian and Ubuntu make it): ask for \
+             that, or run layerfs as root",
         ));
     }
     Ok(())
