@@ -18,28 +18,104 @@ use nfs3_types::xdr_codec::{Opaque, Pack, Unpack};
 
 #[derive(Arbitrary, Debug)]
 enum Op {
-    As { who: u8 },
-    Getattr { h: u8 },
-    Setattr { h: u8, mode: Option<u16>, size: Option<u16>, guard: bool },
-    Lookup { dir: u8, name: u8 },
-    Access { h: u8, bits: u8 },
-    Readlink { h: u8 },
-    Read { h: u8, offset: u16, count: u16 },
-    Write { h: u8, offset: u16, len: u8, stable: u8 },
-    Create { dir: u8, name: u8, how: u8, mode: u16 },
-    Mkdir { dir: u8, name: u8, mode: u16 },
-    Symlink { dir: u8, name: u8, target: u8 },
-    Mknod { dir: u8, name: u8 },
-    Remove { dir: u8, name: u8 },
-    Rmdir { dir: u8, name: u8 },
-    Rename { from: u8, name: u8, to: u8, new_name: u8 },
-    Link { h: u8, dir: u8, name: u8 },
-    Readdir { dir: u8, cookie: u8, count: u16 },
-    Readdirplus { dir: u8, cookie: u8, dircount: u16, maxcount: u16 },
-    Fsstat { h: u8 },
-    Fsinfo { h: u8 },
-    Pathconf { h: u8 },
-    Commit { h: u8, offset: u16, count: u16 },
+    As {
+        who: u8,
+    },
+    Getattr {
+        h: u8,
+    },
+    Setattr {
+        h: u8,
+        mode: Option<u16>,
+        size: Option<u16>,
+        guard: bool,
+    },
+    Lookup {
+        dir: u8,
+        name: u8,
+    },
+    Access {
+        h: u8,
+        bits: u8,
+    },
+    Readlink {
+        h: u8,
+    },
+    Read {
+        h: u8,
+        offset: u16,
+        count: u16,
+    },
+    Write {
+        h: u8,
+        offset: u16,
+        len: u8,
+        stable: u8,
+    },
+    Create {
+        dir: u8,
+        name: u8,
+        how: u8,
+        mode: u16,
+    },
+    Mkdir {
+        dir: u8,
+        name: u8,
+        mode: u16,
+    },
+    Symlink {
+        dir: u8,
+        name: u8,
+        target: u8,
+    },
+    Mknod {
+        dir: u8,
+        name: u8,
+    },
+    Remove {
+        dir: u8,
+        name: u8,
+    },
+    Rmdir {
+        dir: u8,
+        name: u8,
+    },
+    Rename {
+        from: u8,
+        name: u8,
+        to: u8,
+        new_name: u8,
+    },
+    Link {
+        h: u8,
+        dir: u8,
+        name: u8,
+    },
+    Readdir {
+        dir: u8,
+        cookie: u8,
+        count: u16,
+    },
+    Readdirplus {
+        dir: u8,
+        cookie: u8,
+        dircount: u16,
+        maxcount: u16,
+    },
+    Fsstat {
+        h: u8,
+    },
+    Fsinfo {
+        h: u8,
+    },
+    Pathconf {
+        h: u8,
+    },
+    Commit {
+        h: u8,
+        offset: u16,
+        count: u16,
+    },
 }
 
 const NAMES: [&[u8]; 7] = [b"a", b"b", b"etc", b"f", b"sub", b".wh.x", b".."];
@@ -91,7 +167,9 @@ impl Session {
         let (uid, gid) = self.caller;
         let mut record = Vec::new();
         // A call to NFS v3, AUTH_SYS for the caller, no verifier.
-        for w in [self.xid, 0, 2, 100_003, 3, proc, 1, 20, 0, 0, uid, gid, 0, 0, 0] {
+        for w in [
+            self.xid, 0, 2, 100_003, 3, proc, 1, 20, 0, 0, uid, gid, 0, 0, 0,
+        ] {
             record.extend_from_slice(&w.to_be_bytes());
         }
         args.pack(&mut record).unwrap();
@@ -102,10 +180,18 @@ impl Session {
         let bytes = reply.bytes();
         assert_eq!(bytes[4..8], self.xid.to_be_bytes(), "the call's xid");
         // REPLY, MSG_ACCEPTED, an empty AUTH_NONE verifier, SUCCESS.
-        assert_eq!(bytes[8..28], [0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], "procedure {proc}: not accepted");
+        assert_eq!(
+            bytes[8..28],
+            [0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            "procedure {proc}: not accepted"
+        );
         let results = bytes[28..].to_vec();
         let status = u32::from_be_bytes(results[..4].try_into().unwrap());
-        for bad in [nfsstat3::NFS3ERR_BADHANDLE, nfsstat3::NFS3ERR_IO, nfsstat3::NFS3ERR_SERVERFAULT] {
+        for bad in [
+            nfsstat3::NFS3ERR_BADHANDLE,
+            nfsstat3::NFS3ERR_IO,
+            nfsstat3::NFS3ERR_SERVERFAULT,
+        ] {
             assert_ne!(status, bad as u32, "procedure {proc} answered {bad:?}");
         }
         results
@@ -125,7 +211,11 @@ fn decoded<T: Unpack>(proc: u32, bytes: &[u8]) -> T {
     let mut cursor = std::io::Cursor::new(bytes);
     let (value, read) = T::unpack(&mut cursor)
         .unwrap_or_else(|e| panic!("procedure {proc}: results do not decode: {e:?}"));
-    assert_eq!(read, bytes.len(), "procedure {proc}: bytes past the results");
+    assert_eq!(
+        read,
+        bytes.len(),
+        "procedure {proc}: bytes past the results"
+    );
     value
 }
 
@@ -133,10 +223,20 @@ fn apply(s: &mut Session, op: &Op) {
     match *op {
         Op::As { who } => s.caller = CALLERS[who as usize % CALLERS.len()],
         Op::Getattr { h } => {
-            let r = s.call(1, &GETATTR3args { object: s.handle(h) });
+            let r = s.call(
+                1,
+                &GETATTR3args {
+                    object: s.handle(h),
+                },
+            );
             decoded::<GETATTR3res>(1, &r);
         }
-        Op::Setattr { h, mode: m, size, guard } => {
+        Op::Setattr {
+            h,
+            mode: m,
+            size,
+            guard,
+        } => {
             let args = SETATTR3args {
                 object: s.handle(h),
                 new_attributes: sattr3 {
@@ -144,31 +244,60 @@ fn apply(s: &mut Session, op: &Op) {
                     size: size.map_or(set_size3::None, |n| set_size3::Some(u64::from(n))),
                     ..sattr3::default()
                 },
-                guard: if guard { sattrguard3::Some(nfstime3::default()) } else { sattrguard3::None },
+                guard: if guard {
+                    sattrguard3::Some(nfstime3::default())
+                } else {
+                    sattrguard3::None
+                },
             };
             let r = s.call(2, &args);
             decoded::<SETATTR3res>(2, &r);
         }
         Op::Lookup { dir, name: n } => {
-            let r = s.call(3, &LOOKUP3args { what: s.dirop(dir, n) });
+            let r = s.call(
+                3,
+                &LOOKUP3args {
+                    what: s.dirop(dir, n),
+                },
+            );
             if let Nfs3Result::Ok(ok) = decoded::<LOOKUP3res>(3, &r) {
                 s.keep(&Nfs3Option::Some(ok.object));
             }
         }
         Op::Access { h, bits } => {
-            let r = s.call(4, &ACCESS3args { object: s.handle(h), access: u32::from(bits) & 0x3f });
+            let r = s.call(
+                4,
+                &ACCESS3args {
+                    object: s.handle(h),
+                    access: u32::from(bits) & 0x3f,
+                },
+            );
             decoded::<ACCESS3res>(4, &r);
         }
         Op::Readlink { h } => {
-            let r = s.call(5, &READLINK3args { symlink: s.handle(h) });
+            let r = s.call(
+                5,
+                &READLINK3args {
+                    symlink: s.handle(h),
+                },
+            );
             decoded::<READLINK3res>(5, &r);
         }
         Op::Read { h, offset, count } => {
-            let args = READ3args { file: s.handle(h), offset: u64::from(offset), count: u32::from(count) };
+            let args = READ3args {
+                file: s.handle(h),
+                offset: u64::from(offset),
+                count: u32::from(count),
+            };
             let r = s.call(6, &args);
             decoded::<READ3res>(6, &r);
         }
-        Op::Write { h, offset, len, stable } => {
+        Op::Write {
+            h,
+            offset,
+            len,
+            stable,
+        } => {
             let data = vec![len; len as usize];
             let stable = match stable % 3 {
                 0 => stable_how::UNSTABLE,
@@ -185,24 +314,49 @@ fn apply(s: &mut Session, op: &Op) {
             let r = s.call(7, &args);
             decoded::<WRITE3res>(7, &r);
         }
-        Op::Create { dir, name: n, how, mode: m } => {
+        Op::Create {
+            dir,
+            name: n,
+            how,
+            mode: m,
+        } => {
             let how = match how % 3 {
                 0 => createhow3::UNCHECKED(mode(m)),
                 1 => createhow3::GUARDED(mode(m)),
                 _ => createhow3::EXCLUSIVE(createverf3([how; 8])),
             };
-            let r = s.call(8, &CREATE3args { where_: s.dirop(dir, n), how });
+            let r = s.call(
+                8,
+                &CREATE3args {
+                    where_: s.dirop(dir, n),
+                    how,
+                },
+            );
             if let Nfs3Result::Ok(ok) = decoded::<CREATE3res>(8, &r) {
                 s.keep(&ok.obj);
             }
         }
-        Op::Mkdir { dir, name: n, mode: m } => {
-            let r = s.call(9, &MKDIR3args { where_: s.dirop(dir, n), attributes: mode(m) });
+        Op::Mkdir {
+            dir,
+            name: n,
+            mode: m,
+        } => {
+            let r = s.call(
+                9,
+                &MKDIR3args {
+                    where_: s.dirop(dir, n),
+                    attributes: mode(m),
+                },
+            );
             if let Nfs3Result::Ok(ok) = decoded::<MKDIR3res>(9, &r) {
                 s.keep(&ok.obj);
             }
         }
-        Op::Symlink { dir, name: n, target } => {
+        Op::Symlink {
+            dir,
+            name: n,
+            target,
+        } => {
             let args = SYMLINK3args {
                 where_: s.dirop(dir, n),
                 symlink: symlinkdata3 {
@@ -216,46 +370,90 @@ fn apply(s: &mut Session, op: &Op) {
             }
         }
         Op::Mknod { dir, name: n } => {
-            let args = MKNOD3args { where_: s.dirop(dir, n), what: mknoddata3::NF3FIFO(sattr3::default()) };
+            let args = MKNOD3args {
+                where_: s.dirop(dir, n),
+                what: mknoddata3::NF3FIFO(sattr3::default()),
+            };
             let r = s.call(11, &args);
             if let Nfs3Result::Ok(ok) = decoded::<MKNOD3res>(11, &r) {
                 s.keep(&ok.obj);
             }
         }
         Op::Remove { dir, name: n } => {
-            let r = s.call(12, &REMOVE3args { object: s.dirop(dir, n) });
+            let r = s.call(
+                12,
+                &REMOVE3args {
+                    object: s.dirop(dir, n),
+                },
+            );
             decoded::<REMOVE3res>(12, &r);
         }
         Op::Rmdir { dir, name: n } => {
-            let r = s.call(13, &RMDIR3args { object: s.dirop(dir, n) });
+            let r = s.call(
+                13,
+                &RMDIR3args {
+                    object: s.dirop(dir, n),
+                },
+            );
             decoded::<RMDIR3res>(13, &r);
         }
-        Op::Rename { from, name: n, to, new_name } => {
-            let r = s.call(14, &RENAME3args { from: s.dirop(from, n), to: s.dirop(to, new_name) });
+        Op::Rename {
+            from,
+            name: n,
+            to,
+            new_name,
+        } => {
+            let r = s.call(
+                14,
+                &RENAME3args {
+                    from: s.dirop(from, n),
+                    to: s.dirop(to, new_name),
+                },
+            );
             decoded::<RENAME3res>(14, &r);
         }
         Op::Link { h, dir, name: n } => {
-            let r = s.call(15, &LINK3args { file: s.handle(h), link: s.dirop(dir, n) });
+            let r = s.call(
+                15,
+                &LINK3args {
+                    file: s.handle(h),
+                    link: s.dirop(dir, n),
+                },
+            );
             decoded::<LINK3res>(15, &r);
         }
         Op::Readdir { dir, cookie, count } => {
             let args = READDIR3args {
                 dir: s.handle(dir),
                 cookie: s.cookie(cookie),
-                cookieverf: if cookie == 0 { cookieverf3::default() } else { s.verifier.clone() },
+                cookieverf: if cookie == 0 {
+                    cookieverf3::default()
+                } else {
+                    s.verifier.clone()
+                },
                 count: u32::from(count),
             };
             let r = s.call(16, &args);
             if let Nfs3Result::Ok(ok) = decoded::<READDIR3res>(16, &r) {
                 s.verifier = ok.cookieverf;
-                s.cookies.extend(ok.reply.entries.0.iter().map(|e| e.cookie));
+                s.cookies
+                    .extend(ok.reply.entries.0.iter().map(|e| e.cookie));
             }
         }
-        Op::Readdirplus { dir, cookie, dircount, maxcount } => {
+        Op::Readdirplus {
+            dir,
+            cookie,
+            dircount,
+            maxcount,
+        } => {
             let args = READDIRPLUS3args {
                 dir: s.handle(dir),
                 cookie: s.cookie(cookie),
-                cookieverf: if cookie == 0 { cookieverf3::default() } else { s.verifier.clone() },
+                cookieverf: if cookie == 0 {
+                    cookieverf3::default()
+                } else {
+                    s.verifier.clone()
+                },
                 dircount: u32::from(dircount),
                 maxcount: u32::from(maxcount),
             };
@@ -269,19 +467,38 @@ fn apply(s: &mut Session, op: &Op) {
             }
         }
         Op::Fsstat { h } => {
-            let r = s.call(18, &FSSTAT3args { fsroot: s.handle(h) });
+            let r = s.call(
+                18,
+                &FSSTAT3args {
+                    fsroot: s.handle(h),
+                },
+            );
             decoded::<FSSTAT3res>(18, &r);
         }
         Op::Fsinfo { h } => {
-            let r = s.call(19, &FSINFO3args { fsroot: s.handle(h) });
+            let r = s.call(
+                19,
+                &FSINFO3args {
+                    fsroot: s.handle(h),
+                },
+            );
             decoded::<FSINFO3res>(19, &r);
         }
         Op::Pathconf { h } => {
-            let r = s.call(20, &PATHCONF3args { object: s.handle(h) });
+            let r = s.call(
+                20,
+                &PATHCONF3args {
+                    object: s.handle(h),
+                },
+            );
             decoded::<PATHCONF3res>(20, &r);
         }
         Op::Commit { h, offset, count } => {
-            let args = COMMIT3args { file: s.handle(h), offset: u64::from(offset), count: u32::from(count) };
+            let args = COMMIT3args {
+                file: s.handle(h),
+                offset: u64::from(offset),
+                count: u32::from(count),
+            };
             let r = s.call(21, &args);
             decoded::<COMMIT3res>(21, &r);
         }
@@ -320,7 +537,9 @@ fuzz_target!(|input: (bool, Vec<Op>)| {
     let root = reply.bytes()[4 + 24 + 8..4 + 24 + 8 + len].to_vec();
     let mut session = Session {
         dispatcher,
-        handles: vec![nfs_fh3 { data: Opaque::owned(root) }],
+        handles: vec![nfs_fh3 {
+            data: Opaque::owned(root),
+        }],
         cookies: Vec::new(),
         verifier: cookieverf3::default(),
         caller: CALLERS[0],
