@@ -177,7 +177,7 @@ impl Session {
         let Outcome::Reply(reply) = self.dispatcher.handle(&record, peer) else {
             panic!("procedure {proc}: a well-formed call got no reply");
         };
-        let bytes = reply.bytes();
+        let bytes = &on_the_wire(&reply);
         assert_eq!(bytes[4..8], self.xid.to_be_bytes(), "the call's xid");
         // REPLY, MSG_ACCEPTED, an empty AUTH_NONE verifier, SUCCESS.
         assert_eq!(
@@ -204,6 +204,31 @@ impl Session {
             }
         }
     }
+}
+
+/// The bytes a client receives for `frame`: its file tail (a large READ's
+/// data, which the server sends from the file) read as the server sends it,
+/// zeros where the file has since shrunk, then the XDR padding.
+fn on_the_wire(frame: &layerfs_rpc::Frame) -> Vec<u8> {
+    use std::os::unix::fs::FileExt;
+    let mut wire = frame.bytes().to_vec();
+    if let Some(tail) = frame.tail() {
+        let file = std::fs::File::from(tail.file.try_clone().unwrap());
+        let mut data = vec![0; tail.len];
+        let mut at = 0;
+        while at < data.len() {
+            match file
+                .read_at(&mut data[at..], tail.offset + at as u64)
+                .unwrap()
+            {
+                0 => break,
+                n => at += n,
+            }
+        }
+        wire.extend_from_slice(&data);
+    }
+    wire.resize(frame.len(), 0);
+    wire
 }
 
 /// Decodes `bytes` as `T`, which must take every byte.
