@@ -323,7 +323,10 @@ fn apply(s: &mut Session, op: &Op) {
             len,
             stable,
         } => {
-            let data = vec![len; len as usize];
+            // Bytes that say where they belong, so a misplaced write shows.
+            let data: Vec<u8> = (0..u64::from(len))
+                .map(|i| (u64::from(offset) + i) as u8 ^ len)
+                .collect();
             let stable = match stable % 3 {
                 0 => stable_how::UNSTABLE,
                 1 => stable_how::DATA_SYNC,
@@ -336,8 +339,34 @@ fn apply(s: &mut Session, op: &Op) {
                 stable,
                 data: Opaque::borrowed(&data),
             };
+            let file = args.file.clone();
             let r = s.call(7, &args);
-            decoded::<WRITE3res>(7, &r);
+            if let Nfs3Result::Ok(ok) = decoded::<WRITE3res>(7, &r) {
+                assert_eq!(
+                    ok.count,
+                    u32::from(len),
+                    "a short WRITE on a local filesystem"
+                );
+                // What was acknowledged reads back, whoever wrote it.
+                let caller = std::mem::replace(&mut s.caller, CALLERS[0]);
+                let read = READ3args {
+                    file,
+                    offset: u64::from(offset),
+                    count: u32::from(len),
+                };
+                let r = s.call(6, &read);
+                s.caller = caller;
+                match decoded::<READ3res>(6, &r) {
+                    Nfs3Result::Ok(back) => assert_eq!(
+                        back.data.as_ref(),
+                        &data[..],
+                        "a WRITE at {offset} read back otherwise"
+                    ),
+                    Nfs3Result::Err((status, _)) => {
+                        panic!("a file just written does not read: {status:?}")
+                    }
+                }
+            }
         }
         Op::Create {
             dir,
