@@ -197,6 +197,12 @@ impl Session {
         results
     }
 
+    /// Sends `proc` with `args` and decodes its results as `R`.
+    fn exchange<R: Unpack>(&mut self, proc: u32, args: &impl Pack) -> R {
+        let results = self.call(proc, args);
+        decoded(proc, &results)
+    }
+
     fn keep(&mut self, handle: &post_op_fh3) {
         if let Nfs3Option::Some(h) = handle {
             if self.handles.len() < 64 {
@@ -248,13 +254,12 @@ fn apply(s: &mut Session, op: &Op) {
     match *op {
         Op::As { who } => s.caller = CALLERS[who as usize % CALLERS.len()],
         Op::Getattr { h } => {
-            let r = s.call(
+            s.exchange::<GETATTR3res>(
                 1,
                 &GETATTR3args {
                     object: s.handle(h),
                 },
             );
-            decoded::<GETATTR3res>(1, &r);
         }
         Op::Setattr {
             h,
@@ -275,8 +280,7 @@ fn apply(s: &mut Session, op: &Op) {
                     sattrguard3::None
                 },
             };
-            let r = s.call(2, &args);
-            decoded::<SETATTR3res>(2, &r);
+            s.exchange::<SETATTR3res>(2, &args);
         }
         Op::Lookup { dir, name: n } => {
             let r = s.call(
@@ -290,23 +294,21 @@ fn apply(s: &mut Session, op: &Op) {
             }
         }
         Op::Access { h, bits } => {
-            let r = s.call(
+            s.exchange::<ACCESS3res>(
                 4,
                 &ACCESS3args {
                     object: s.handle(h),
                     access: u32::from(bits) & 0x3f,
                 },
             );
-            decoded::<ACCESS3res>(4, &r);
         }
         Op::Readlink { h } => {
-            let r = s.call(
+            s.exchange::<READLINK3res>(
                 5,
                 &READLINK3args {
                     symlink: s.handle(h),
                 },
             );
-            decoded::<READLINK3res>(5, &r);
         }
         Op::Read { h, offset, count } => {
             let args = READ3args {
@@ -314,8 +316,7 @@ fn apply(s: &mut Session, op: &Op) {
                 offset: u64::from(offset),
                 count: u32::from(count),
             };
-            let r = s.call(6, &args);
-            decoded::<READ3res>(6, &r);
+            s.exchange::<READ3res>(6, &args);
         }
         Op::Write {
             h,
@@ -434,22 +435,20 @@ fn apply(s: &mut Session, op: &Op) {
             }
         }
         Op::Remove { dir, name: n } => {
-            let r = s.call(
+            s.exchange::<REMOVE3res>(
                 12,
                 &REMOVE3args {
                     object: s.dirop(dir, n),
                 },
             );
-            decoded::<REMOVE3res>(12, &r);
         }
         Op::Rmdir { dir, name: n } => {
-            let r = s.call(
+            s.exchange::<RMDIR3res>(
                 13,
                 &RMDIR3args {
                     object: s.dirop(dir, n),
                 },
             );
-            decoded::<RMDIR3res>(13, &r);
         }
         Op::Rename {
             from,
@@ -457,24 +456,22 @@ fn apply(s: &mut Session, op: &Op) {
             to,
             new_name,
         } => {
-            let r = s.call(
+            s.exchange::<RENAME3res>(
                 14,
                 &RENAME3args {
                     from: s.dirop(from, n),
                     to: s.dirop(to, new_name),
                 },
             );
-            decoded::<RENAME3res>(14, &r);
         }
         Op::Link { h, dir, name: n } => {
-            let r = s.call(
+            s.exchange::<LINK3res>(
                 15,
                 &LINK3args {
                     file: s.handle(h),
                     link: s.dirop(dir, n),
                 },
             );
-            decoded::<LINK3res>(15, &r);
         }
         Op::Readdir { dir, cookie, count } => {
             let args = READDIR3args {
@@ -521,31 +518,28 @@ fn apply(s: &mut Session, op: &Op) {
             }
         }
         Op::Fsstat { h } => {
-            let r = s.call(
+            s.exchange::<FSSTAT3res>(
                 18,
                 &FSSTAT3args {
                     fsroot: s.handle(h),
                 },
             );
-            decoded::<FSSTAT3res>(18, &r);
         }
         Op::Fsinfo { h } => {
-            let r = s.call(
+            s.exchange::<FSINFO3res>(
                 19,
                 &FSINFO3args {
                     fsroot: s.handle(h),
                 },
             );
-            decoded::<FSINFO3res>(19, &r);
         }
         Op::Pathconf { h } => {
-            let r = s.call(
+            s.exchange::<PATHCONF3res>(
                 20,
                 &PATHCONF3args {
                     object: s.handle(h),
                 },
             );
-            decoded::<PATHCONF3res>(20, &r);
         }
         Op::Commit { h, offset, count } => {
             let args = COMMIT3args {
@@ -553,8 +547,7 @@ fn apply(s: &mut Session, op: &Op) {
                 offset: u64::from(offset),
                 count: u32::from(count),
             };
-            let r = s.call(21, &args);
-            decoded::<COMMIT3res>(21, &r);
+            s.exchange::<COMMIT3res>(21, &args);
         }
     }
     if s.cookies.len() > 256 {
