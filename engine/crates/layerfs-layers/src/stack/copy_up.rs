@@ -241,6 +241,11 @@ impl StackFs {
 /// Copies a file's data: a clone where the filesystem shares blocks
 /// (reflink), else a copy the kernel makes (`copy_file_range`), else one
 /// buffer at a time: never the whole file in memory.
+///
+/// A signal caught by a handler installed without `SA_RESTART` (libFuzzer's
+/// timer, for one) fails the kernel's copy with EINTR when it arrives before
+/// a byte moved: both files' offsets say how far the copy got, so it goes on
+/// from there.
 fn copy_data(src: OwnedFd, dst: &OwnedFd) -> Result<()> {
     #[cfg(target_os = "linux")]
     if rustix::fs::ioctl_ficlone(dst, &src).is_ok() {
@@ -248,8 +253,13 @@ fn copy_data(src: OwnedFd, dst: &OwnedFd) -> Result<()> {
     }
     let mut src = File::from(src);
     let mut dst = File::from(dst.try_clone()?);
-    std::io::copy(&mut src, &mut dst)?;
-    Ok(())
+    loop {
+        match std::io::copy(&mut src, &mut dst) {
+            Ok(_) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 /// Gives `name` in `dir` the owner (as root), mode and times of `like`.
