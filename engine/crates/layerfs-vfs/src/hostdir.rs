@@ -279,14 +279,9 @@ fn owner_of_new(caller: &Caller, dir: &Attr, set: &SetAttr) -> (rustix::fs::Uid,
     )
 }
 
-/// Truncates the regular file `name`: never through a symlink, and without
-/// blocking on a FIFO swapped in for the file.
+/// Truncates the regular file `name`.
 fn truncate_at(dir: BorrowedFd<'_>, name: &CStr, size: u64) -> Result<()> {
-    let flags = OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
-    let file = rustix::fs::openat(dir, name, flags | OFlags::NOCTTY, Mode::empty())?;
-    if !rustix::fs::FileType::from_raw_mode(rustix::fs::fstat(&file)?.st_mode).is_file() {
-        return Err(Error::Inval);
-    }
+    let file = open_regular(dir, name, OFlags::WRONLY)?;
     Ok(rustix::fs::ftruncate(&file, size)?)
 }
 
@@ -382,6 +377,38 @@ mod tests {
             assert_eq!(mode_of("file"), mode);
         }
     }
+
+    /// A FIFO put where a file was looked at is refused at once. Opened for
+    /// reading (a FIFO the server may not write), it would wait for a
+    /// writer that never comes; opened for both, it would be served as a
+    /// file.
+    #[test]
+    fn a_fifo_in_place_of_a_file_is_refused_without_waiting_for_a_writer() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = rustix::fs::open(t.path(), OFlags::DIRECTORY, Mode::empty()).unwrap();
+        for (name, mode) in [(c"read-only", 0o444), (c"writable", 0o666)] {
+            rustix::fs::mknodat(&dir, name, FileType::Fifo, permissions(mode), 0).unwrap();
+        }
+        std::fs::write(t.path().join("file"), b"data").unwrap();
+        let (done, opened) = std::sync::mpsc::channel();
+        let dir = Arc::new(dir);
+        let opener = dir.clone();
+        std::thread::spawn(move || {
+            for name in [c"read-only", c"writable", c"file"] {
+                let _ = done.send(open_file(opener.as_fd(), name).map(|_| ()));
+            }
+        });
+        for (name, want) in [
+            ("read-only", Err(Error::Inval)),
+            ("writable", Err(Error::Inval)),
+            ("file", Ok(())),
+        ] {
+            let got = opened
+                .recv_timeout(std::time::Duration::from_secs(10))
+                .unwrap_or_else(|_| panic!("opening {name} still waits after 10 s"));
+            assert_eq!(got, want, "{name}");
+        }
+    }
 }
 
 /// Where a READ of `count` bytes at `offset` of the open `file` (whose
@@ -467,17 +494,25 @@ pub fn fsstat(fd: BorrowedFd<'_>) -> Result<FsStat> {
 
 /// Opens the regular file `name` in `dir` for reading and writing, or for
 /// reading only where writing is refused.
-pub fn open_file(dir: BorrowedFd<'_>, name: &CStr) -> Result<rustix::fd::OwnedFd> {
-    let flags = OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY;
-    match rustix::fs::openat(dir, name, flags | OFlags::RDWR, Mode::empty()) {
-        Err(Errno::ACCESS | Errno::ROFS | Errno::PERM) => Ok(rustix::fs::openat(
-            dir,
-            name,
-            flags | OFlags::RDONLY,
-            Mode::empty(),
-        )?),
-        other => Ok(other?),
+pub fn open_file(dir: BorrowedFd<'_>, name: &CStr) -> Result<OwnedFd> {
+    match open_regular(dir, name, OFlags::RDWR) {
+        Err(Error::Access | Error::RoFs | Error::Perm) => open_regular(dir, name, OFlags::RDONLY),
+        other => other,
     }
+}
+
+/// Opens `name` in `dir` with `access` if it is a regular file, and is
+/// `Inval` otherwise. The name was a regular file when it was looked at,
+/// but anyone who may write `dir` can put something else there in between:
+/// never a symlink followed, a terminal made ours, nor a wait on a FIFO
+/// (opened for reading only, it waits for a writer, and a worker with it).
+pub fn open_regular(dir: BorrowedFd<'_>, name: &CStr, access: OFlags) -> Result<OwnedFd> {
+    let flags = OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY;
+    let file = rustix::fs::openat(dir, name, flags | access, Mode::empty())?;
+    if !FileType::from_raw_mode(rustix::fs::fstat(&file)?.st_mode).is_file() {
+        return Err(Error::Inval);
+    }
+    Ok(file)
 }
 
 /// Does `how` to `len` bytes at `offset` of the open file `fd`.

@@ -135,12 +135,7 @@ impl StackFs {
         let src_name = &found.name;
         match found.kind() {
             FileKind::Regular => {
-                let src = rustix::fs::openat(
-                    &*found.parent,
-                    src_name,
-                    OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY,
-                    Mode::empty(),
-                )?;
+                let src = hostdir::open_regular(found.parent.as_fd(), src_name, OFlags::RDONLY)?;
                 let dst = rustix::fs::openat(
                     work,
                     tmp,
