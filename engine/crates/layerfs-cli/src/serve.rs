@@ -68,6 +68,12 @@ pub struct ServeArgs {
     /// the longest is closed to make room.
     #[arg(long, default_value_t = ServerConfig::default().max_connections, value_name = "N")]
     max_connections: usize,
+    /// Microseconds a CPU is kept awake at the lowest priority after a reply
+    /// leaves a connection with nothing else in flight, so that a client's
+    /// next call finds it running (a halted vCPU takes tens of microseconds
+    /// to wake); 0 for never.
+    #[arg(long, default_value_t = ServerConfig::default().stay_awake.as_micros() as u64, value_name = "MICROS")]
+    stay_awake: u64,
     /// Threads that run calls, shared by all connections.
     #[arg(long, default_value_t = ServerConfig::default().workers, value_name = "N")]
     workers: usize,
@@ -226,6 +232,7 @@ pub fn serve(args: ServeArgs) -> Result<(), String> {
         record_deadline: Duration::from_secs(args.record_deadline.max(1)),
         idle_timeout: Duration::from_secs(args.idle_timeout.max(1)),
         max_connections: args.max_connections.max(1),
+        stay_awake: Duration::from_micros(args.stay_awake),
     };
     let stop = interrupted()?;
     let mut export = layerfs_nfs::Export::new(fs, host_path)

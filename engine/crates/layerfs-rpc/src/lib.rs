@@ -7,6 +7,7 @@
 //! every layer reads with. Everything but `server` is sans-IO or generic
 //! over `Read`/`Write`, so tests drive it without sockets.
 
+mod awake;
 pub mod envelope;
 pub mod latency;
 pub mod peer;

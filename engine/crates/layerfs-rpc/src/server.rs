@@ -46,6 +46,10 @@ pub struct ServerConfig {
     /// the connection idle the longest, as knfsd does, or is refused if
     /// every one has calls running.
     pub max_connections: usize,
+    /// How long a CPU is kept awake after a reply leaves a connection with
+    /// nothing else in flight, for the client's next call (see the
+    /// `awake` module); zero keeps none awake.
+    pub stay_awake: Duration,
 }
 
 impl Default for ServerConfig {
@@ -58,6 +62,7 @@ impl Default for ServerConfig {
             // knfsd's: the Linux client reconnects when it needs to.
             idle_timeout: Duration::from_secs(6 * 60),
             max_connections: 1024,
+            stay_awake: Duration::from_micros(200),
         }
     }
 }
@@ -206,6 +211,7 @@ struct Connection {
     last_call: AtomicU64,
     /// Chosen to make room for a new connection; going.
     evicted: AtomicBool,
+    stay_awake: Duration,
     records: AtomicU64,
     socket_reads: AtomicU64,
     bytes_in: AtomicU64,
@@ -233,6 +239,15 @@ impl Connection {
             self.send_replies(vec![frame]);
         }
         self.window.release();
+        self.expect_next_call();
+    }
+
+    /// A reply has left. With nothing else in flight the client is likely
+    /// to answer it with its next call: keep a CPU awake for that.
+    fn expect_next_call(&self) {
+        if !self.window.is_busy() {
+            crate::awake::keep_awake(self.stay_awake);
+        }
     }
 
     fn send_replies(&self, frames: Vec<Frame>) {
@@ -536,6 +551,7 @@ fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Shared) {
         window: Window::new(shared.config.window),
         last_call: AtomicU64::new(shared.now_ms()),
         evicted: AtomicBool::new(false),
+        stay_awake: shared.config.stay_awake,
         records: AtomicU64::new(0),
         socket_reads: AtomicU64::new(0),
         bytes_in: AtomicU64::new(0),
@@ -561,8 +577,9 @@ fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Shared) {
     let mut ready = Vec::new();
     let dispatcher = &shared.dispatcher;
     let end = loop {
-        if !records.has_buffered_record() {
+        if !records.has_buffered_record() && !ready.is_empty() {
             conn.send_replies(std::mem::take(&mut ready));
+            conn.expect_next_call();
         }
         // The clocks start now, not while the reader waited for the window.
         records.get_ref().next_record(records.buffered() > 0);

@@ -1,0 +1,107 @@
+//! The thread that keeps a CPU awake between a client's calls: started by
+//! the first reply that leaves an idle connection, at the lowest priority,
+//! asleep once calls stop, and absent when the server is told not to keep one.
+//! A test binary of its own: the thread is one per process.
+
+#![cfg(target_os = "linux")]
+
+mod support;
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use layerfs_rpc::{Dispatcher, Program, Records, Server, ServerConfig};
+use support::{call_msg, framed, TestProgram, TEST_PROG};
+
+/// Serves one NULL call at depth 1 with `stay_awake`.
+fn one_call(stay_awake: Duration) {
+    let config = ServerConfig {
+        stay_awake,
+        ..ServerConfig::default()
+    };
+    let programs: Vec<Box<dyn Program>> = vec![Box::new(TestProgram::new())];
+    let dispatcher = Arc::new(Dispatcher::new(programs));
+    let bound = Server::bind("127.0.0.1:0".parse().unwrap(), dispatcher, config);
+    let server = bound.unwrap().spawn().unwrap();
+    let mut stream = TcpStream::connect(server.local_addr()).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    stream
+        .write_all(&framed(&call_msg(1, 2, TEST_PROG, 2, 0, (0, &[]), &[])))
+        .unwrap();
+    let mut records = Records::new(&stream);
+    assert!(records.next_record().unwrap().is_some(), "a reply");
+}
+
+/// What /proc says of one thread.
+struct Task {
+    state: char,
+    nice: i32,
+    /// User and system time, in clock ticks.
+    ticks: u64,
+}
+
+/// This process's threads named `name`.
+fn threads_named(name: &str) -> Vec<Task> {
+    let mut found = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap() {
+        let dir = task.unwrap().path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        if comm.trim_end() != name {
+            continue;
+        }
+        let stat = std::fs::read_to_string(dir.join("stat")).unwrap();
+        // The fields after the name in parentheses, from the third (state).
+        let f: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+        let number = |i: usize| f[i].parse::<i64>().unwrap();
+        found.push(Task {
+            state: f[0].chars().next().unwrap(),
+            nice: number(16) as i32,
+            ticks: (number(11) + number(12)) as u64,
+        });
+    }
+    found
+}
+
+fn awake_thread() -> Task {
+    let mut found = threads_named("rpc-awake");
+    assert_eq!(found.len(), 1, "one for the process, however many servers");
+    found.pop().unwrap()
+}
+
+#[test]
+fn one_thread_at_nice_19_spins_after_a_reply_and_sleeps_once_calls_stop() {
+    one_call(Duration::ZERO);
+    assert!(
+        threads_named("rpc-awake").is_empty(),
+        "none without a window"
+    );
+
+    one_call(Duration::from_micros(200));
+    assert_eq!(
+        awake_thread().nice,
+        19,
+        "it takes only time nothing else wants"
+    );
+
+    // Calls have stopped: within moments it sleeps, and costs nothing asleep.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while awake_thread().state != 'S' {
+        assert!(
+            Instant::now() < deadline,
+            "still running 10 s after the last reply"
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+    let before = awake_thread().ticks;
+    thread::sleep(Duration::from_millis(500));
+    assert_eq!(awake_thread().ticks, before, "no CPU time while asleep");
+
+    // A second server uses the same thread.
+    one_call(Duration::from_micros(200));
+    awake_thread();
+}
