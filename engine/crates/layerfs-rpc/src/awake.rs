@@ -5,7 +5,7 @@
 //! halts at once (a VM without guest halt polling), waking it costs a VM exit
 //! and an interrupt, tens of microseconds, up to twice per call: more than the
 //! call itself. So after a reply leaves a connection with nothing else in
-//! flight, one thread spins for a short window at the lowest priority, and a
+//! flight and no stream of calls queued, one thread spins for a short window at the lowest priority, and a
 //! CPU is still running when the next call comes. It takes only time nothing
 //! else wants, and sleeps once no reply has left for the window: an idle server
 //! costs nothing. One thread serves the whole process, however many servers it

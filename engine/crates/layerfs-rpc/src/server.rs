@@ -242,10 +242,18 @@ impl Connection {
         self.expect_next_call();
     }
 
-    /// A reply has left. With nothing else in flight the client is likely
-    /// to answer it with its next call: keep a CPU awake for that.
+    /// A reply has left. With nothing else in flight and less than a
+    /// read-ahead buffer's worth waiting in the socket, the client is likely
+    /// to answer it with its next call: keep a CPU awake for that. Where more
+    /// is queued (large WRITEs pipelined), a spinning thread only crowded the
+    /// threads reading and running them: WRITE 32 KiB at depth 16 lost a
+    /// third of its rate (docs/benchmarks.md).
     fn expect_next_call(&self) {
-        if !self.window.is_busy() {
+        if self.stay_awake.is_zero() || self.window.is_busy() {
+            return;
+        }
+        let queued = rustix::io::ioctl_fionread(&self.stream).unwrap_or(u64::MAX);
+        if queued < crate::record::READ_AHEAD as u64 {
             crate::awake::keep_awake(self.stay_awake);
         }
     }
