@@ -52,7 +52,7 @@ fn run(base: &Path, args: DemoArgs) -> Result<(), String> {
     let config = layerfs_daemon::DaemonConfig {
         store: store.clone(),
         nfs_port: None,
-        server: daemon_server_config(None, None),
+        server: daemon_server_config(),
     };
     let daemon = std::thread::spawn(move || layerfs_daemon::run(config, stop));
     std::fs::create_dir_all(&store).map_err(|e| e.to_string())?;

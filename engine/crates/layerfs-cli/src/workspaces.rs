@@ -25,6 +25,11 @@ pub struct DaemonArgs {
     /// Seconds without a call after which an NFS connection is closed.
     #[arg(long, default_value_t = ServerConfig::default().idle_timeout.as_secs(), value_name = "SECS")]
     idle_timeout: u64,
+    /// Microseconds a CPU is kept awake at the lowest priority after a reply
+    /// leaves an NFS connection with nothing else in flight, for the client's
+    /// next call; 0 for never.
+    #[arg(long, default_value_t = ServerConfig::default().stay_awake.as_micros() as u64, value_name = "MICROS")]
+    stay_awake: u64,
 }
 
 #[derive(clap::Subcommand)]
@@ -96,7 +101,12 @@ pub struct RmArgs {
 /// Runs the daemon in the foreground until SIGINT or SIGTERM.
 pub fn daemon(client: Client, args: DaemonArgs) -> Result<(), String> {
     let store = client.store_path()?;
-    let server = daemon_server_config(Some(args.record_deadline), Some(args.idle_timeout));
+    let server = ServerConfig {
+        record_deadline: Duration::from_secs(args.record_deadline.max(1)),
+        idle_timeout: Duration::from_secs(args.idle_timeout.max(1)),
+        stay_awake: Duration::from_micros(args.stay_awake),
+        ..daemon_server_config()
+    };
     let stop = interrupted()?;
     let config = layerfs_daemon::DaemonConfig {
         store,
@@ -106,20 +116,14 @@ pub fn daemon(client: Client, args: DaemonArgs) -> Result<(), String> {
     layerfs_daemon::run(config, stop)
 }
 
-/// The daemon's NFS server settings, with the given limits in seconds.
-pub fn daemon_server_config(
-    record_deadline: Option<u64>,
-    idle_timeout: Option<u64>,
-) -> ServerConfig {
-    let defaults = ServerConfig::default();
+/// The daemon's NFS server settings: the defaults, and only root and this
+/// user let in.
+pub fn daemon_server_config() -> ServerConfig {
     ServerConfig {
         // The kernel's NFS client connects from root's sockets; this user's
         // own tools from theirs. Other local users are refused.
         admit: Admission::Uids(vec![0, rustix::process::geteuid().as_raw()]),
-        record_deadline: record_deadline
-            .map_or(defaults.record_deadline, |s| Duration::from_secs(s.max(1))),
-        idle_timeout: idle_timeout.map_or(defaults.idle_timeout, |s| Duration::from_secs(s.max(1))),
-        ..defaults
+        ..ServerConfig::default()
     }
 }
 

@@ -47,8 +47,8 @@ pub struct ServerConfig {
     /// every one has calls running.
     pub max_connections: usize,
     /// How long a CPU is kept awake after a reply leaves a connection with
-    /// nothing else in flight, for the client's next call (see the
-    /// `awake` module); zero keeps none awake.
+    /// nothing else in flight and little queued, for the client's next call
+    /// (see the `awake` module); zero keeps none awake.
     pub stay_awake: Duration,
 }
 
