@@ -123,6 +123,14 @@ impl Mounted {
                 tracing::warn!("{} is busy: detached", self.mountpoint.display());
                 detach(&self.mountpoint)
             }
+            Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => {
+                // The unmount went through, and the kernel ended the
+                // connection: a serving thread that reads the device after
+                // that gets ECONNABORTED rather than ENODEV, and fuser 0.18
+                // takes only ENODEV for the end of the session.
+                tracing::debug!("{}: the session ended with {e}", self.mountpoint.display());
+                Ok(())
+            }
             other => other,
         }
     }
