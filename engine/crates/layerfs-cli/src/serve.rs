@@ -69,7 +69,8 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = ServerConfig::default().max_connections, value_name = "N")]
     max_connections: usize,
     /// Microseconds a CPU is kept awake at the lowest priority after a reply
-    /// leaves a connection with nothing else in flight, so that a client's
+    /// leaves a connection with nothing else in flight and little queued, so
+    /// that a client's
     /// next call finds it running (a halted vCPU takes tens of microseconds
     /// to wake); 0 for never.
     #[arg(long, default_value_t = ServerConfig::default().stay_awake.as_micros() as u64, value_name = "MICROS")]

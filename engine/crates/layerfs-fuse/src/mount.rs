@@ -124,10 +124,10 @@ impl Mounted {
                 detach(&self.mountpoint)
             }
             Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => {
-                // The unmount went through, and the kernel ended the
-                // connection: a serving thread that reads the device after
-                // that gets ECONNABORTED rather than ENODEV, and fuser 0.18
-                // takes only ENODEV for the end of the session.
+                // The unmount went through; a serving thread's read of the
+                // device then failed with ECONNABORTED rather than the usual
+                // ENODEV (met once; why the kernel chose it was not found),
+                // and fuser 0.18 takes only ENODEV for the end of a session.
                 tracing::debug!("{}: the session ended with {e}", self.mountpoint.display());
                 Ok(())
             }

@@ -51,7 +51,6 @@ struct State {
     sleeping: AtomicBool,
     /// Rounds of spinning so far (for tests).
     rounds: AtomicU64,
-    stopping: AtomicBool,
 }
 
 impl State {
@@ -67,7 +66,6 @@ impl Awake {
             until: AtomicU64::new(0),
             sleeping: AtomicBool::new(false),
             rounds: AtomicU64::new(0),
-            stopping: AtomicBool::new(false),
         });
         let for_thread = state.clone();
         let join = thread::Builder::new()
@@ -92,7 +90,7 @@ impl Awake {
 
 fn spin(state: &State) {
     lowest_priority();
-    while !state.stopping.load(Relaxed) {
+    loop {
         while state.now() < state.until.load(Relaxed) {
             for _ in 0..64 {
                 std::hint::spin_loop();
@@ -123,13 +121,6 @@ fn lowest_priority() {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    impl Drop for Awake {
-        fn drop(&mut self) {
-            self.state.stopping.store(true, SeqCst);
-            self.thread.unpark();
-        }
-    }
 
     /// Polls `cond` for up to 10 s: the machine may be busy.
     fn eventually(cond: impl Fn() -> bool) -> bool {

@@ -245,9 +245,9 @@ impl Connection {
     /// A reply has left. With nothing else in flight and less than a
     /// read-ahead buffer's worth waiting in the socket, the client is likely
     /// to answer it with its next call: keep a CPU awake for that. Where more
-    /// is queued (large WRITEs pipelined), a spinning thread only crowded the
-    /// threads reading and running them: WRITE 32 KiB at depth 16 lost a
-    /// third of its rate (docs/benchmarks.md).
+    /// is queued (large WRITEs pipelined) the CPUs are busy anyway, and
+    /// spinning there cost WRITE 32 KiB at depth 16 a third of its rate
+    /// (docs/benchmarks.md).
     fn expect_next_call(&self) {
         if self.stay_awake.is_zero() || self.window.is_busy() {
             return;
