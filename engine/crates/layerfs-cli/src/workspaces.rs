@@ -26,8 +26,8 @@ pub struct DaemonArgs {
     #[arg(long, default_value_t = ServerConfig::default().idle_timeout.as_secs(), value_name = "SECS")]
     idle_timeout: u64,
     /// Microseconds a CPU is kept awake at the lowest priority after a reply
-    /// leaves an NFS connection with nothing else in flight and little
-    /// queued, for the client's next call; 0 for never.
+    /// of under 64 KiB leaves for an NFS client that was waiting for it, for
+    /// its next call; 0 for never.
     #[arg(long, default_value_t = ServerConfig::default().stay_awake.as_micros() as u64, value_name = "MICROS")]
     stay_awake: u64,
 }

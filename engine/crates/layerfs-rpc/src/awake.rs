@@ -4,11 +4,12 @@
 //! `stat`, depth 1) leaves the CPUs idle between the two. Where an idle CPU
 //! halts at once (a VM without guest halt polling), waking it costs a VM exit
 //! and an interrupt, tens of microseconds, up to twice per call: more than the
-//! call itself. So after a reply leaves a connection with nothing else in
-//! flight and no stream of calls queued, one thread spins for a short window
-//! at the lowest priority, and a CPU is still running when the next call
-//! comes. It takes only time nothing else wants, and sleeps once no reply has
-//! left for the window: an idle server costs nothing. One thread serves the whole process, however many servers it
+//! call itself. So after replies leave for a client that was waiting for
+//! them (the server decides when: `Connection::client_waits`), one thread
+//! spins for a short window at the lowest priority, and a CPU is still
+//! running when the next call comes. It takes only time nothing else wants,
+//! and sleeps once no reply has left for the window: an idle server costs
+//! nothing. One thread serves the whole process, however many servers it
 //! runs. None runs on a machine with a single CPU, nor off Linux, where a
 //! thread's priority cannot be lowered alone.
 

@@ -46,9 +46,9 @@ pub struct ServerConfig {
     /// the connection idle the longest, as knfsd does, or is refused if
     /// every one has calls running.
     pub max_connections: usize,
-    /// How long a CPU is kept awake after a reply leaves a connection with
-    /// nothing else in flight and little queued, for the client's next call
-    /// (see the `awake` module); zero keeps none awake.
+    /// How long a CPU is kept awake after replies leave for a client that
+    /// was waiting for them, for its next call (see the `awake` module);
+    /// zero keeps none awake.
     pub stay_awake: Duration,
 }
 
@@ -199,6 +199,12 @@ impl Window {
     }
 }
 
+/// A call or reply this large takes longer to cross the socket than a halted
+/// CPU takes to wake, so no CPU is kept awake after it: spinning meanwhile
+/// only competed with the copies, and READ 1 MiB at depth 1 ran at half its
+/// rate (docs/benchmarks.md).
+const LONG_EXCHANGE: usize = 64 * 1024;
+
 struct Connection {
     /// The client's address without the port, as programs see it.
     peer: Option<IpAddr>,
@@ -235,25 +241,38 @@ impl Connection {
     fn answer(&self, dispatcher: &Dispatcher, record: &[u8]) {
         let outcome = dispatcher.handle(record, self.peer);
         self.window.answered();
+        let mut waiting = false;
         if let Outcome::Reply(frame) = outcome {
+            waiting = self.client_waits(record.len().max(frame.len()));
             self.send_replies(vec![frame]);
         }
         self.window.release();
-        self.expect_next_call();
+        if waiting {
+            self.expect_next_call();
+        }
     }
 
-    /// A reply has left. With nothing else in flight and less than a
-    /// read-ahead buffer's worth waiting in the socket, the client is likely
-    /// to answer it with its next call: keep a CPU awake for that. Where more
-    /// is queued (large WRITEs pipelined) the CPUs are busy anyway, and
-    /// spinning there cost WRITE 32 KiB at depth 16 a third of its rate
-    /// (docs/benchmarks.md).
+    /// Whether the client is waiting for the replies about to leave, before
+    /// it sends its next call: it has sent nothing since, no other call
+    /// runs, and no call or reply is [`LONG_EXCHANGE`] or more. Asked before
+    /// the replies leave: afterwards a quick client's next call may already
+    /// be queued, and queued bytes would no longer tell a waiting client from
+    /// a pipelining one. One `FIONREAD`, and only when keeping a CPU awake
+    /// is on.
+    fn client_waits(&self, largest: usize) -> bool {
+        !self.stay_awake.is_zero()
+            && largest < LONG_EXCHANGE
+            && !self.window.is_running()
+            && rustix::io::ioctl_fionread(&self.stream).is_ok_and(|queued| queued == 0)
+    }
+
+    /// Replies have left for a client that was waiting for them, and nothing
+    /// else is in flight: its next call is likely to follow at once, so keep
+    /// a CPU awake for it. A client that pipelines its calls keeps the CPUs
+    /// busy anyway, and spinning there cost WRITE 32 KiB at depth 16 a third
+    /// of its rate (docs/benchmarks.md).
     fn expect_next_call(&self) {
-        if self.stay_awake.is_zero() || self.window.is_busy() {
-            return;
-        }
-        let queued = rustix::io::ioctl_fionread(&self.stream).unwrap_or(u64::MAX);
-        if queued < crate::record::READ_AHEAD as u64 {
+        if !self.window.is_busy() {
             crate::awake::keep_awake(self.stay_awake);
         }
     }
@@ -583,11 +602,17 @@ fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Shared) {
     let mut records = Records::new(timed);
     // Replies of calls run on this thread, sent together before it next blocks.
     let mut ready = Vec::new();
+    // The largest call or reply among them.
+    let mut largest = 0;
     let dispatcher = &shared.dispatcher;
     let end = loop {
         if !records.has_buffered_record() && !ready.is_empty() {
+            let waiting = records.buffered() == 0 && conn.client_waits(largest);
+            largest = 0;
             conn.send_replies(std::mem::take(&mut ready));
-            conn.expect_next_call();
+            if waiting {
+                conn.expect_next_call();
+            }
         }
         // The clocks start now, not while the reader waited for the window.
         records.get_ref().next_record(records.buffered() > 0);
@@ -603,7 +628,9 @@ fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Shared) {
             Placement::Worker => false,
         };
         let for_worker = if on_reader {
-            if let Outcome::Reply(frame) = dispatcher.handle(record.as_bytes(), conn.peer) {
+            let call = record.as_bytes();
+            if let Outcome::Reply(frame) = dispatcher.handle(call, conn.peer) {
+                largest = largest.max(call.len()).max(frame.len());
                 ready.push(frame);
             }
             None

@@ -1,6 +1,7 @@
 //! The thread that keeps a CPU awake between a client's calls: started by
-//! the first reply that leaves an idle connection, at the lowest priority,
-//! asleep once calls stop, and absent when the server is told not to keep one.
+//! the first reply that leaves a connection whose client waits for it, at the
+//! lowest priority, asleep once calls stop, and absent when the server is told
+//! not to keep one or the calls are large.
 //! A test binary of its own: the thread is one per process.
 
 #![cfg(target_os = "linux")]
@@ -18,6 +19,15 @@ use support::{call_msg, framed, TestProgram, TEST_PROG};
 
 /// Serves one NULL call at depth 1 with `stay_awake`.
 fn one_call(stay_awake: Duration) {
+    one_call_of(stay_awake, NULL, &[]);
+}
+
+/// NULL runs on the connection's reader, WAIT (not told to wait) on a worker.
+const NULL: u32 = 0;
+const WAIT: u32 = 2;
+
+/// Serves one call of `proc` with `args` at depth 1 with `stay_awake`.
+fn one_call_of(stay_awake: Duration, proc: u32, args: &[u8]) {
     let config = ServerConfig {
         stay_awake,
         ..ServerConfig::default()
@@ -31,7 +41,7 @@ fn one_call(stay_awake: Duration) {
         .set_read_timeout(Some(Duration::from_secs(20)))
         .unwrap();
     stream
-        .write_all(&framed(&call_msg(1, 2, TEST_PROG, 2, 0, (0, &[]), &[])))
+        .write_all(&framed(&call_msg(1, 2, TEST_PROG, 2, proc, (0, &[]), args)))
         .unwrap();
     let mut records = Records::new(&stream);
     assert!(records.next_record().unwrap().is_some(), "a reply");
@@ -83,6 +93,15 @@ fn one_thread_at_nice_19_spins_after_a_reply_and_sleeps_once_calls_stop() {
     assert!(
         threads_named("rpc-awake").is_empty(),
         "none without a window"
+    );
+
+    // A call this large takes longer to arrive than a halted CPU to wake.
+    let large = vec![0; 64 * 1024];
+    one_call_of(Duration::from_micros(200), NULL, &large);
+    one_call_of(Duration::from_micros(200), WAIT, &large);
+    assert!(
+        threads_named("rpc-awake").is_empty(),
+        "none after a large call, on the reader or a worker"
     );
 
     one_call(Duration::from_micros(200));
