@@ -666,7 +666,9 @@ impl Program for NfsProgram {
 
     /// What the procedure table says, where the filesystem finds every
     /// handle's file without walking the tree for it and copies nothing up;
-    /// a WRITE only when it is small and asks for no fsync; a listing only
+    /// a SETATTR that sets a size only when the connection is idle (a
+    /// truncation frees pages in time that grows with the file); a WRITE
+    /// only when it is small and asks for no fsync; a listing only
     /// when the filesystem has it at hand (a directory listed lately: no
     /// host call per entry, where a cold one could read thousands of
     /// inodes from disk).
@@ -674,7 +676,10 @@ impl Program for NfsProgram {
         let Some(p) = Proc::from_number(proc) else {
             return Placement::Worker;
         };
-        let runs = p.runs();
+        let runs = match p {
+            Proc::Setattr if args::sets_size(args) => Placement::ReaderWhenIdle,
+            _ => p.runs(),
+        };
         if runs == Placement::Worker || (p == Proc::Write && !args::is_brief(args)) {
             return Placement::Worker;
         }

@@ -61,8 +61,10 @@ fn a_call_on_a_handle_not_yet_known_goes_to_a_worker() {
     assert_eq!(on(&write(&file, 2, 1)), Placement::Worker, "FILE_SYNC");
     assert_eq!(on(&write(&file, 0, 1)), Placement::ReaderWhenIdle);
     assert_eq!(on(&write(&file, 0, 65_537)), Placement::Worker, "128 KiB");
-    assert_eq!(on(&create(&dir, b"g")), Placement::ReaderWhenIdle);
-    assert_eq!(on(&rename(&dir, &root)), Placement::ReaderWhenIdle);
+    assert_eq!(on(&create(&dir, b"g")), Placement::Reader);
+    assert_eq!(on(&rename(&dir, &root)), Placement::Reader);
+    assert_eq!(on(&setattr(&file)), Placement::Reader, "chmod");
+    assert_eq!(on(&truncate(&file)), Placement::ReaderWhenIdle);
     assert_eq!(
         on(&call_record(6, NFS, 21, &xdr_opaque(&file))),
         Placement::Worker,
@@ -103,17 +105,17 @@ fn in_a_layered_workspace_only_changes_that_copy_nothing_up_run_on_the_reader() 
     lookup.extend(xdr_opaque(b"f"));
     let file = handle_in(&d, &call_record(2, NFS, 3, &lookup));
     let on = |record: &[u8]| d.placement(record);
-    assert_eq!(on(&create(&root, b"g")), Placement::ReaderWhenIdle);
+    assert_eq!(on(&create(&root, b"g")), Placement::Reader);
     assert_eq!(
         on(&call_record(3, NFS, 12, &lookup)),
-        Placement::ReaderWhenIdle,
-        "REMOVE"
+        Placement::Worker,
+        "REMOVE of a lower file: if hard-linked, its other names copy it up"
     );
     assert_eq!(on(&write(&file, 0, 1)), Placement::Worker, "a copy-up");
     assert_eq!(on(&setattr(&file)), Placement::Worker, "a copy-up");
     // The root merges with the lower root, whose entries the LOOKUP read:
     // a RENAME of a name no lower layer holds copies nothing up.
-    assert_eq!(on(&rename(&root, &root)), Placement::ReaderWhenIdle);
+    assert_eq!(on(&rename(&root, &root)), Placement::Reader);
     assert_eq!(
         on(&rename_names(&root, b"f", &root, b"b")),
         Placement::Worker,
@@ -137,7 +139,7 @@ fn in_a_layered_workspace_only_changes_that_copy_nothing_up_run_on_the_reader() 
         Placement::ReaderWhenIdle,
         "copied up"
     );
-    assert_eq!(on(&setattr(&file)), Placement::ReaderWhenIdle, "copied up");
+    assert_eq!(on(&setattr(&file)), Placement::Reader, "copied up");
     // A directory made in the workspace has no lower part: nothing in it is
     // copied up by a change.
     let mut mkdir = xdr_opaque(&root);
@@ -148,8 +150,8 @@ fn in_a_layered_workspace_only_changes_that_copy_nothing_up_run_on_the_reader() 
     lookup.extend(xdr_opaque(b"new"));
     let new = handle_in(&d, &call_record(5, NFS, 3, &lookup));
     ran(&create(&new, b"a"));
-    assert_eq!(on(&rename(&new, &new)), Placement::ReaderWhenIdle);
-    assert_eq!(on(&rename(&new, &root)), Placement::ReaderWhenIdle);
+    assert_eq!(on(&rename(&new, &new)), Placement::Reader);
+    assert_eq!(on(&rename(&new, &root)), Placement::Reader);
     assert_eq!(
         on(&rename_names(&new, b"a", &root, b"f")),
         Placement::Worker,
@@ -257,6 +259,16 @@ fn setattr(fh: &[u8]) -> Vec<u8> {
     args.extend([0; 20]);
     args.extend([0; 4]);
     call_record(10, NFS, 2, &args)
+}
+
+/// SETATTR of the size to 0 (a truncation), no guard.
+fn truncate(fh: &[u8]) -> Vec<u8> {
+    let mut args = xdr_opaque(fh);
+    args.extend([0; 12]);
+    args.extend(1u32.to_be_bytes().iter().chain(&[0; 8]));
+    args.extend([0; 8]);
+    args.extend([0; 4]);
+    call_record(11, NFS, 2, &args)
 }
 
 /// WRITE of `count` zero bytes at offset 0, `stable` as RFC 1813 numbers it.

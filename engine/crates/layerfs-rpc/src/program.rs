@@ -65,14 +65,18 @@ pub trait Program: Send + Sync {
 /// calls behind it on its connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Placement {
-    /// On the reader: the call finishes in microseconds without blocking
-    /// (NULL, a GETATTR the host answers from its caches).
+    /// On the reader: the call finishes in microseconds without blocking,
+    /// less than the hand-offs would cost even with calls queued behind it
+    /// (NULL, a GETATTR the host answers from its caches, a CREATE or a
+    /// REMOVE: a few words of one directory's metadata, which changes of
+    /// that directory take one at a time anyway).
     Reader,
     /// On the reader when the connection has nothing else to do, no call in
     /// flight and no byte of another record read: the call takes tens to a
-    /// few hundred microseconds without blocking (a CREATE, a small WRITE,
-    /// a listing of a thousand entries kept in memory), which a client that
-    /// waits for each reply would otherwise spend on the hand-offs too.
+    /// few hundred microseconds without blocking (a small WRITE, a
+    /// truncation, a listing of a thousand entries kept in memory), which a
+    /// client that waits for each reply would otherwise spend on the
+    /// hand-offs too.
     ReaderWhenIdle,
     /// On a worker: the call may block for milliseconds (an fsync, a walk,
     /// a copy-up).

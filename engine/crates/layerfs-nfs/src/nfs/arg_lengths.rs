@@ -68,10 +68,13 @@ pub fn all_handles(
 }
 
 /// Walks an `sattr3`: mode, uid, gid (optional u32s), size (optional u64),
-/// atime and mtime (don't change, server time, or a client time).
-fn sattr(r: &mut Cursor<'_>) -> Option<()> {
-    for width in [4, 4, 4, 8] {
-        if r.u32()? != 0 {
+/// atime and mtime (don't change, server time, or a client time). Tells
+/// whether it sets a size.
+pub fn sattr(r: &mut Cursor<'_>) -> Option<bool> {
+    let mut set = [false; 4];
+    for (i, width) in [4, 4, 4, 8].into_iter().enumerate() {
+        set[i] = r.u32()? != 0;
+        if set[i] {
             r.take(width)?;
         }
     }
@@ -80,7 +83,7 @@ fn sattr(r: &mut Cursor<'_>) -> Option<()> {
             r.take(8)?;
         }
     }
-    Some(())
+    Some(set[3])
 }
 
 #[cfg(test)]

@@ -82,6 +82,16 @@ pub fn is_brief(args: &[u8]) -> bool {
     matches!(head, Some((_, count, 0)) if count as usize <= BRIEF_WRITE)
 }
 
+/// Whether SETATTR3args set a size: a truncation may free a large file's
+/// pages or blocks, no longer a change of a few words of metadata. Arguments
+/// that do not decode count as setting one.
+pub fn sets_size(args: &[u8]) -> bool {
+    let mut r = Cursor::new(args);
+    r.opaque(NFS3_FHSIZE)
+        .and_then(|_| super::arg_lengths::sattr(&mut r))
+        .unwrap_or(true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,6 +177,40 @@ mod tests {
         a.data = Opaque::borrowed(&data);
         a.count = data.len() as u32;
         assert!(!is_brief(&packed(&a)), "past the size");
+    }
+
+    #[test]
+    fn a_setattr_that_truncates_is_told_from_one_that_does_not() {
+        use nfs3_types::nfs3::{sattr3, Nfs3Option, SETATTR3args};
+        let packed = |attrs: sattr3| {
+            let mut out = Vec::new();
+            let object = nfs_fh3 {
+                data: Opaque::owned(vec![7; 33]),
+            };
+            let guard = Nfs3Option::None;
+            SETATTR3args {
+                object,
+                new_attributes: attrs,
+                guard,
+            }
+            .pack(&mut out)
+            .unwrap();
+            out
+        };
+        let chmod = sattr3 {
+            mode: Nfs3Option::Some(0o600),
+            gid: Nfs3Option::Some(7),
+            ..Default::default()
+        };
+        assert!(!sets_size(&packed(chmod)));
+        let truncate = sattr3 {
+            uid: Nfs3Option::Some(7),
+            size: Nfs3Option::Some(0),
+            ..Default::default()
+        };
+        let bytes = packed(truncate);
+        assert!(sets_size(&bytes));
+        assert!(sets_size(&bytes[..40]), "cut: counts as setting one");
     }
 
     #[test]
