@@ -69,7 +69,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = ServerConfig::default().max_connections, value_name = "N")]
     max_connections: usize,
     /// Microseconds a CPU is kept awake at the lowest priority after a reply
-    /// of under 64 KiB leaves for a client that was waiting for it (nothing
+    /// of under 256 KiB leaves for a client that was waiting for it (nothing
     /// else in flight or queued), so that its next call finds the CPU running
     /// (a halted vCPU takes tens of microseconds to wake); 0 for never.
     #[arg(long, default_value_t = ServerConfig::default().stay_awake.as_micros() as u64, value_name = "MICROS")]

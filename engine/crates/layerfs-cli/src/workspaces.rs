@@ -26,7 +26,7 @@ pub struct DaemonArgs {
     #[arg(long, default_value_t = ServerConfig::default().idle_timeout.as_secs(), value_name = "SECS")]
     idle_timeout: u64,
     /// Microseconds a CPU is kept awake at the lowest priority after a reply
-    /// of under 64 KiB leaves for an NFS client that was waiting for it, for
+    /// of under 256 KiB leaves for an NFS client that was waiting for it, for
     /// its next call; 0 for never.
     #[arg(long, default_value_t = ServerConfig::default().stay_awake.as_micros() as u64, value_name = "MICROS")]
     stay_awake: u64,

@@ -200,10 +200,11 @@ impl Window {
 }
 
 /// A call or reply this large takes longer to cross the socket than a halted
-/// CPU takes to wake, so no CPU is kept awake after it: spinning meanwhile
-/// only competed with the copies, and READ 1 MiB at depth 1 ran at half its
-/// rate (docs/benchmarks.md).
-const LONG_EXCHANGE: usize = 64 * 1024;
+/// CPU takes to wake, so no CPU is kept awake after it: spinning while the
+/// next 1 MiB WRITE arrived cost 200 us of CPU per call and some of its rate,
+/// where a listing's reply of about 160 KiB still answered twice as fast
+/// with a CPU kept awake (docs/benchmarks.md).
+const LONG_EXCHANGE: usize = 256 * 1024;
 
 struct Connection {
     /// The client's address without the port, as programs see it.

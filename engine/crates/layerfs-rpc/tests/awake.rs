@@ -96,7 +96,7 @@ fn one_thread_at_nice_19_spins_after_a_reply_and_sleeps_once_calls_stop() {
     );
 
     // A call this large takes longer to arrive than a halted CPU to wake.
-    let large = vec![0; 64 * 1024];
+    let large = vec![0; 256 * 1024];
     one_call_of(Duration::from_micros(200), NULL, &large);
     one_call_of(Duration::from_micros(200), WAIT, &large);
     assert!(
