@@ -15,6 +15,7 @@ pub mod program;
 pub mod record;
 pub mod reply;
 pub mod server;
+mod spares;
 mod timeouts;
 pub mod xdr;
 

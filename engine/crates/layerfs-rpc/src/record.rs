@@ -8,13 +8,18 @@
 //! between them. Any other record (a large WRITE, a fragment chain) is assembled
 //! in a buffer of its own: the bytes already buffered are its prefix and the rest
 //! is read straight into it, so its payload is copied once (from a socket,
-//! into the buffer's uninitialised capacity: no zeroing pass first). Bytes
-//! past the end of a record always stay buffered for the next one.
+//! into the buffer's uninitialised capacity: no zeroing pass first). A record
+//! of [`LARGE`](crate::spares::LARGE) or more takes a buffer a finished large
+//! call or reply left, and [`Record::release`] gives it back (`spares.rs`:
+//! fresh pages cost a fault each). Bytes past the end of a record always stay
+//! buffered for the next one.
 //!
 //! Limits are checked before allocating: a fragment, and the running sum of a
 //! chain, may not exceed [`RECORD_LIMIT`].
 
 use std::io::{self, ErrorKind, Read};
+
+use crate::spares::{LARGE, SPARES};
 
 /// Size of the per-connection read-ahead buffer.
 pub const READ_AHEAD: usize = 8192;
@@ -50,6 +55,25 @@ impl Record<'_> {
             Record::Owned(bytes) => bytes,
         }
     }
+
+    /// Done with the record: a large buffer of its own is kept for the
+    /// next large record or reply.
+    pub fn release(self) {
+        if let Record::Owned(bytes) = self {
+            release(bytes);
+        }
+    }
+}
+
+/// Done with a record's bytes (see [`Record::release`]).
+pub fn release(bytes: Vec<u8>) {
+    SPARES.give_back(bytes);
+}
+
+/// An empty buffer with room for a record of `len` bytes.
+fn buffer_for(len: usize) -> Vec<u8> {
+    let kept = (len >= LARGE).then(|| SPARES.take(len)).flatten();
+    kept.unwrap_or_else(|| Vec::with_capacity(len))
 }
 
 /// Reads records from a byte stream; see the module documentation.
@@ -65,10 +89,10 @@ pub struct Records<R> {
 
 /// A stream records are read from.
 pub trait Receive: Read {
-    /// One read of up to `want` bytes into `buf`'s spare capacity, without
-    /// zeroing it first, appended to `buf`; `None` where this stream cannot
-    /// (`Read` needs initialised memory). Called only when the spare capacity
-    /// is exactly `want` bytes, so a read cannot take more than asked.
+    /// One read of up to `want` bytes into `buf`'s spare capacity (which
+    /// holds at least that many), without zeroing it first, appended to
+    /// `buf`; `None` where this stream cannot (`Read` needs initialised
+    /// memory). Never more than `want`: the bytes after are the next record's.
     fn receive_uninit(&mut self, buf: &mut Vec<u8>, want: usize) -> Option<io::Result<usize>> {
         let _ = (buf, want);
         None
@@ -77,8 +101,15 @@ pub trait Receive: Read {
 
 impl Receive for &std::net::TcpStream {
     fn receive_uninit(&mut self, buf: &mut Vec<u8>, want: usize) -> Option<io::Result<usize>> {
-        debug_assert_eq!(buf.capacity() - buf.len(), want);
-        Some(rustix::io::read(*self, rustix::buffer::spare_capacity(buf)).map_err(Into::into))
+        let len = buf.len();
+        let n = match rustix::io::read(*self, &mut buf.spare_capacity_mut()[..want]) {
+            Ok((filled, _)) => filled.len(),
+            Err(e) => return Some(Err(e.into())),
+        };
+        // SAFETY: `read` initialised the first `n` bytes of the spare
+        // capacity, the ones right after `len`.
+        unsafe { buf.set_len(len + n) };
+        Some(Ok(n))
     }
 }
 
@@ -155,7 +186,7 @@ impl<R: Receive> Records<R> {
             let rest = self.buffered();
             return Ok(Some((Record::Buffered(&self.buf[body]), rest)));
         }
-        let mut record = Vec::with_capacity(len);
+        let mut record = buffer_for(len);
         self.append_fragment(&mut record, len)?;
         let mut last = last;
         while !last {
@@ -190,9 +221,7 @@ impl<R: Receive> Records<R> {
         record.extend_from_slice(&self.buf[self.start..self.start + from_buf]);
         self.consume(from_buf);
         let end = record.len() + (len - from_buf);
-        // A record's buffer is allocated at its exact length (`with_capacity`
-        // is exact), so its spare capacity is what the record still lacks.
-        while record.len() < end && record.capacity() == end {
+        while record.len() < end {
             let n = loop {
                 let Some(result) = self.stream.receive_uninit(record, end - record.len()) else {
                     break None;

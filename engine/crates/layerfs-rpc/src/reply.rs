@@ -22,8 +22,7 @@ use std::sync::Arc;
 
 use crate::record::last_fragment_mark;
 
-mod spares;
-use spares::SPARES;
+use crate::spares::{self, SPARES};
 
 /// Bytes of an open file that end a reply's body on the wire.
 #[derive(Clone, Debug)]
@@ -129,7 +128,7 @@ impl ReplyBuf {
     }
 
     /// Room for `additional` more bytes; a reply growing large takes a
-    /// buffer a sent reply left (see `reply/spares.rs`).
+    /// buffer a sent reply or a finished call left (see `spares.rs`).
     pub fn reserve(&mut self, additional: usize) {
         let needed = self.bytes.len() + additional;
         if needed >= spares::LARGE && self.bytes.capacity() < needed {

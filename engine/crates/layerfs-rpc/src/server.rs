@@ -426,6 +426,7 @@ impl Server {
                     .spawn(move || {
                         for job in queue {
                             job.conn.answer(&dispatcher, &job.record);
+                            crate::record::release(job.record);
                         }
                     })?,
             );
@@ -634,6 +635,7 @@ fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Shared) {
                 largest = largest.max(call.len()).max(frame.len());
                 ready.push(frame);
             }
+            record.release();
             None
         } else {
             Some(record.into_vec())

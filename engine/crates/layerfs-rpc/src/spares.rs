@@ -1,19 +1,23 @@
-//! Large reply buffers kept for the next large reply.
+//! Large buffers kept for the next large reply or call.
 //!
-//! A listing's reply is hundreds of kilobytes, made and freed per call. The
-//! allocator hands pages of that size back to the kernel when they are
-//! freed and faults them in again for the next reply (7.6% of a READDIRPLUS
-//! server's time in `perf`, with glibc's malloc). So the writer gives each
-//! large buffer back here once it is sent, and the next reply to grow past
-//! [`LARGE`] takes one. At most [`KEPT`] buffers of at most [`LARGEST`]
-//! bytes each are kept: 8 MiB idle at worst.
+//! A listing's reply is hundreds of kilobytes, a large WRITE's call a
+//! megabyte, each made and freed per call. The allocator hands pages of that
+//! size back to the kernel when they are freed and faults them in again for
+//! the next (7.6% of a READDIRPLUS server's time in `perf`, and a tenth of a
+//! server's taking 1 MiB WRITEs on its workers, with glibc's malloc). So the
+//! writer gives each large reply's buffer back here once it is sent, and a
+//! connection each large call's once it has run; the next reply to grow past
+//! [`LARGE`], or record to arrive that large, takes one. At most [`KEPT`]
+//! buffers of at most [`LARGEST`] bytes each are kept: 8.5 MiB idle at
+//! worst.
 
 use parking_lot::Mutex;
 
 /// Buffers at least this large are worth keeping.
 pub const LARGE: usize = 64 * 1024;
 /// Buffers larger than this are freed: READDIRPLUS replies are capped by
-/// the client's maxcount, 1 MiB and less in practice.
+/// the client's maxcount, 1 MiB and less in practice, and a WRITE's call
+/// by its wsize, 1 MiB, plus a header.
 pub const LARGEST: usize = 1024 * 1024 + 64 * 1024;
 /// Buffers kept at most: one per call in flight on a busy connection.
 pub const KEPT: usize = 8;
@@ -39,8 +43,8 @@ impl Spares {
         Some(kept.swap_remove(at))
     }
 
-    /// Keeps `buf` (its bytes sent) for a later reply, if it is worth it
-    /// and there is room.
+    /// Keeps `buf` (its bytes sent, or its call run) for a later reply or
+    /// call, if it is worth it and there is room.
     pub fn give_back(&self, mut buf: Vec<u8>) {
         if !(LARGE..=LARGEST).contains(&buf.capacity()) {
             return;
