@@ -10,7 +10,7 @@ use nfs3_types::nfs3::*;
 use nfs3_types::xdr_codec::{Opaque, Pack, Unpack};
 
 use crate::convert::{fattr, from_time, post_op, set_attr, wcc, wcc_after};
-use crate::drc::{Begun, Key, ReplyCache};
+use crate::drc::{Begun, ReplyCache};
 use crate::error::{status, Error};
 use crate::export::{Export, Exports};
 use crate::{NFS_PROGRAM, NFS_VERSION};
@@ -668,7 +668,7 @@ impl Program for NfsProgram {
     /// handle's file without walking the tree for it and copies nothing up;
     /// a SETATTR that sets a size only when the connection is idle (a
     /// truncation frees pages in time that grows with the file); a WRITE
-    /// only when it is small and asks for no fsync; a listing only
+    /// only when it asks for no fsync; a listing only
     /// when the filesystem has it at hand (a directory listed lately: no
     /// host call per entry, where a cold one could read thousands of
     /// inodes from disk).
@@ -680,7 +680,7 @@ impl Program for NfsProgram {
             Proc::Setattr if args::sets_size(args) => Placement::ReaderWhenIdle,
             _ => p.runs(),
         };
-        if runs == Placement::Worker || (p == Proc::Write && !args::is_brief(args)) {
+        if runs == Placement::Worker || (p == Proc::Write && !args::is_unstable(args)) {
             return Placement::Worker;
         }
         let lists = match p {
@@ -708,8 +708,7 @@ impl Program for NfsProgram {
         let Some(proc) = Proc::from_number(call.proc).filter(|p| p.changes()) else {
             return self.run(call, reply);
         };
-        let key = Key::of(NFS_PROGRAM, call);
-        let running = match self.cache.begin(&key) {
+        let running = match self.cache.begin(NFS_PROGRAM, call) {
             Begun::Replay(results) => {
                 tracing::debug!(
                     xid = call.xid,
@@ -732,7 +731,15 @@ impl Program for NfsProgram {
         let start = reply.body_len();
         // Refused or panicking, `running` is dropped and forgets the call.
         self.run(call, reply)?;
-        running.finish(reply.body()[start..].to_vec());
+        if running.finish(reply.body()[start..].to_vec()) {
+            reply.call_back_after_sending();
+        }
         Ok(())
+    }
+
+    /// Hashes a large change's arguments for the reply cache, which the
+    /// client did not wait for.
+    fn after_reply(&self, call: &Call<'_>) {
+        self.cache.hash_after_reply(NFS_PROGRAM, call);
     }
 }

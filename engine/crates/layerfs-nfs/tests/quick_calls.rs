@@ -60,7 +60,16 @@ fn a_call_on_a_handle_not_yet_known_goes_to_a_worker() {
     assert_eq!(on(&getattr(&file)), Placement::Reader);
     assert_eq!(on(&write(&file, 2, 1)), Placement::Worker, "FILE_SYNC");
     assert_eq!(on(&write(&file, 0, 1)), Placement::ReaderWhenIdle);
-    assert_eq!(on(&write(&file, 0, 65_537)), Placement::Worker, "128 KiB");
+    assert_eq!(
+        on(&write(&file, 0, 1 << 20)),
+        Placement::ReaderWhenIdle,
+        "1 MiB"
+    );
+    assert_eq!(
+        on(&write(&file, 0, (1 << 20) + 1)),
+        Placement::Worker,
+        "past wtmax"
+    );
     assert_eq!(on(&create(&dir, b"g")), Placement::Reader);
     assert_eq!(on(&rename(&dir, &root)), Placement::Reader);
     assert_eq!(on(&setattr(&file)), Placement::Reader, "chmod");

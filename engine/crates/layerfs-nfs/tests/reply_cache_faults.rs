@@ -115,3 +115,43 @@ async fn each_change_cut_off_before_its_reply_happens_once_and_replays() {
     assert_eq!(status_of(&decode::<WRITE3res>(&r)), nfsstat3::NFS3_OK);
     assert_eq!(std::fs::read(server.path("written")).unwrap(), b"hello");
 }
+
+#[tokio::test]
+async fn a_large_write_cut_off_before_its_reply_replays_and_one_of_other_bytes_runs() {
+    let server = TestServer::start();
+    let port = server.port();
+    std::fs::write(server.path("large"), b"").unwrap();
+    let mut c = mount(port).await;
+    let root = c.root_nfs_fh3();
+    let (large, _) = lookup(&mut c, &root, "large").await.unwrap();
+    let write = |data: &'static [u8]| WRITE3args {
+        file: large.clone(),
+        offset: 0,
+        count: data.len() as u32,
+        stable: stable_how::UNSTABLE,
+        data: Opaque::borrowed(data),
+    };
+    // A megabyte: its arguments are hashed for the reply cache only after
+    // its reply has left.
+    static FIRST: [u8; 1 << 20] = [b'a'; 1 << 20];
+    let mut first = RawClient::connect(port);
+    first.send(201, 7, &write(&FIRST));
+    drop(first);
+    std::thread::sleep(Duration::from_millis(300));
+    // Changed behind the server's back: a run of the retransmission would
+    // write the a's again, a replay leaves this.
+    std::fs::write(server.path("large"), b"changed").unwrap();
+    let mut again = RawClient::connect(port);
+    again.send(201, 7, &write(&FIRST));
+    let (xid, results) = again.recv();
+    assert_eq!(xid, 201);
+    assert_eq!(status_of(&decode::<WRITE3res>(&results)), nfsstat3::NFS3_OK);
+    assert_eq!(std::fs::read(server.path("large")).unwrap(), b"changed");
+
+    // The same xid, length and caller with other bytes is another call.
+    static OTHER: [u8; 1 << 20] = [b'b'; 1 << 20];
+    again.send(201, 7, &write(&OTHER));
+    let (_, results) = again.recv();
+    assert_eq!(status_of(&decode::<WRITE3res>(&results)), nfsstat3::NFS3_OK);
+    assert_eq!(std::fs::read(server.path("large")).unwrap(), &OTHER[..]);
+}

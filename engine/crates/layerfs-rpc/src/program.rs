@@ -25,6 +25,19 @@ pub struct Call<'a> {
     pub peer: Option<IpAddr>,
 }
 
+impl<'a> Call<'a> {
+    fn of(header: &'a CallHeader, record: &'a [u8], peer: Option<IpAddr>) -> Self {
+        Call {
+            xid: header.xid,
+            vers: header.vers,
+            proc: header.proc,
+            cred: &header.cred,
+            args: &record[header.args_at..],
+            peer,
+        }
+    }
+}
+
 /// Why a program answered a call without results.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Refusal {
@@ -58,6 +71,12 @@ pub trait Program: Send + Sync {
     /// Runs a call whose version is within `versions()`, appending the
     /// procedure's results to `reply` (which already holds the reply header).
     fn call(&self, call: &Call<'_>, reply: &mut ReplyBuf) -> Result<(), Refusal>;
+    /// Finishes what a call left for after its reply had left (it asked with
+    /// [`ReplyBuf::call_back_after_sending`]): called once, with the same
+    /// call, whether or not the reply could be sent.
+    fn after_reply(&self, call: &Call<'_>) {
+        let _ = call;
+    }
 }
 
 /// Which thread runs a call. A call on the connection's reader saves two
@@ -73,7 +92,7 @@ pub enum Placement {
     Reader,
     /// On the reader when the connection has nothing else to do, no call in
     /// flight and no byte of another record read: the call takes tens to a
-    /// few hundred microseconds without blocking (a small WRITE, a
+    /// few hundred microseconds without blocking (an UNSTABLE WRITE, a
     /// truncation, a listing of a thousand entries kept in memory), which a
     /// client that waits for each reply would otherwise spend on the
     /// hand-offs too.
@@ -88,6 +107,9 @@ pub enum Placement {
 pub enum Outcome {
     /// A framed reply to send.
     Reply(Frame),
+    /// A framed reply to send, and then [`Dispatcher::after_reply`] to call
+    /// with the same record: the program left work until the reply is gone.
+    ReplyThen(Frame),
     /// Nothing to send; the reason was logged.
     Dropped,
 }
@@ -162,6 +184,7 @@ impl Dispatcher {
     pub fn handle(&self, record: &[u8], peer: Option<IpAddr>) -> Outcome {
         match envelope::decode_call(record) {
             Envelope::Call(header) => match self.call(&header, record, peer) {
+                Some(reply) if reply.calls_back() => Outcome::ReplyThen(reply.into_frame()),
                 Some(reply) => Outcome::Reply(reply.into_frame()),
                 None => {
                     self.dropped.fetch_add(1, Relaxed);
@@ -178,6 +201,27 @@ impl Dispatcher {
                 tracing::warn!(?peer, len = record.len(), "dropped record: {reason}");
                 Outcome::Dropped
             }
+        }
+    }
+
+    /// Finishes a record answered with [`Outcome::ReplyThen`], once its
+    /// reply has left (see [`Program::after_reply`]).
+    pub fn after_reply(&self, record: &[u8], peer: Option<IpAddr>) {
+        let Envelope::Call(header) = envelope::decode_call(record) else {
+            return;
+        };
+        let Some(entry) = self
+            .programs
+            .iter()
+            .find(|e| e.program.number() == header.prog)
+        else {
+            return;
+        };
+        let call = Call::of(&header, record, peer);
+        let done = panic::catch_unwind(AssertUnwindSafe(|| entry.program.after_reply(&call)));
+        if done.is_err() {
+            let name = entry.program.procedure_name(header.proc).unwrap_or("?");
+            tracing::error!(xid = header.xid, proc = name, "after_reply panicked");
         }
     }
 
@@ -203,14 +247,7 @@ impl Dispatcher {
         }
         let slot = header.proc.min(COUNTED_PROCS) as usize;
         entry.calls[slot].fetch_add(1, Relaxed);
-        let call = Call {
-            xid,
-            vers: header.vers,
-            proc: header.proc,
-            cred: &header.cred,
-            args: &record[header.args_at..],
-            peer,
-        };
+        let call = Call::of(header, record, peer);
         let mut reply = envelope::accepted_reply(xid, Accepted::Success);
         // A bug in a procedure must cost one call, not the worker thread and
         // with it the connection's window slot: it is answered SYSTEM_ERR.

@@ -67,6 +67,8 @@ impl Frame {
 pub struct ReplyBuf {
     bytes: Vec<u8>,
     tail: Option<FileTail>,
+    /// The program asked for [`Program::after_reply`](crate::Program::after_reply).
+    call_back: bool,
 }
 
 /// The room every reply starts with, at the least: the largest reply that
@@ -81,13 +83,29 @@ impl ReplyBuf {
     pub fn with_capacity(body: usize) -> Self {
         let mut bytes = Vec::with_capacity(4 + body.max(FIRST_ROOM));
         bytes.extend_from_slice(&[0; 4]);
-        ReplyBuf { bytes, tail: None }
+        ReplyBuf {
+            bytes,
+            tail: None,
+            call_back: false,
+        }
     }
 
     /// Ends the body with `tail.len` bytes of a file (and XDR padding); nothing
     /// may be appended after it.
     pub fn set_file_tail(&mut self, tail: FileTail) {
         self.tail = Some(tail);
+    }
+
+    /// Asks for [`Program::after_reply`](crate::Program::after_reply) with
+    /// this call once the reply has left: work the client need not wait
+    /// for. Only for a call that succeeds; a refusal's reply is another.
+    pub fn call_back_after_sending(&mut self) {
+        self.call_back = true;
+    }
+
+    /// Whether [`call_back_after_sending`](Self::call_back_after_sending) was asked.
+    pub fn calls_back(&self) -> bool {
+        self.call_back
     }
 
     /// The body written so far.

@@ -243,11 +243,15 @@ impl Connection {
         let outcome = dispatcher.handle(record, self.peer);
         self.window.answered();
         let mut waiting = false;
-        if let Outcome::Reply(frame) = outcome {
+        let call_back = matches!(outcome, Outcome::ReplyThen(_));
+        if let Outcome::Reply(frame) | Outcome::ReplyThen(frame) = outcome {
             waiting = self.client_waits(record.len().max(frame.len()));
             self.send_replies(vec![frame]);
         }
         self.window.release();
+        if call_back {
+            dispatcher.after_reply(record, self.peer);
+        }
         if waiting {
             self.expect_next_call();
         }
@@ -607,14 +611,18 @@ fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Shared) {
     // The largest call or reply among them.
     let mut largest = 0;
     let dispatcher = &shared.dispatcher;
+    // Sends the replies ready, and keeps a CPU awake if the client waits.
+    let flush = |ready: &mut Vec<Frame>, largest: &mut usize, buffered: usize| {
+        let waiting = buffered == 0 && conn.client_waits(*largest);
+        *largest = 0;
+        conn.send_replies(std::mem::take(ready));
+        if waiting {
+            conn.expect_next_call();
+        }
+    };
     let end = loop {
         if !records.has_buffered_record() && !ready.is_empty() {
-            let waiting = records.buffered() == 0 && conn.client_waits(largest);
-            largest = 0;
-            conn.send_replies(std::mem::take(&mut ready));
-            if waiting {
-                conn.expect_next_call();
-            }
+            flush(&mut ready, &mut largest, records.buffered());
         }
         // The clocks start now, not while the reader waited for the window.
         records.get_ref().next_record(records.buffered() > 0);
@@ -631,9 +639,16 @@ fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Shared) {
         };
         let for_worker = if on_reader {
             let call = record.as_bytes();
-            if let Outcome::Reply(frame) = dispatcher.handle(call, conn.peer) {
+            let outcome = dispatcher.handle(call, conn.peer);
+            let call_back = matches!(outcome, Outcome::ReplyThen(_));
+            if let Outcome::Reply(frame) | Outcome::ReplyThen(frame) = outcome {
                 largest = largest.max(call.len()).max(frame.len());
                 ready.push(frame);
+            }
+            if call_back {
+                // Its reply leaves first, while the record is still at hand.
+                flush(&mut ready, &mut largest, rest);
+                dispatcher.after_reply(call, conn.peer);
             }
             record.release();
             None

@@ -14,7 +14,7 @@ fn dispatcher() -> Dispatcher {
 /// The reply body (mark stripped, after checking it is one last fragment).
 fn reply_to(msg: &[u8]) -> Option<Vec<u8>> {
     match dispatcher().handle(msg, None) {
-        Outcome::Reply(frame) => {
+        Outcome::Reply(frame) | Outcome::ReplyThen(frame) => {
             let frame = frame.bytes();
             let mark = u32::from_be_bytes(frame[..4].try_into().unwrap());
             assert_eq!(

@@ -270,6 +270,30 @@ fn a_brief_call_runs_on_the_reader_only_while_its_connection_is_idle() {
 }
 
 #[test]
+fn work_left_until_after_the_reply_runs_once_it_has_left_on_reader_and_worker() {
+    let (go, hold) = mpsc::channel();
+    let program = TestProgram::new();
+    *program.hold_after.lock().unwrap() = Some(hold);
+    let called_back = program.called_back.clone();
+    let server = start(program, 8);
+    let go = go;
+    let mut stream = connect(&server);
+    // Without arguments LATER runs on the reader, with them on a worker.
+    for (xid, args) in [(1, &[][..]), (2, &[0, 0, 0, 1][..])] {
+        let call = call_msg(xid, 2, TEST_PROG, 2, 5, (0, &[]), args);
+        stream.write_all(&framed(&call)).unwrap();
+        // The work waits for `go`: the reply must come without it.
+        assert_eq!(reply_xids(&stream, 1), [xid]);
+        go.send(()).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !called_back.lock().unwrap().contains(&xid) && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(2));
+        }
+    }
+    assert_eq!(*called_back.lock().unwrap(), [1, 2], "each call back once");
+}
+
+#[test]
 fn a_panicking_call_leaves_the_connection_and_its_window_working() {
     let server = start(TestProgram::new(), 2);
     let mut stream = connect(&server);

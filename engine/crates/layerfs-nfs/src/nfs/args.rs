@@ -69,17 +69,14 @@ pub fn access(args: &[u8]) -> Result<(&[u8], u32), Refusal> {
     Ok((fh, asked))
 }
 
-/// The largest WRITE that may run on a connection's reader.
-pub const BRIEF_WRITE: usize = 64 * 1024;
-
-/// An UNSTABLE WRITE of at most [`BRIEF_WRITE`] bytes: a copy into the page
-/// cache, with no fsync to wait for.
-pub fn is_brief(args: &[u8]) -> bool {
+/// An UNSTABLE WRITE of at most [`MAX_TRANSFER`](crate::nfs::MAX_TRANSFER)
+/// bytes: a copy into the page cache, with no fsync to wait for.
+pub fn is_unstable(args: &[u8]) -> bool {
     let mut r = Cursor::new(args);
     let head = r
         .opaque(NFS3_FHSIZE)
         .and_then(|_| Some((r.u64()?, r.u32()?, r.u32()?)));
-    matches!(head, Some((_, count, 0)) if count as usize <= BRIEF_WRITE)
+    matches!(head, Some((_, count, 0)) if count <= crate::nfs::MAX_TRANSFER)
 }
 
 /// Whether SETATTR3args set a size: a truncation may free a large file's
@@ -167,16 +164,17 @@ mod tests {
     }
 
     #[test]
-    fn only_small_unstable_writes_are_brief() {
-        let data = vec![0; BRIEF_WRITE + 1];
-        let mut a = sample(&data[..BRIEF_WRITE]);
-        assert!(!is_brief(&packed(&a)), "DATA_SYNC");
+    fn only_unstable_writes_within_the_transfer_size_are_told_unstable() {
+        let most = crate::nfs::MAX_TRANSFER as usize;
+        let data = vec![0; most + 1];
+        let mut a = sample(&data[..most]);
+        assert!(!is_unstable(&packed(&a)), "DATA_SYNC");
         a.stable = stable_how::UNSTABLE;
-        assert!(is_brief(&packed(&a)));
-        assert!(!is_brief(&packed(&a)[..40]), "cut before its stability");
+        assert!(is_unstable(&packed(&a)));
+        assert!(!is_unstable(&packed(&a)[..40]), "cut before its stability");
         a.data = Opaque::borrowed(&data);
         a.count = data.len() as u32;
-        assert!(!is_brief(&packed(&a)), "past the size");
+        assert!(!is_unstable(&packed(&a)), "past the size");
     }
 
     #[test]

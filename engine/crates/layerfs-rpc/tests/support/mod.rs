@@ -173,12 +173,18 @@ pub const TEST_PROG: u32 = 200_000;
 /// worker, 0 on the reader).
 pub struct TestProgram {
     pub release: std::sync::Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+    /// LATER's work after its reply waits for a message here, if set.
+    pub hold_after: std::sync::Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+    /// The xids of the calls whose work after the reply was done.
+    pub called_back: std::sync::Arc<std::sync::Mutex<Vec<u32>>>,
 }
 
 impl TestProgram {
     pub fn new() -> Self {
         TestProgram {
             release: std::sync::Mutex::new(None),
+            hold_after: std::sync::Mutex::new(None),
+            called_back: Default::default(),
         }
     }
 }
@@ -193,7 +199,7 @@ impl layerfs_rpc::Program for TestProgram {
     }
 
     fn procedure_name(&self, proc: u32) -> Option<&'static str> {
-        ["NULL", "ECHO", "WAIT", "PANIC", "WHERE"]
+        ["NULL", "ECHO", "WAIT", "PANIC", "WHERE", "LATER"]
             .get(proc as usize)
             .copied()
     }
@@ -202,6 +208,8 @@ impl layerfs_rpc::Program for TestProgram {
         match proc {
             0 => layerfs_rpc::Placement::Reader,
             4 => layerfs_rpc::Placement::ReaderWhenIdle,
+            // LATER: on the reader without arguments, on a worker with.
+            5 if _args.is_empty() => layerfs_rpc::Placement::Reader,
             _ => layerfs_rpc::Placement::Worker,
         }
     }
@@ -231,7 +239,18 @@ impl layerfs_rpc::Program for TestProgram {
                 reply.extend_from_slice(&u32::from(on_worker).to_be_bytes());
                 Ok(())
             }
+            5 => {
+                reply.call_back_after_sending();
+                Ok(())
+            }
             _ => Err(layerfs_rpc::Refusal::ProcUnavail),
         }
+    }
+
+    fn after_reply(&self, call: &layerfs_rpc::Call<'_>) {
+        if let Some(hold) = self.hold_after.lock().unwrap().as_ref() {
+            let _ = hold.recv();
+        }
+        self.called_back.lock().unwrap().push(call.xid);
     }
 }
