@@ -320,9 +320,7 @@ mod tests {
         let cache = ReplyCache::new(8);
         let cred = Credentials::None;
         let first = call(1, "127.0.0.1", b"args", &cred);
-        let Begun::Run(running) = cache.begin(NFS, &first) else {
-            panic!("a new call runs");
-        };
+        let running = runs(&cache, &first);
         assert!(matches!(cache.begin(NFS, &first), Begun::InProgress));
         // The call panics (or is refused): its entry goes with it.
         let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -342,13 +340,8 @@ mod tests {
         let cred = Credentials::None;
         let args = vec![7u8; HASHED_AFTER_REPLY];
         let first = call(1, "127.0.0.1", &args, &cred);
-        let Begun::Run(running) = cache.begin(NFS, &first) else {
-            panic!("a new call runs");
-        };
-        assert!(
-            running.finish(b"r".to_vec()),
-            "to be hashed after the reply"
-        );
+        let later = runs(&cache, &first).finish(b"r".to_vec());
+        assert!(later, "to be hashed after the reply");
         // Before the hash nothing tells a retransmission from a call alike.
         assert!(matches!(cache.begin(NFS, &first), Begun::InProgress));
         cache.hash_after_reply(NFS, &first);
@@ -357,10 +350,11 @@ mod tests {
         let mut other = args.clone();
         other[HASHED_AFTER_REPLY - 1] ^= 1;
         let alike = call(1, "127.0.0.1", &other, &cred);
-        let Begun::Run(running) = cache.begin(NFS, &alike) else {
-            panic!("other bytes: a call of its own");
-        };
-        assert!(!running.finish(b"s".to_vec()), "hashed before it ran");
+        let later = runs(&cache, &alike).finish(b"s".to_vec());
+        assert!(
+            !later,
+            "other bytes: a call of its own, hashed before it ran"
+        );
         assert_eq!(replay(&cache, &alike), Some(b"s".to_vec()));
         assert_eq!(replay(&cache, &first), Some(b"r".to_vec()));
     }
@@ -371,10 +365,7 @@ mod tests {
         let cred = Credentials::None;
         let args = vec![7u8; HASHED_AFTER_REPLY];
         let first = call(1, "127.0.0.1", &args, &cred);
-        let Begun::Run(running) = cache.begin(NFS, &first) else {
-            panic!("a new call runs");
-        };
-        drop(running);
+        drop(runs(&cache, &first));
         assert!(
             matches!(cache.begin(NFS, &first), Begun::Run(_)),
             "runs afresh"
@@ -383,14 +374,18 @@ mod tests {
 
     const NFS: u32 = 100_003;
 
-    fn run(cache: &ReplyCache, call: &Call<'_>, results: &[u8]) {
+    /// The call, begun as a new one.
+    fn runs<'c>(cache: &'c ReplyCache, call: &Call<'_>) -> Running<'c> {
         match cache.begin(NFS, call) {
-            Begun::Run(running) => {
-                if running.finish(results.to_vec()) {
-                    cache.hash_after_reply(NFS, call);
-                }
-            }
+            Begun::Run(running) => running,
             other => panic!("expected to run: {other:?}"),
+        }
+    }
+
+    /// Runs the call to its end, its arguments hashed after its reply.
+    fn run(cache: &ReplyCache, call: &Call<'_>, results: &[u8]) {
+        if runs(cache, call).finish(results.to_vec()) {
+            cache.hash_after_reply(NFS, call);
         }
     }
 

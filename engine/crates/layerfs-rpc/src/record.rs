@@ -9,7 +9,7 @@
 //! in a buffer of its own: the bytes already buffered are its prefix and the rest
 //! is read straight into it, so its payload is copied once (from a socket,
 //! into the buffer's uninitialised capacity: no zeroing pass first). A record
-//! of [`LARGE`](crate::spares::LARGE) or more takes a buffer a finished large
+//! of 64 KiB or more takes a buffer a finished large
 //! call or reply left, and [`Record::release`] gives it back (`spares.rs`:
 //! fresh pages cost a fault each). Bytes past the end of a record always stay
 //! buffered for the next one.
