@@ -66,13 +66,19 @@ fuzz_target!(|input: (u8, bool, &[u8])| {
     args.extend_from_slice(rest);
     let xid = 0xC0FF_EE00 | u32::from(selector);
     let peer: Option<IpAddr> = Some("127.0.0.1".parse().unwrap());
-    match s.dispatcher.handle(&call(xid, prog, proc, &args), peer) {
-        Outcome::Reply(reply) => {
+    let record = call(xid, prog, proc, &args);
+    let outcome = s.dispatcher.handle(&record, peer);
+    let call_back = matches!(outcome, Outcome::ReplyThen(_));
+    match outcome {
+        Outcome::Reply(reply) | Outcome::ReplyThen(reply) => {
             let bytes = reply.bytes();
             assert!(bytes.len() >= 4 + 12, "a reply too short");
             assert_eq!(bytes[4..8], xid.to_be_bytes(), "the call's xid");
             assert_eq!(bytes[8..12], [0, 0, 0, 1], "a REPLY");
         }
         Outcome::Dropped => {}
+    }
+    if call_back {
+        s.dispatcher.after_reply(&record, peer);
     }
 });
