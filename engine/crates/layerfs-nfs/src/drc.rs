@@ -16,7 +16,7 @@
 //! hashed after the reply has left, not before the call runs, when no other
 //! entry shares everything else of the key: the client need not wait for the
 //! hash. Until then a call that shares the rest of the key runs as a call
-//! of its own: only a WRITE has arguments that long (another client's, whose
+//! of its own: in practice only a WRITE has arguments that long (another client's, whose
 //! xid and length coincide, must not wait for a retransmission timeout),
 //! and a retransmission run again writes the same bytes at the same offset.
 //! Bounded: the oldest entries are evicted first; lookups are O(1).
@@ -33,7 +33,7 @@ use layerfs_rpc::{Call, Credentials};
 
 /// Arguments at least this long are hashed after the reply has left: the
 /// hash of 64 KiB takes a few microseconds, of 1 MiB about 45.
-pub const HASHED_AFTER_REPLY: usize = 64 * 1024;
+const HASHED_AFTER_REPLY: usize = 64 * 1024;
 
 /// Everything that identifies a call but the hash of its arguments.
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
