@@ -22,6 +22,9 @@ pub struct LoadResult {
     /// Replies that were not a success: refused by RPC, or an NFS status
     /// other than NFS3_OK.
     pub errors: u64,
+    /// The p50 and p99 of the calls `is_probe` picked, in microseconds,
+    /// if it picked any: small calls among large ones.
+    pub probes_us: Option<(f64, f64)>,
 }
 
 impl LoadResult {
@@ -63,7 +66,8 @@ pub fn reply_ok(reply: &[u8]) -> bool {
 /// from 0 for names and offsets. Stops early at `max_calls`. Like the Linux
 /// client, which corks its socket while calls are queued, calls issued for
 /// replies that arrived together leave in one write. Every reply's status
-/// is checked ([`LoadResult::errors`]).
+/// is checked ([`LoadResult::errors`]). The latencies of the calls
+/// `is_probe(seq)` picks are also taken apart ([`LoadResult::probes_us`]).
 pub fn run_load(
     addr: SocketAddr,
     depth: usize,
@@ -71,6 +75,7 @@ pub fn run_load(
     duration: Duration,
     max_calls: u32,
     call: impl Fn(u32, u32) -> Vec<u8>,
+    is_probe: impl Fn(u32) -> bool,
 ) -> io::Result<LoadResult> {
     let stream = TcpStream::connect(addr)?;
     stream.set_nodelay(true)?;
@@ -80,6 +85,7 @@ pub fn run_load(
     let total = max_calls.saturating_add(warmup);
     let mut sent_at = vec![Instant::now(); total as usize + depth];
     let mut latencies_ns = Vec::with_capacity(total as usize);
+    let mut probes_ns = Vec::new();
     let mut outgoing = Vec::new();
     let base = xid_base();
     let mut next_seq = 0u32;
@@ -122,7 +128,11 @@ pub fn run_load(
             started = now;
         } else if done > warmup {
             measured += 1;
-            latencies_ns.push(now.duration_since(sent_at[seq as usize]).as_nanos() as u64);
+            let ns = now.duration_since(sent_at[seq as usize]).as_nanos() as u64;
+            latencies_ns.push(ns);
+            if is_probe(seq) {
+                probes_ns.push(ns);
+            }
         }
         let over = done > warmup && (now.duration_since(started) >= duration || done >= total);
         if !over && next_seq < total {
@@ -134,16 +144,18 @@ pub fn run_load(
     }
     let elapsed = started.elapsed();
     latencies_ns.sort_unstable();
-    let pct = |p: f64| {
-        let i = ((latencies_ns.len() as f64 - 1.0) * p).round() as usize;
-        latencies_ns.get(i).copied().unwrap_or(0) as f64 / 1000.0
+    probes_ns.sort_unstable();
+    let pct = |sorted: &[u64], p: f64| {
+        let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+        sorted.get(i).copied().unwrap_or(0) as f64 / 1000.0
     };
     Ok(LoadResult {
         calls: measured,
         elapsed,
-        p50_us: pct(0.50),
-        p99_us: pct(0.99),
+        p50_us: pct(&latencies_ns, 0.50),
+        p99_us: pct(&latencies_ns, 0.99),
         errors,
+        probes_us: (!probes_ns.is_empty()).then(|| (pct(&probes_ns, 0.50), pct(&probes_ns, 0.99))),
     })
 }
 

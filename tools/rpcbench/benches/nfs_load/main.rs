@@ -139,9 +139,15 @@ fn check_floor(o: &Options, floor: SocketAddr, duration: Duration) {
         Some((numbers.next()?, numbers.next()?))
     };
     let ours_run = || {
-        let load = run_load(floor, 1, 2000, duration, 5_000_000, |xid, _| {
-            rpcbench::frame_call(xid, 100_003, 3, 0, &nfs3_types::xdr_codec::Void)
-        })
+        let load = run_load(
+            floor,
+            1,
+            2000,
+            duration,
+            5_000_000,
+            |xid, _| rpcbench::frame_call(xid, 100_003, 3, 0, &nfs3_types::xdr_codec::Void),
+            |_| false,
+        )
         .expect("floor run");
         (load.calls_per_sec(), load.p50_us)
     };
@@ -291,9 +297,15 @@ fn main() {
                     let base = 100_000 * round as u32 + 50_000 * (depth > 1) as u32;
                     let counting = servers::SyscallCount::start(t);
                     let before = t.usage();
-                    let load = run_load(t.nfs, depth, warmup, duration, max, |xid, seq| {
-                        w.call(h, &payload, xid, seq, base)
-                    })
+                    let load = run_load(
+                        t.nfs,
+                        depth,
+                        warmup,
+                        duration,
+                        max,
+                        |xid, seq| w.call(h, &payload, xid, seq, base),
+                        |seq| w.is_probe(seq),
+                    )
                     .unwrap_or_else(|e| panic!("{} {}: {e}", t.name, w.name()));
                     let mut usage = t.usage().since(before);
                     usage.syscalls = counting.and_then(servers::SyscallCount::stop);
@@ -321,9 +333,15 @@ fn main() {
                 };
                 if let Some(addr) = floor_addr {
                     let before = floor.usage();
-                    let load = run_load(addr, depth, 20, duration, 5_000_000, |xid, seq| {
-                        w.call(&handles[0], &payload, xid, seq, 0)
-                    })
+                    let load = run_load(
+                        addr,
+                        depth,
+                        20,
+                        duration,
+                        5_000_000,
+                        |xid, seq| w.call(&handles[0], &payload, xid, seq, 0),
+                        |_| false,
+                    )
                     .expect("floor run");
                     runs.push(Row {
                         workload: w,

@@ -75,6 +75,11 @@ fn versus_best_peer(
     Some((ours / best, name))
 }
 
+/// The p50 and p99 shown: of the probes where a workload has them.
+fn latencies(r: &Row) -> (f64, f64) {
+    r.load.probes_us.unwrap_or((r.load.p50_us, r.load.p99_us))
+}
+
 fn mb_per_sec(r: &Row) -> Option<f64> {
     r.workload
         .bytes()
@@ -94,14 +99,15 @@ pub fn print(rows: &[Row]) {
         for r in rows.iter().filter(|r| r.workload == w) {
             let per_call = |n: f64| n / r.calls_sent.max(1) as f64;
             let mbs = mb_per_sec(r).map_or("-".into(), |m| format!("{m:.0}"));
+            let (p50, p99) = latencies(r);
             println!(
                 "| {} | {} | {:.0} | {} | {:.1} | {:.1} | {:.1} | {} |",
                 r.server,
                 r.depth,
                 r.load.calls_per_sec(),
                 mbs,
-                r.load.p50_us,
-                r.load.p99_us,
+                p50,
+                p99,
                 per_call(r.usage.cpu().as_secs_f64() * 1e6),
                 r.usage
                     .syscalls
@@ -130,10 +136,11 @@ pub fn print(rows: &[Row]) {
                     }
                 }
                 if let Some(g) = find(rows, w, "nfs-ganesha", depth) {
-                    print!(
-                        "; p50 = {:.2}x nfs-ganesha's",
-                        ours_row.load.p50_us / g.load.p50_us
-                    );
+                    let (ours, theirs) = (latencies(ours_row), latencies(g));
+                    print!("; p50 = {:.2}x nfs-ganesha's", ours.0 / theirs.0);
+                    if ours_row.load.probes_us.is_some() {
+                        print!(", p99 = {:.2}x", ours.1 / theirs.1);
+                    }
                 }
                 println!();
             }

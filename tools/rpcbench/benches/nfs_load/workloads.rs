@@ -13,6 +13,8 @@ const MOUNT: u32 = 100_005;
 pub const MIB: usize = 1 << 20;
 /// macOS' read and write size.
 pub const KIB32: usize = 32 << 10;
+/// In GETATTR amid WRITE, one call in this many is the GETATTR.
+const PROBE_EVERY: u32 = 8;
 
 /// The handles a workload needs on one server.
 pub struct Handles {
@@ -90,6 +92,7 @@ pub enum Workload {
     Read32k,
     Write,
     Write32k,
+    GetattrAmidWrites,
     Create,
     Rename,
     Remove,
@@ -99,7 +102,7 @@ pub enum Workload {
 impl Workload {
     /// In the order they run: RENAME renames what CREATE made and REMOVE
     /// removes what RENAME named.
-    pub const ALL: [Workload; 14] = [
+    pub const ALL: [Workload; 15] = [
         Workload::Null,
         Workload::Getattr,
         Workload::Lookup,
@@ -110,6 +113,7 @@ impl Workload {
         Workload::Read32k,
         Workload::Write,
         Workload::Write32k,
+        Workload::GetattrAmidWrites,
         Workload::Create,
         Workload::Rename,
         Workload::Remove,
@@ -128,6 +132,7 @@ impl Workload {
             Workload::Read32k => "READ 32 KiB",
             Workload::Write => "WRITE 1 MiB",
             Workload::Write32k => "WRITE 32 KiB",
+            Workload::GetattrAmidWrites => "GETATTR amid WRITE 1 MiB (p50 and p99 of the GETATTRs)",
             Workload::Create => "CREATE",
             Workload::Rename => "RENAME",
             Workload::Remove => "REMOVE",
@@ -140,6 +145,7 @@ impl Workload {
     pub fn depths(self) -> [usize; 2] {
         match self {
             Workload::Read | Workload::Read32k | Workload::Write | Workload::Write32k => [1, 16],
+            Workload::GetattrAmidWrites => [4, 16],
             Workload::ReaddirPlus | Workload::ReaddirPlusHuge => [1, 8],
             _ => [1, 32],
         }
@@ -150,8 +156,19 @@ impl Workload {
         match self {
             Workload::Read | Workload::Write => Some(MIB),
             Workload::Read32k | Workload::Write32k => Some(KIB32),
+            Workload::GetattrAmidWrites => {
+                Some(MIB / PROBE_EVERY as usize * (PROBE_EVERY as usize - 1))
+            }
             _ => None,
         }
+    }
+
+    /// Whether call `seq` is one whose latency is taken apart: in GETATTR
+    /// amid WRITE, the GETATTR among the WRITEs, which shows how long a
+    /// quick call waits behind large ones on the same connection (a `stat`
+    /// during a copy, on a kernel client's one connection).
+    pub fn is_probe(self, seq: u32) -> bool {
+        self == Workload::GetattrAmidWrites && seq % PROBE_EVERY == PROBE_EVERY - 1
     }
 
     /// Calls are counted, not timed: CREATE, RENAME and REMOVE each handle
@@ -164,6 +181,14 @@ impl Workload {
     /// `c<names + seq>`, RENAME renames it to `r<names + seq>`, REMOVE
     /// removes that; READ and WRITE move on by their size per call.
     pub fn call(self, h: &Handles, payload: &[u8], xid: u32, seq: u32, names: u32) -> Vec<u8> {
+        if self == Workload::GetattrAmidWrites {
+            let each = if self.is_probe(seq) {
+                Workload::Getattr
+            } else {
+                Workload::Write
+            };
+            return each.call(h, payload, xid, seq, names);
+        }
         let size = self.bytes().unwrap_or(MIB);
         let offset = (seq as usize % (crate::peers::DATA_LEN / size) * size) as u64;
         let made = || format!("c{:07}", names + seq);
@@ -180,6 +205,13 @@ impl Workload {
             maxcount: MIB as u32,
         };
         match self {
+            Workload::GetattrAmidWrites => {
+                let each = match self.is_probe(seq) {
+                    true => Workload::Getattr,
+                    false => Workload::Write,
+                };
+                each.call(h, payload, xid, seq, names)
+            }
             Workload::Null => frame_call(xid, NFS, 3, 0, &nfs3_types::xdr_codec::Void),
             Workload::Getattr => frame_call(
                 xid,
