@@ -1,8 +1,9 @@
 //! layerfs next to nfs-ganesha and the peer servers `nfs3_server` and
 //! `nfsserve`, and the raw TCP floor, in one run: every server in a process
 //! of its own, this program the load generator. Small calls, directory
-//! listings, READ and WRITE of 1 MiB and 32 KiB, and the calls that change
-//! names, each on one connection at two depths; layerfs serves the tree
+//! listings, READ and WRITE of 1 MiB and 32 KiB, a GETATTR amid 1 MiB
+//! WRITEs, and the calls that change names, each on one connection at two
+//! depths; layerfs serves the tree
 //! flat and as a five-layer workspace.
 //!
 //! Run through `tools/nfs-load/run [--seconds S] [--rounds N] [--only NAME]
