@@ -231,6 +231,33 @@ fn a_name_made_again_over_a_whiteout_takes_the_whiteout_away() {
     assert!(!s.upper().join(".wh.fresh").exists());
 }
 
+/// A whiteout stands only over a name a layer below holds, the only place
+/// one is made: over any other name the upper is not asked for one. A
+/// stray one (left by hand, or by layers since taken away) neither hides a
+/// name made over it nor is looked for, so a rename onto the name leaves it.
+#[test]
+fn a_whiteout_over_a_name_no_layer_below_holds_is_not_looked_for() {
+    let s = Stack::new(1, |_, d| std::fs::write(d.join("lower"), b"x").unwrap());
+    let fs = s.open();
+    let r = fs.root();
+    std::fs::write(s.upper().join(".wh.stray"), b"").unwrap();
+    let how = Create::Unchecked(SetAttr::default());
+    let new = fs.create(&root(), r, b"new", how).unwrap().0.fileid;
+    fs.rename(&root(), r, b"new", r, b"stray").unwrap();
+    assert_eq!(fs.lookup(&root(), r, b"stray").unwrap().fileid, new);
+    assert_eq!(names(&fs, r), ["lower", "stray"]);
+    assert!(
+        s.upper().join(".wh.stray").exists(),
+        "looked for and taken away: the rename asked the upper for it"
+    );
+    // Over a name below, a whiteout is still looked for and taken away.
+    fs.remove(&root(), r, b"lower").unwrap();
+    assert!(s.upper().join(".wh.lower").exists());
+    fs.rename(&root(), r, b"stray", r, b"lower").unwrap();
+    assert!(!s.upper().join(".wh.lower").exists());
+    assert_eq!(names(&fs, r), ["lower"]);
+}
+
 /// What a change in a directory of the workspace's own costs in host
 /// attribute reads, once the directory is kept: checking a handle's
 /// generation none, the directory once before the change and once after.

@@ -238,7 +238,11 @@ impl Layers {
                     }
                 }
                 Err(Error::NoEnt) => {
-                    if has_whiteout(part.fd.as_fd(), name.to_bytes())? {
+                    // A whiteout is made only over a name a layer below
+                    // holds: where none can, the upper has none to ask for.
+                    let may_hide =
+                        part.layer != UPPER || self.below_may_hold(parts, name.to_bytes());
+                    if may_hide && has_whiteout(part.fd.as_fd(), name.to_bytes())? {
                         whiteout_in_upper = part.layer == UPPER;
                         break;
                     }
