@@ -3,8 +3,7 @@
 //! of its own, this program the load generator. Small calls, directory
 //! listings, READ and WRITE of 1 MiB and 32 KiB, a GETATTR amid 1 MiB
 //! WRITEs, and the calls that change names, each on one connection at two
-//! depths; layerfs serves the tree
-//! flat and as a five-layer workspace.
+//! depths; layerfs serves the tree flat and as a five-layer workspace.
 //!
 //! Run through `tools/nfs-load/run [--seconds S] [--rounds N] [--only NAME]
 //! [--svg PATH] [--export-in DIR] [--soak S]`, which builds the `layerfs`

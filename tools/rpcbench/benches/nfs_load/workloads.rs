@@ -156,6 +156,7 @@ impl Workload {
         match self {
             Workload::Read | Workload::Write => Some(MIB),
             Workload::Read32k | Workload::Write32k => Some(KIB32),
+            // On average: all but one call in PROBE_EVERY write 1 MiB.
             Workload::GetattrAmidWrites => {
                 Some(MIB / PROBE_EVERY as usize * (PROBE_EVERY as usize - 1))
             }
