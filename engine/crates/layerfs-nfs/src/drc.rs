@@ -16,9 +16,10 @@
 //! hashed after the reply has left, not before the call runs, when no other
 //! entry shares everything else of the key: the client need not wait for the
 //! hash. Until then a call that shares the rest of the key runs as a call
-//! of its own: in practice only a WRITE has arguments that long (another client's, whose
-//! xid and length coincide, must not wait for a retransmission timeout),
-//! and a retransmission run again writes the same bytes at the same offset.
+//! of its own: in practice only a WRITE has arguments that long, another
+//! client's WRITE whose xid and length coincide must not wait for a
+//! retransmission timeout, and a retransmission run again writes the same
+//! bytes at the same offset.
 //! Bounded: the oldest entries are evicted first; lookups are O(1).
 //! A retransmission of a call still running is dropped without a reply, as
 //! knfsd does (it used to park a worker until the call finished); a call
