@@ -206,6 +206,19 @@ impl Window {
 /// with a CPU kept awake (docs/benchmarks.md).
 const LONG_EXCHANGE: usize = 256 * 1024;
 
+/// The CPU the socket's last bytes were received on: on loopback, the one
+/// the client sent them from.
+#[cfg(target_os = "linux")]
+fn client_cpu(stream: &TcpStream) -> Option<usize> {
+    let cpu = rustix::net::sockopt::socket_incoming_cpu(stream).ok()?;
+    usize::try_from(cpu).ok()
+}
+
+#[cfg(not(target_os = "linux"))]
+fn client_cpu(_stream: &TcpStream) -> Option<usize> {
+    None
+}
+
 struct Connection {
     /// The client's address without the port, as programs see it.
     peer: Option<IpAddr>,
@@ -278,7 +291,7 @@ impl Connection {
     /// of its rate (docs/benchmarks.md).
     fn expect_next_call(&self) {
         if !self.window.is_busy() {
-            crate::awake::keep_awake(self.stay_awake);
+            crate::awake::keep_awake(self.stay_awake, || client_cpu(&self.stream));
         }
     }
 
