@@ -23,9 +23,9 @@
 //! on one CPU, and the spinning thread keeps the other from looking idle to
 //! the scheduler, which would otherwise wake them there.
 
-use std::sync::atomic::{
-    AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst,
-};
+#[cfg(target_os = "linux")]
+use std::sync::atomic::AtomicI32;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Arc, OnceLock};
 use std::thread::{self, Thread};
 use std::time::{Duration, Instant};
@@ -74,7 +74,8 @@ struct State {
     client_cpu: AtomicUsize,
     /// Times the thread left a CPU (for tests).
     moves: AtomicU64,
-    /// The thread's id, once it runs (for tests; Linux only).
+    /// The thread's id, once it runs (for tests).
+    #[cfg(target_os = "linux")]
     tid: AtomicI32,
 }
 
@@ -97,6 +98,7 @@ impl Awake {
             asks: AtomicBool::new(false),
             client_cpu: AtomicUsize::new(UNKNOWN),
             moves: AtomicU64::new(0),
+            #[cfg(target_os = "linux")]
             tid: AtomicI32::new(0),
         });
         let for_thread = state.clone();
