@@ -29,7 +29,7 @@ pub use rules::{
 #[cfg(feature = "count-host-calls")]
 pub use stat::reads_during as stat_reads_during;
 pub use stat::{host_attr, keeps_inode_numbers, Stats};
-pub use sys::{sync_all, sync_data};
+pub use sys::{rename_anew, sync_all, sync_data};
 
 /// How entries are made and changed in one host filesystem.
 #[derive(Clone, Copy, Debug)]

@@ -575,13 +575,24 @@ impl Filesystem for LocalFs {
             false => self.searchable(caller, to)?,
         };
         let moving = self.stat_at(from, &from_fd, from_name)?;
-        let replaced = self.stat_at(to, &to_fd, to_name).ok();
-        may_rename(
-            caller,
-            (&from_before, &moving),
-            (&to_before, replaced.as_ref()),
-        )?;
-        rustix::fs::renameat(&*from_fd, from_c.as_c_str(), &*to_fd, to_c.as_c_str())?;
+        // Most renames replace nothing. Asked first to replace nothing, the
+        // host looks the new name up once, not twice; where something has
+        // it, that is read and checked as a replacement needs.
+        let anew = may_rename(caller, (&from_before, &moving), (&to_before, None)).is_ok()
+            && hostdir::rename_anew(from_fd.as_fd(), &from_c, to_fd.as_fd(), &to_c)?;
+        let replaced = match anew {
+            true => None,
+            false => {
+                let replaced = self.stat_at(to, &to_fd, to_name).ok();
+                may_rename(
+                    caller,
+                    (&from_before, &moving),
+                    (&to_before, replaced.as_ref()),
+                )?;
+                rustix::fs::renameat(&*from_fd, from_c.as_c_str(), &*to_fd, to_c.as_c_str())?;
+                replaced
+            }
+        };
         if let Some(target) = replaced.filter(|t| t.fileid != moving.fileid) {
             self.unlinked(to, to_name, &target);
         }

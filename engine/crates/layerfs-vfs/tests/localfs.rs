@@ -245,11 +245,19 @@ fn a_change_in_an_open_directory_reads_its_attributes_once_before_and_once_after
             .unwrap();
     };
     assert_eq!(reads(write), 2);
-    // Both names are looked at: the one that goes and the one it takes.
+    // The name that goes is looked at; a new name the rename takes is not:
+    // the host is asked to replace nothing.
     let rename = || {
         fs.rename(&me, d.fileid, b"a", d.fileid, b"b").unwrap();
     };
-    assert_eq!(reads(rename), 4);
+    assert_eq!(reads(rename), 3);
+    // A name that is there is, for the sticky bit and its links.
+    fs.create(&me, d.fileid, b"c", new()).unwrap();
+    let replace = || {
+        fs.rename(&me, d.fileid, b"c", d.fileid, b"b").unwrap();
+    };
+    assert_eq!(reads(replace), 4);
+    assert_eq!(fs.lookup(&me, d.fileid, b"c"), Err(Error::NoEnt));
     // The name removed is looked at, for the sticky bit and its links.
     let remove = || {
         fs.remove(&me, d.fileid, b"b").unwrap();

@@ -93,3 +93,23 @@ pub fn fchmodat2_nofollow(
         None => None,
     }
 }
+
+/// Renames `from` in `from_dir` to `to` in `to_dir` only where `to` names
+/// nothing (`RENAME_NOREPLACE`, macOS' `RENAME_EXCL`): `false`, with
+/// nothing changed, where it names something, where the host's filesystem
+/// does not know the flag, or where the rename is refused as invalid (a
+/// directory into itself), so a plain rename then gives the answer.
+pub fn rename_anew(
+    from_dir: BorrowedFd<'_>,
+    from: &CStr,
+    to_dir: BorrowedFd<'_>,
+    to: &CStr,
+) -> Result<bool> {
+    use rustix::fs::RenameFlags;
+    use rustix::io::Errno;
+    match rustix::fs::renameat_with(from_dir, from, to_dir, to, RenameFlags::NOREPLACE) {
+        Ok(()) => Ok(true),
+        Err(Errno::EXIST | Errno::INVAL | Errno::NOTSUP) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
