@@ -71,6 +71,69 @@ check "$t/w2/new" new
 [[ -e $t/w2/etc/doomed ]] && fail "w2 shows etc/doomed"
 "$layerfs" layer rm "$commit" 2>/dev/null && fail "a layer in use was removed"
 
+step "a commit while programs write: the layer holds one moment and never changes again"
+# Each a descriptor held across the commit (passed through to the kernel as
+# root): a new file, and a committed file appended to (a copy-up).
+tree_sum() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0r sha256sum) | sha256sum; }
+exec 7>"$t/w/held"
+echo before >&7
+exec 8>>"$t/w/etc/name"
+echo appended >&8
+# And a writer appending numbered lines in a loop through the commit.
+(
+	exec 9>>"$t/w/loop"
+	i=0
+	while [[ ! -e $t/stop && $i -lt 200000 ]]; do echo $((i++)) >&9; done
+) &
+writer=$!
+for _ in $(seq 100); do [[ -s $t/w/loop ]] && break; sleep 0.05; done
+kill -0 "$writer" 2>/dev/null || fail "the looping writer was not running at the commit"
+moment=$("$layerfs" commit w --message "while writing" --json | sed -n 's/.*"id": *"\([^"]*\)".*/\1/p')
+[[ -n $moment ]] || fail "no layer id from the commit"
+kill -0 "$writer" 2>/dev/null || fail "the looping writer ended before the commit did: nothing was in flight"
+# The layer as the store and w's own stack hold it, just after the commit.
+layer_dir=$LAYERFS_STORE/layers/$moment
+[[ -d $layer_dir ]] || fail "no $layer_dir"
+store_sum=$(tree_sum "$layer_dir")
+own=$(ls -d "$LAYERFS_STORE/workspaces/w/tree/"* | sort -V | tail -2 | head -1)
+own_sum=$(tree_sum "$own")
+echo after >&7
+echo later >&8
+touch "$t/stop"
+wait "$writer"
+exec 7>&- 8>&-
+[[ $(cat "$layer_dir/held") == before ]] || fail "the layer's held: '$(cat "$layer_dir/held")'"
+[[ $(cat "$layer_dir/etc/name") == $'again\nappended' ]] || fail "the layer's etc/name: '$(cat "$layer_dir/etc/name")'"
+# The loop's file in the layer is whole lines 0..k-1, one moment of it.
+k=$(wc -l <"$layer_dir/loop")
+[[ $k -gt 0 ]] || fail "the layer holds none of the loop's lines"
+cmp -s "$layer_dir/loop" <(seq 0 $((k - 1))) || fail "the layer's loop is not lines 0..$((k - 1))"
+n=$(wc -l <"$t/w/loop")
+[[ $n -gt $k ]] || fail "no line written after the commit ($n, $k in the layer)"
+cmp -s "$t/w/loop" <(seq 0 $((n - 1))) || fail "the workspace's loop is not lines 0..$((n - 1))"
+check "$t/w/held" $'before\nafter'
+check "$t/w/etc/name" $'again\nappended\nlater'
+# A workspace made from the commit shows the moment; the layers, in the
+# store and in w's own stack, are what they were; a workspace made from a
+# second commit shows the writes after the first.
+"$layerfs" create w3 --from w
+mkdir "$t/w3"
+"$layerfs" mount w3 "$t/w3"
+check "$t/w3/held" before
+cmp -s "$t/w3/loop" "$layer_dir/loop" || fail "w3's loop is not the layer's"
+echo more >"$t/w/more"
+"$layerfs" commit w --message "after the moment" >/dev/null
+[[ $(tree_sum "$layer_dir") == "$store_sum" ]] || fail "the store's layer changed after its commit"
+[[ $(tree_sum "$own") == "$own_sum" ]] || fail "w's own copy of the layer changed after its commit"
+"$layerfs" create w4 --from w
+mkdir "$t/w4"
+"$layerfs" mount w4 "$t/w4"
+check "$t/w4/held" $'before\nafter'
+check "$t/w4/etc/name" $'again\nappended\nlater'
+cmp -s "$t/w4/loop" "$t/w/loop" || fail "w4's loop is not w's"
+"$layerfs" unmount w3
+"$layerfs" unmount w4
+
 step "kill -9 of the daemon: the restarted daemon mounts again, nothing synced is lost"
 dd if=/dev/urandom of="$t/w/synced" bs=64k count=16 conv=fsync status=none
 want=$(sha256sum <"$t/w/synced")

@@ -3,7 +3,8 @@
 # guest by tools/kernel-client/run --no-mount with the daemon as its server
 # (`layerfs daemon --store /run/lfs-store --nfs-port $NFS_PORT`):
 # import, create, mount over NFS, change, commit, a second workspace from
-# the commit; then kill -9 of the daemon under a writer and a restart: the
+# the commit; a file removed while open (the client's .nfs name) is in no
+# layer; then kill -9 of the daemon under a writer and a restart: the
 # writer finishes, its checksum matches, no ESTALE; SIGTERM leaves no mount.
 set -euo pipefail
 layerfs=${LAYERFS:-$PWD/target/release/layerfs}
@@ -47,6 +48,22 @@ check "$w/etc/name" changed
 check "$w2/etc/name" changed
 check "$w2/new" new
 
+step "a file removed while open is left out of a commit, the client's .nfs name with it"
+exec 7<>"$w/open-removed"
+echo "still open" >&7
+rm "$w/open-removed"
+debris=$(cd "$w" && ls -A | grep '^\.nfs' || true)
+[[ -n $debris ]] || fail "the client kept no .nfs name for the open file"
+moment=$("$layerfs" commit w --message "while a removed file is open" --json |
+	sed -n 's/.*"id": *"\([^"]*\)".*/\1/p')
+[[ -d $LAYERFS_STORE/layers/$moment ]] || fail "no layer $moment"
+[[ -z $(find "$LAYERFS_STORE/layers/$moment" "$LAYERFS_STORE/workspaces/w/tree" -name '.nfs*') ]] ||
+	fail "a layer holds the client's file: $(find "$LAYERFS_STORE" -name '.nfs*')"
+[[ $(cat /proc/self/fd/7) == "still open" ]] || fail "the open file after the commit"
+exec 7>&-
+for _ in $(seq 50); do [[ -z $(cd "$w" && ls -A | grep '^\.nfs') ]] && break; sleep 0.1; done
+[[ -z $(cd "$w" && ls -A | grep '^\.nfs') ]] || fail "the client's .nfs name is left after the close"
+
 step "kill -9 of the daemon under a writer; a restart; the writer finishes"
 dd if=/dev/urandom of="$t/src" bs=256k count=64 status=none
 want=$(sha256sum <"$t/src" | cut -d' ' -f1)
@@ -64,13 +81,16 @@ done
 old=$(daemon_pid)
 [[ -n $old ]] || fail "no daemon"
 written=$(stat -c %s "$w/big")
+# The kill must land under the writer, or it tests nothing.
+kill -0 "$writer" 2>/dev/null || fail "the writer was not running at the kill ($written bytes written)"
 kill -9 "$old"
-echo "   killed the daemon (pid $old) with $written bytes written"
-sleep 1
-kill -0 "$writer" 2>/dev/null || echo "   (the writer had already finished)"
+echo "   killed the daemon (pid $old) with $written bytes written, the writer running"
 "$layerfs" daemon --store /run/lfs-store >"$t/daemon2.log" 2>&1 &
 restarted=$!
 wait "$writer" || fail "the writer failed: $(cat "$t/writer.log")"
+# Read from the server, not from the guest's page cache.
+sync
+echo 3 >/proc/sys/vm/drop_caches
 got=$(sha256sum <"$w/big" | cut -d' ' -f1)
 [[ $got == "$want" ]] || fail "checksum $got after the crash, wrote $want"
 check "$w/new" new

@@ -125,6 +125,21 @@ struct Open {
     fuse: Option<layerfs_fuse::Mounted>,
 }
 
+impl Open {
+    /// The files of this workspace that descriptors write without asking
+    /// its filesystem, once every write the kernel had taken before this
+    /// call reached the filesystem (a FUSE mount's writeback cache).
+    fn settled_writes(&self) -> Outcome<Vec<layerfs_vfs::FileId>> {
+        #[cfg(target_os = "linux")]
+        if let Some(m) = self.fuse.as_ref().filter(|m| m.is_serving()) {
+            m.flush()
+                .map_err(|e| format!("cannot flush {}: {e}", m.mountpoint().display()))?;
+            return Ok(m.written_directly());
+        }
+        Ok(Vec::new())
+    }
+}
+
 struct Daemon {
     root: PathBuf,
     key: HandleKey,
@@ -239,6 +254,9 @@ impl Daemon {
             if layers.len() <= record.layers.len() {
                 continue;
             }
+            // Opening the workspace finishes the commit's own steps (the
+            // copies of moved files) before its layer is read.
+            drop(Workspace::open(&self.workspace_dir(&name))?);
             for committed in &layers[record.layers.len()..] {
                 let layer = self.store.import_dir(committed)?;
                 tracing::info!(workspace = %name, %layer, "recording a commit a crash cut short");

@@ -45,7 +45,7 @@ pub struct Door {
     /// Whether passthrough is asked for, and then whether the kernel agreed
     /// to it (see [`crate::opens`]).
     passthrough: bool,
-    opens: OpenFiles<BackingId>,
+    opens: Arc<OpenFiles<BackingId>>,
 }
 
 thread_local! {
@@ -78,8 +78,13 @@ impl Door {
             caching,
             callers: Callers::default(),
             passthrough,
-            opens: OpenFiles::default(),
+            opens: Arc::default(),
         }
+    }
+
+    /// The door's open files, for the mount's owner to ask about.
+    pub fn open_files(&self) -> Arc<OpenFiles<BackingId>> {
+        self.opens.clone()
     }
 
     fn caller(&self, req: &Request) -> Caller {

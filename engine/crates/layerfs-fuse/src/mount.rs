@@ -4,11 +4,12 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use fuser::{BackgroundSession, Config, MountOption, SessionACL};
-use layerfs_vfs::Filesystem;
+use fuser::{BackgroundSession, BackingId, Config, MountOption, SessionACL};
+use layerfs_vfs::{FileId, Filesystem};
 use rustix::fs::Access;
 
 use crate::door::Door;
+use crate::opens::OpenFiles;
 
 pub use crate::attrs::Caching;
 
@@ -47,6 +48,7 @@ impl Default for Options {
 pub struct Mounted {
     session: Option<BackgroundSession>,
     mountpoint: PathBuf,
+    opens: Arc<OpenFiles<BackingId>>,
 }
 
 /// Mounts `fs` at `mountpoint` and serves it on background threads.
@@ -82,6 +84,7 @@ pub fn mount(fs: Arc<dyn Filesystem>, mountpoint: &Path, options: &Options) -> i
     config.n_threads = Some(threads);
     config.clone_fd = true;
     let door = Door::new(fs, options.caching, options.passthrough);
+    let opens = door.open_files();
     let session = fuser::spawn_mount(door, &mountpoint, &config).map_err(|e| {
         io::Error::new(
             e.kind(),
@@ -91,6 +94,7 @@ pub fn mount(fs: Arc<dyn Filesystem>, mountpoint: &Path, options: &Options) -> i
     Ok(Mounted {
         session: Some(session),
         mountpoint,
+        opens,
     })
 }
 
@@ -103,6 +107,22 @@ impl Mounted {
     /// leaves), and stops the threads serving it.
     pub fn unmount(mut self) -> io::Result<()> {
         self.take_down()
+    }
+
+    /// The files the kernel writes itself (passthrough opens), with no
+    /// request to the door: a filesystem that must see every change (a
+    /// commit) has to treat them as written at any moment.
+    pub fn written_directly(&self) -> Vec<FileId> {
+        self.opens.passed_through()
+    }
+
+    /// Sends the kernel's dirty pages of this mount (a writeback cache) to
+    /// the door now: what a process wrote before this call is then in the
+    /// filesystem.
+    pub fn flush(&self) -> io::Result<()> {
+        let root = std::fs::File::open(&self.mountpoint)?;
+        rustix::fs::syncfs(&root)?;
+        Ok(())
     }
 
     /// Whether the kernel still sends requests: false once the mount was

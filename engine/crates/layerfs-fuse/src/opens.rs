@@ -103,6 +103,17 @@ impl<B> OpenFiles<B> {
         }
     }
 
+    /// The inodes the kernel reads and writes itself (a backing file is
+    /// registered), with no request to the door.
+    pub fn passed_through(&self) -> Vec<FileId> {
+        let by_id = self.by_id.lock();
+        by_id
+            .iter()
+            .filter(|(_, o)| o.backing.is_some())
+            .map(|(&id, _)| id)
+            .collect()
+    }
+
     /// The host file the opens of `id` hold, while it is open.
     pub fn held(&self, id: FileId) -> Option<Held> {
         self.by_id.lock().get(&id)?.held.clone()
@@ -161,12 +172,15 @@ mod tests {
     fn an_inode_stays_passthrough_with_one_backing_file_while_open() {
         let files = OpenFiles::default();
         assert_eq!(open(&files, 7, Some(70)), (Some(70), true));
+        assert_eq!(files.passed_through(), [7]);
         // Registered once: later opens reuse it, even where the filesystem
         // would offer nothing now.
         assert_eq!(open(&files, 7, None), (Some(70), false));
         files.release(7, PASSTHROUGH);
+        assert_eq!(files.passed_through(), [7], "one open left");
         files.release(7, PASSTHROUGH);
         assert!(files.by_id.lock().is_empty());
+        assert!(files.passed_through().is_empty());
         assert_eq!(open(&files, 7, Some(71)), (Some(71), true));
     }
 
@@ -221,6 +235,7 @@ mod tests {
     fn an_inode_open_through_the_door_is_not_mixed_with_passthrough() {
         let files = OpenFiles::default();
         assert_eq!(open(&files, 7, None), (None, true));
+        assert!(files.passed_through().is_empty(), "served by the door");
         // A write open whose copy-up made a host file: still through the
         // door while the first open lasts.
         assert_eq!(open(&files, 7, Some(70)), (None, false));

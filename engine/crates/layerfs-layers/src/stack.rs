@@ -23,6 +23,7 @@ use layerfs_vfs::{Error, FileId, FileKind, Result};
 use rustix::fs::{Mode, OFlags};
 
 mod caches;
+mod commit;
 mod copy_up;
 mod inodes;
 mod merge;
@@ -56,6 +57,8 @@ pub struct StackFs {
     caches: Caches,
     /// Where copies are staged, on the upper's filesystem.
     work: OwnedFd,
+    /// The directory holding `work`, the inode map and the commit journal.
+    state: PathBuf,
     /// Held while this `StackFs` serves the upper: see [`IN_USE`].
     _serving: OwnedFd,
     staged: AtomicU64,
@@ -103,6 +106,13 @@ impl StackFs {
         }
         std::fs::create_dir(&work_path).map_err(|e| at(&work_path, &e))?;
         let work = open_root(&work_path).map_err(|e| at(&work_path, &e))?;
+        commit::recover(
+            state,
+            &upper.canonicalize()?,
+            lowers.last().map(PathBuf::as_path),
+            work.as_fd(),
+        )
+        .map_err(|e| at(state, &format!("finishing a commit cut short: {e}")))?;
         let map = state.join("inodes.redb");
         let inodes = Inodes::open(&map).map_err(|e| at(&map, &e))?;
         let mut paths = vec![upper.canonicalize()?];
@@ -122,6 +132,7 @@ impl StackFs {
             stripes: Stripes::default(),
             caches: Caches::for_layers(paths.len()),
             work,
+            state: state.to_path_buf(),
             _serving: serving,
             staged: AtomicU64::new(0),
             paths: Mutex::new(paths),
@@ -178,42 +189,6 @@ impl StackFs {
         let mut paths = self.paths.lock().clone();
         paths.reverse();
         paths
-    }
-
-    /// Turns the upper into the top read-only layer and continues on the
-    /// empty directory `new_upper` (on the same filesystem), keeping every
-    /// id and handle. Changes wait meanwhile. The upper is made durable, then
-    /// `persist` is called with the new stack (bottom first) to record it;
-    /// only once that succeeds does the stack change, so a crash or an error
-    /// leaves the old stack whole.
-    pub fn commit_upper(
-        &self,
-        new_upper: &Path,
-        persist: impl FnOnce(&[PathBuf]) -> Result<()>,
-    ) -> Result<()> {
-        let mut current = self.layers.write();
-        let _ns = self.ns.lock();
-        std::fs::create_dir_all(new_upper)?;
-        let new_path = new_upper.canonicalize()?;
-        if std::fs::read_dir(&new_path)?.next().is_some() {
-            return Err(Error::NotEmpty);
-        }
-        hostdir::sync_filesystem(current.all[UPPER].root.as_fd())?;
-        let mut paths = self.paths.lock().clone();
-        paths.insert(0, new_path);
-        let next = Self::layers_at(&self.inodes, &paths, current.generation + 1)?;
-        if rustix::fs::fstat(&*next.all[UPPER].root)?.st_dev
-            != rustix::fs::fstat(&self.work)?.st_dev
-        {
-            return Err(Error::XDev);
-        }
-        let mut bottom_first = paths.clone();
-        bottom_first.reverse();
-        persist(&bottom_first)?;
-        *current = Arc::new(next);
-        *self.paths.lock() = paths;
-        self.caches.layers_changed();
-        Ok(())
     }
 
     fn current(&self) -> Arc<Layers> {

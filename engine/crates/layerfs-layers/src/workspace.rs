@@ -16,7 +16,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use layerfs_vfs::Error;
+use layerfs_vfs::{Error, FileId};
 
 use crate::StackFs;
 
@@ -56,6 +56,7 @@ impl Workspace {
         let upper = stack
             .pop()
             .ok_or_else(|| invalid(format!("{}: empty stack", dir.display())))?;
+        remove_unstacked(&dir.join("tree"), &stack, &upper)?;
         let fs = StackFs::open(&stack, &upper, &dir.join("state"))?;
         Ok(Workspace {
             dir,
@@ -83,9 +84,12 @@ impl Workspace {
     }
 
     /// Turns the upper into a new read-only layer, all or nothing, and goes
-    /// on with an empty upper; every file keeps its id and handle. Returns
-    /// the new layer's directory.
-    pub fn commit(&self) -> io::Result<PathBuf> {
+    /// on with an empty upper; every file keeps its id and handle. The layer
+    /// holds what the workspace held at one moment during the call: files
+    /// in `written_directly` (written by descriptors that do not ask the
+    /// filesystem: FUSE passthrough) go on in the new upper, and the layer
+    /// keeps a copy. Returns the new layer's directory.
+    pub fn commit(&self, written_directly: &[FileId]) -> io::Result<PathBuf> {
         let tree = self.dir.join("tree");
         let next = std::fs::read_dir(&tree)?
             .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u64>().ok())
@@ -95,12 +99,26 @@ impl Workspace {
         let new_upper = tree.join(next.to_string());
         let committed = self.fs.stack().pop().expect("a stack has an upper");
         self.fs
-            .commit_upper(&new_upper, |stack| {
+            .commit_upper(&new_upper, written_directly, |stack| {
                 write_stack(&self.dir, stack).map_err(Error::from)
             })
             .map_err(vfs)?;
         Ok(committed)
     }
+}
+
+/// Removes the uppers in `tree` that the stack does not hold: one made by a
+/// commit that a crash cut short before the stack was recorded.
+fn remove_unstacked(tree: &Path, stack: &[PathBuf], upper: &Path) -> io::Result<()> {
+    for entry in std::fs::read_dir(tree)? {
+        let path = entry?.path();
+        let canonical = path.canonicalize()?;
+        if canonical != upper && !stack.contains(&canonical) {
+            tracing::info!("{}: not in the stack, removed", path.display());
+            crate::remove_tree(&path)?;
+        }
+    }
+    Ok(())
 }
 
 fn read_stack(dir: &Path) -> io::Result<Vec<PathBuf>> {

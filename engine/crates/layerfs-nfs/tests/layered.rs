@@ -75,7 +75,7 @@ async fn handles_taken_before_copy_up_and_commit_keep_working() {
     );
 
     // Commit while served: the same handles, the same data.
-    let committed = ws.commit().unwrap();
+    let committed = ws.commit(&[]).unwrap();
     assert_eq!(std::fs::read(committed.join("keep")).unwrap(), b"BASE data");
     assert_eq!(getattr(&mut c, &keep).await.unwrap().fileid, before.fileid);
     assert_eq!(read(&mut c, &keep, 0, 100).await.0, b"BASE data");

@@ -168,7 +168,7 @@ fn in_a_layered_workspace_only_changes_that_copy_nothing_up_run_on_the_reader() 
     );
     // A commit turns the upper into a layer: its files are lower again.
     let next = tempfile::tempdir_in(upper.path().parent().unwrap()).unwrap();
-    stack.commit_upper(next.path(), |_| Ok(())).unwrap();
+    stack.commit_upper(next.path(), &[], |_| Ok(())).unwrap();
     assert_eq!(on(&write(&file, 0, 1)), Placement::Worker, "committed");
     assert_eq!(on(&rename(&new, &new)), Placement::Worker, "committed");
     assert_eq!(on(&rename(&root, &root)), Placement::Worker, "committed");

@@ -295,9 +295,10 @@ impl Daemon {
         let mut open = self.open.lock();
         let mut record = self.record(name)?;
         let o = self.ensure_open(&mut open, name)?;
+        let written = o.settled_writes()?;
         let committed = o
             .workspace
-            .commit()
+            .commit(&written)
             .map_err(|e| format!("cannot commit {name}: {e}"))?;
         let layer = self
             .store

@@ -241,7 +241,7 @@ impl StackFs {
 /// timer, for one) fails the kernel's copy with EINTR when it arrives before
 /// a byte moved: both files' offsets say how far the copy got, so it goes on
 /// from there.
-fn copy_data(src: OwnedFd, dst: &OwnedFd) -> Result<()> {
+pub(super) fn copy_data(src: OwnedFd, dst: &OwnedFd) -> Result<()> {
     #[cfg(target_os = "linux")]
     if rustix::fs::ioctl_ficlone(dst, &src).is_ok() {
         return Ok(());
@@ -258,7 +258,12 @@ fn copy_data(src: OwnedFd, dst: &OwnedFd) -> Result<()> {
 }
 
 /// Gives `name` in `dir` the owner (as root), mode and times of `like`.
-fn copy_owner_mode_times(host: &Host, dir: BorrowedFd<'_>, name: &CStr, like: &Attr) -> Result<()> {
+pub(super) fn copy_owner_mode_times(
+    host: &Host,
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    like: &Attr,
+) -> Result<()> {
     if host.as_root {
         rustix::fs::chownat(
             dir,

@@ -70,7 +70,7 @@ impl StackFs {
     /// What clients see of `host`, an entry whose only instance is in layer
     /// `layer` (a directory merged from several takes its identity from
     /// its bottom part instead).
-    fn shown(&self, layers: &Layers, layer: usize, host: Attr) -> Result<Attr> {
+    pub(super) fn shown(&self, layers: &Layers, layer: usize, host: Attr) -> Result<Attr> {
         let o = self
             .inodes
             .identity(layers.tag(layer), host.fileid, Some(host.generation))?;
