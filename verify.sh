@@ -5,18 +5,64 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 step() { printf '\n== %s\n' "$*"; }
+source tests/skip.sh
+
+# Every check runs, and the last lines say how each went: the names of the
+# checks that were skipped, then `verify: N passed, N failed, N skipped`.
+# Skips are collected from the scripts and the Rust tests (tests/skip.sh,
+# layerfs_testkit::skipped) through this file.
+mkdir -p target
+export LAYERFS_SKIPS=$PWD/target/verify-skips
+: >"$LAYERFS_SKIPS"
+passed=0
+failed=()
+check() { # check NAME COMMAND...: a command that is one check
+	local name=$1
+	shift
+	if "$@"; then
+		passed=$((passed + 1))
+	else
+		echo "FAILED: $name"
+		failed+=("$name")
+	fi
+}
+missing() { # missing NAME WHY: a check whose tools are not here
+	if [[ ${LAYERFS_REQUIRE_MOUNTS:-} == 1 ]]; then
+		echo "FAILED: $1: $2"
+		failed+=("$1")
+	else
+		skipped "$1" "$2"
+	fi
+}
+summary() {
+	local skips
+	skips=$(sort -u "$LAYERFS_SKIPS" | paste -sd ';' | sed 's/;/; /g')
+	echo
+	[[ ${#failed[@]} == 0 ]] || printf 'failed: %s\n' "$(IFS=';'; echo "${failed[*]}" | sed 's/;/; /g')"
+	echo "skipped: ${skips:-none}"
+	echo "verify: $passed passed, ${#failed[@]} failed, $(sort -u "$LAYERFS_SKIPS" | grep -c .) skipped"
+}
 
 # As root, tests that mount (a full tmpfs, overlays across filesystems, the
-# overlayfs differential) must run: a failed mount fails them, not SKIPPED.
+# overlayfs differential, FUSE) must run: a failed mount fails them, not
+# SKIPPED.
 if [ "$(id -u)" = 0 ]; then
 	export LAYERFS_REQUIRE_MOUNTS=1
+	# Users who are not root mount FUSE through fusermount3, which opens
+	# /dev/fuse as them: where it is closed to them (0600), it is opened for
+	# this run and put back after.
+	if [[ -c /dev/fuse && $(stat -c %a /dev/fuse) != 666 ]]; then
+		fuse_mode=$(stat -c %a /dev/fuse)
+		chmod 666 /dev/fuse
+		trap 'chmod "$fuse_mode" /dev/fuse' EXIT
+	fi
 fi
 
 step "cargo fmt --check"
-cargo fmt --all -- --check
+check "cargo fmt" cargo fmt --all -- --check
 
 step "cargo clippy -D warnings"
-cargo clippy --workspace --all-targets -- -D warnings
+check "cargo clippy" cargo clippy --workspace --all-targets -- -D warnings
 
 # The server also runs on macOS: its platform code (the socket owner check,
 # mode_t and dev_t widths, no syncfs) must at least build and lint there.
@@ -24,44 +70,46 @@ cargo clippy --workspace --all-targets -- -D warnings
 # for this check (CARGO_FEATURE_PURE), in a target directory of its own.
 step "cargo clippy for macOS (x86_64-apple-darwin)"
 if rustup target list --installed 2>/dev/null | grep -qx x86_64-apple-darwin; then
-	CARGO_FEATURE_PURE=1 CARGO_TARGET_DIR=target/macos-check \
+	check "cargo clippy for macOS" env CARGO_FEATURE_PURE=1 CARGO_TARGET_DIR=target/macos-check \
 		cargo clippy --workspace --target x86_64-apple-darwin -- -D warnings
 else
-	echo "SKIPPED: the macOS target is not installed (rustup target add x86_64-apple-darwin)"
+	skipped "cargo clippy for macOS" "the macOS target is not installed (rustup target add x86_64-apple-darwin)"
 fi
 
 # The fuzz targets are a workspace of their own that cargo test never
 # builds: checked here so that a change to the crates they drive cannot
 # leave tools/fuzz/run broken.
 step "cargo check: the fuzz targets"
-cargo check --manifest-path fuzz/Cargo.toml --bins --quiet
+check "cargo check: the fuzz targets" cargo check --manifest-path fuzz/Cargo.toml --bins --quiet
 
 step "cargo doc"
-RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
+check "cargo doc" env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 
 step "cargo test"
-cargo test --workspace
+check "cargo test" cargo test --workspace
 
 # Needs root and overlayfs (and /dev/fuse through FUSE); says SKIPPED where
 # they are missing.
 for door in trait fuse; do
 	step "the layered filesystem against overlayfs: 2,000 random sequences, through the $door"
 	log=target/overlay-diff-$door.log
-	if ! LAYERFS_DIFF_DOOR=$door LAYERFS_DIFF_CASES=2000 \
+	if LAYERFS_DIFF_DOOR=$door LAYERFS_DIFF_CASES=2000 \
 		cargo test -p layerfs-layers --test overlay_diff -- --nocapture >$log 2>&1; then
+		passed=$((passed + 1))
+		grep -E 'SKIPPED|succeeded|test result' $log
+	else
 		# The failing case and why, without the backtrace.
 		grep -E -A 12 'panicked at|Test failed|minimal failing' $log | grep -v '^ *[0-9]*: \|^ *at ' | head -n 60
-		exit 1
+		failed+=("overlay differential through the $door")
 	fi
-	grep -E 'SKIPPED|succeeded|test result' $log
 done
 
 step "end to end: libnfs client"
 cargo build --release -p layerfs-cli
 if command -v nfs-cp >/dev/null; then
-	tests/libnfs.sh target/release/layerfs
+	check "libnfs round trip" tests/libnfs.sh target/release/layerfs
 else
-	echo "SKIPPED: libnfs-utils is not installed (apt-get install libnfs-utils)"
+	missing "libnfs round trip" "libnfs-utils is not installed (apt-get install libnfs-utils)"
 fi
 
 step "end to end: the Linux kernel FUSE client (native)"
@@ -70,27 +118,27 @@ step "end to end: the Linux kernel FUSE client (native)"
 for on in tmpfs ext4 xfs btrfs; do
 	for what in flat stack; do
 		echo "-- workload through FUSE, $what, on $on"
-		tests/fuse/run.sh target/release/layerfs $what $on
+		check "FUSE $what on $on" tests/fuse/run.sh target/release/layerfs $what $on
 	done
 done
 echo "-- workload through FUSE, flat, on an overlay across filesystems"
-tests/fuse/run.sh target/release/layerfs flat overlay
+check "FUSE flat on an overlay" tests/fuse/run.sh target/release/layerfs flat overlay
 # A door not run as root has no passthrough: every read and write is a
 # request to it.
 for what in flat stack; do
 	echo "-- workload through FUSE without passthrough, $what, on ext4"
-	tests/fuse/run.sh target/release/layerfs $what ext4 no-passthrough
+	check "FUSE $what on ext4 without passthrough" tests/fuse/run.sh target/release/layerfs $what ext4 no-passthrough
 done
 echo "-- permissions of non-root callers through FUSE, with passthrough and without"
-tests/fuse/run.sh target/release/layerfs permissions tmpfs
-tests/fuse/run.sh target/release/layerfs permissions tmpfs no-passthrough
+check "FUSE permissions" tests/fuse/run.sh target/release/layerfs permissions tmpfs
+check "FUSE permissions without passthrough" tests/fuse/run.sh target/release/layerfs permissions tmpfs no-passthrough
 echo "-- pjdfstest (POSIX conformance, mostly as non-root callers) through FUSE"
-tests/fuse/pjdfstest.sh target/release/layerfs flat no-passthrough
-tests/fuse/pjdfstest.sh target/release/layerfs stack
+check "pjdfstest flat" tests/fuse/pjdfstest.sh target/release/layerfs flat no-passthrough
+check "pjdfstest stack" tests/fuse/pjdfstest.sh target/release/layerfs stack
 echo "-- starting and stopping the door"
-tests/fuse/door.sh target/release/layerfs
+check "FUSE door" tests/fuse/door.sh target/release/layerfs
 echo "-- the workspace daemon through FUSE: import, create, mount, commit, kill -9, restart"
-tests/daemon/fuse.sh target/release/layerfs
+check "daemon through FUSE" tests/daemon/fuse.sh target/release/layerfs
 
 step "end to end: the Linux kernel NFSv3 client (QEMU)"
 if command -v qemu-system-x86_64 >/dev/null && command -v busybox >/dev/null; then
@@ -101,27 +149,30 @@ if command -v qemu-system-x86_64 >/dev/null && command -v busybox >/dev/null; th
 	# renumbers directories) and on ext4.
 	for on in tmpfs overlay ext4; do
 		echo "-- workload, export on $on"
-		kc --server "$(serve $on)" --workload tests/kernel/workload.sh
+		check "kernel client workload on $on" kc --server "$(serve $on)" --workload tests/kernel/workload.sh
 	done
 	# As macOS mounts: 32 KiB transfers and plain READDIR.
 	echo "-- workload with macOS' transfer sizes, export on tmpfs"
-	kc --server "$(serve tmpfs)" --workload tests/kernel/workload.sh \
+	check "kernel client with macOS' sizes" kc --server "$(serve tmpfs)" --workload tests/kernel/workload.sh \
 		--opts rsize=32768,wsize=32768,nordirplus
 	# Callers who are not root, against the guest's own tmpfs.
 	echo "-- permissions of non-root callers"
-	kc --server "$(serve tmpfs)" --workload tests/kernel/permissions.sh
+	check "kernel client permissions" kc --server "$(serve tmpfs)" --workload tests/kernel/permissions.sh
 	# A three-layer workspace: the layers' own checks, then the same
 	# workload. (A stack on the guest's /tmp is refused at start: its
 	# filesystem does not keep inode numbers.)
 	for on in tmpfs ext4; do
 		echo "-- three-layer workspace on $on"
-		kc --server "$(serve $on stack)" --workload tests/kernel/layered.sh
+		check "kernel client three layers on $on" kc --server "$(serve $on stack)" --workload tests/kernel/layered.sh
 	done
 	# The daemon serves and mounts the workspaces itself; killed with -9
 	# under a writer and started again, the writer finishes.
 	echo "-- the workspace daemon over NFS: a kill -9 under a writer and a restart"
-	kc --no-mount --workload tests/kernel/daemon.sh \
+	check "kernel client daemon" kc --no-mount --workload tests/kernel/daemon.sh \
 		--server "exec $PWD/target/release/layerfs daemon --store /run/lfs-store --nfs-port 20490"
 else
-	echo "SKIPPED: QEMU is not installed (apt-get install qemu-system-x86 busybox-static xz-utils)"
+	missing "the Linux kernel NFS client (QEMU)" "QEMU is not installed (apt-get install qemu-system-x86 busybox-static xz-utils)"
 fi
+
+summary
+[[ ${#failed[@]} == 0 ]]

@@ -27,10 +27,12 @@ for f in empty one big; do
 	cmp "$work/$f" "$work/export/$f"                      # the bytes reached the disk
 	nfs-cat "$(url "/$f")" | cmp - "$work/$f"              # and come back the same
 done
-mkdir "$work/export/dir" && echo inside >"$work/export/dir/file"
+mkdir "$work/export/dir"
+echo inside >"$work/export/dir/file"
 listing=$(nfs-ls "$(url /)")
 for f in empty one big dir; do grep -qw "$f" <<<"$listing" || { echo "libnfs: $f not listed" >&2; exit 1; }; done
 [ "$(nfs-cat "$(url /dir/file)")" = inside ]
-nfs-cp "$(url /big)" "$work/back" >/dev/null && cmp "$work/back" "$work/big"
+nfs-cp "$(url /big)" "$work/back" >/dev/null
+cmp "$work/back" "$work/big"
 if nfs-cat "$(url /missing)" >/dev/null 2>&1; then echo "libnfs: reading a missing file succeeded" >&2; exit 1; fi
 echo "libnfs round trip passed (port $port)"

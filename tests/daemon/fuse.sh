@@ -4,12 +4,13 @@
 # files, commit, make a second workspace from the commit and see the
 # changes there; kill -9 the daemon and start it again (it mounts the
 # workspace again, nothing synced is lost); SIGTERM leaves no mount.
-# Needs root and /dev/fuse; says SKIPPED without them.
+# Needs root and /dev/fuse; says SKIPPED without them (tests/skip.sh).
 # usage: tests/daemon/fuse.sh LAYERFS
 set -euo pipefail
 layerfs=$(realpath "$1")
+source "$(dirname "$0")/../skip.sh"
 if [[ ! -c /dev/fuse || $(id -u) != 0 ]]; then
-	echo "SKIPPED: the daemon through FUSE: needs root and /dev/fuse"
+	skip_or_fail "the daemon through FUSE" "needs root and /dev/fuse"
 	exit 0
 fi
 t=$(mktemp -d /tmp/layerfs-daemon.XXXXXX)
@@ -193,9 +194,9 @@ step "a user who is not root runs a daemon of their own and mounts through fuser
 nobody() { setpriv --reuid 65534 --regid 65534 --clear-groups env HOME="$t/nobody" \
 	XDG_RUNTIME_DIR="$t/nobody/run" LAYERFS_STORE="$t/nobody/store" "$@"; }
 if ! command -v fusermount3 >/dev/null; then
-	echo "SKIPPED: fusermount3 is not installed (apt-get install fuse3)"
+	skip_or_fail "the daemon through FUSE: a user who is not root" "fusermount3 is not installed (apt-get install fuse3)"
 elif ! nobody sh -c ': <>/dev/fuse' 2>/dev/null; then
-	echo "SKIPPED: /dev/fuse is not usable by users who are not root here (Debian makes it 0666)"
+	skipped "the daemon through FUSE: a user who is not root" "/dev/fuse is not open to users who are not root here (Debian makes it 0666; verify.sh opens it for its run)"
 else
 	mkdir -p "$t/nobody/run" "$t/nobody/mnt"
 	chmod 755 "$t"

@@ -5,7 +5,8 @@
 # tmpfs of its own, on a fresh ext4, xfs or btrfs image (`ext4`, `xfs`,
 # `btrfs`), or (flat only: a stack refuses it) on an overlay of a tmpfs under
 # that ext4, whose directory inode numbers are not kept (`overlay`). Needs root (it mounts,
-# drops caches and chowns) and /dev/fuse; says SKIPPED without them. With
+# drops caches and chowns) and /dev/fuse; says SKIPPED without them
+# (tests/skip.sh: a failure with LAYERFS_REQUIRE_MOUNTS=1). With
 # `no-passthrough`, every read and write goes through the door, as for a door
 # not run as root.
 # `permissions` runs tests/kernel/permissions.sh (callers who are not root)
@@ -17,12 +18,14 @@ if [[ ${4:-} == no-passthrough ]]; then
 	export SERVE_FLAGS=--no-passthrough
 fi
 repo=$(cd "$(dirname "$0")/../.." && pwd)
+source "$repo/tests/skip.sh"
+check="FUSE $what workload on $on${4:+ ($4)}"
 if [[ ! -c /dev/fuse ]]; then
-	echo "SKIPPED: FUSE $what workload: no /dev/fuse"
+	skip_or_fail "$check" "no /dev/fuse"
 	exit 0
 fi
 if [[ $(id -u) != 0 ]]; then
-	echo "SKIPPED: FUSE $what workload: needs root"
+	skip_or_fail "$check" "needs root"
 	exit 0
 fi
 base=$(mktemp -d /tmp/layerfs-fuse.XXXXXX)
@@ -32,7 +35,7 @@ ext4 | xfs | btrfs | overlay)
 	fs=$on
 	[[ $on == overlay ]] && fs=ext4
 	if ! command -v "mkfs.$fs" >/dev/null; then
-		echo "SKIPPED: FUSE $what workload on $on: mkfs.$fs is missing (e2fsprogs, xfsprogs, btrfs-progs)"
+		skip_or_fail "$check" "mkfs.$fs is missing (e2fsprogs, xfsprogs, btrfs-progs)"
 		rmdir "$base"
 		exit 0
 	fi
@@ -44,7 +47,7 @@ ext4 | xfs | btrfs | overlay)
 	btrfs) mkfs.btrfs -q -f "$image" >/dev/null ;;
 	esac
 	if ! mount -o loop "$image" "$base" 2>/dev/null; then
-		echo "SKIPPED: FUSE $what workload on $on: no loop device (or no $fs in this kernel) to mount the image"
+		skip_or_fail "$check" "no loop device (or no $fs in this kernel) to mount the image"
 		rm "$image"
 		rmdir "$base"
 		exit 0

@@ -239,7 +239,10 @@ fn a_bad_or_oversized_control_message_gets_an_error_and_the_daemon_lives() {
 #[test]
 fn another_users_control_request_is_refused() {
     if !rustix::process::geteuid().is_root() {
-        println!("SKIPPED: switching to another uid needs root");
+        layerfs_testkit::skipped(
+            "daemon: another user's control request",
+            "switching to another uid needs root",
+        );
         return;
     }
     let d = Daemon::start();

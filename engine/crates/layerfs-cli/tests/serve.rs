@@ -203,7 +203,10 @@ fn another_local_user_is_refused_before_a_byte_is_read() {
     let root = rustix::process::geteuid().is_root();
     let setpriv = Command::new("setpriv").arg("--version").output().is_ok();
     if !root || !setpriv {
-        eprintln!("SKIPPED: another local user's connection: needs root and setpriv");
+        layerfs_testkit::skipped(
+            "serve: another local user's connection",
+            "needs root and setpriv",
+        );
         return;
     }
     let dir = tempfile::tempdir().unwrap();

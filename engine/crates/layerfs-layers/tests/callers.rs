@@ -54,7 +54,10 @@ fn tree(root: &Path) {
 /// Runs `check` on a flat export and on a stack with the tree in its layer.
 fn on_both(check: impl Fn(&dyn Filesystem)) {
     if !rustix::process::geteuid().is_root() {
-        eprintln!("SKIPPED: giving files to other owners needs root");
+        layerfs_testkit::skipped(
+            "callers: owners and modes",
+            "giving files to other owners needs root",
+        );
         return;
     }
     let flat = tempfile::tempdir().unwrap();

@@ -253,5 +253,10 @@ fn main() {
         copied += usize::from(big_round(&me, delay));
         println!("copy-up killed after {delay:?}: consistent");
     }
+    // A kill that never lands inside a copy-up proves nothing about one.
+    assert!(
+        copied < big_rounds as usize,
+        "all {big_rounds} copy-ups finished before their kill: none was cut"
+    );
     println!("test result: ok. {rounds} crash rounds, {big_rounds} inside copy-ups ({copied} had finished)");
 }

@@ -622,7 +622,10 @@ async fn a_cookie_with_a_foreign_verifier_is_bad() {
 #[tokio::test]
 async fn access_follows_mode_bits_and_the_callers_ids() {
     if !rustix::process::geteuid().is_root() {
-        eprintln!("SKIPPED: access by mode bits: giving a file to another user needs root");
+        layerfs_testkit::skipped(
+            "access by mode bits",
+            "giving a file to another user needs root",
+        );
         return;
     }
     let server = TestServer::start();

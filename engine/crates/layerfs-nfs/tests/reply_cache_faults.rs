@@ -11,15 +11,33 @@ use nfs3_types::nfs3::*;
 use nfs3_types::xdr_codec::{Opaque, Pack};
 use support::*;
 
-/// Sends the call, cuts the connection before reading the reply, then
-/// retransmits the same call from a new connection; the reply it gets.
-fn retransmitted(port: u16, xid: u32, proc: u32, args: &impl Pack) -> Vec<u8> {
+/// Sends the call, cuts the connection before reading the reply, waits
+/// until `happened` sees its change on disk (a server that dropped a call
+/// whose connection closed would pass the rest: the retransmission alone
+/// would make the change), then retransmits the same call from a new
+/// connection; the reply it gets.
+fn retransmitted(
+    port: u16,
+    xid: u32,
+    proc: u32,
+    args: &impl Pack,
+    happened: impl Fn() -> bool,
+) -> Vec<u8> {
     let mut first = RawClient::connect(port);
     first.send(xid, proc, args);
     drop(first); // gone before the reply could be read
-                 // Long enough for the first to have finished: a retransmission of a
-                 // call still running is dropped, and this client would wait on it.
-    std::thread::sleep(Duration::from_millis(300));
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !happened() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "call {xid}: its change never happened after its connection closed"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Long enough for the first to have sent its reply into the cache: a
+    // retransmission of a call still running is dropped, and this client
+    // would wait on it.
+    std::thread::sleep(Duration::from_millis(200));
     let mut again = RawClient::connect(port);
     again.send(xid, proc, args);
     let (got, results) = again.recv();
@@ -44,7 +62,7 @@ async fn each_change_cut_off_before_its_reply_happens_once_and_replays() {
         where_: dirop(&root, "created"),
         how: createhow3::GUARDED(sattr3::default()),
     };
-    let r = retransmitted(port, 101, 8, &create);
+    let r = retransmitted(port, 101, 8, &create, || server.path("created").is_file());
     assert_eq!(
         status_of(&decode::<CREATE3res>(&r)),
         nfsstat3::NFS3_OK,
@@ -59,6 +77,7 @@ async fn each_change_cut_off_before_its_reply_happens_once_and_replays() {
         &REMOVE3args {
             object: dirop(&root, "victim"),
         },
+        || !server.path("victim").exists(),
     );
     assert_eq!(
         status_of(&decode::<REMOVE3res>(&r)),
@@ -71,7 +90,7 @@ async fn each_change_cut_off_before_its_reply_happens_once_and_replays() {
         from: dirop(&root, "moving"),
         to: dirop(&root, "moved"),
     };
-    let r = retransmitted(port, 103, 14, &rename);
+    let r = retransmitted(port, 103, 14, &rename, || server.path("moved").is_file());
     assert_eq!(
         status_of(&decode::<RENAME3res>(&r)),
         nfsstat3::NFS3_OK,
@@ -83,7 +102,7 @@ async fn each_change_cut_off_before_its_reply_happens_once_and_replays() {
         file: linked,
         link: dirop(&root, "second-name"),
     };
-    let r = retransmitted(port, 104, 15, &link);
+    let r = retransmitted(port, 104, 15, &link, || server.path("second-name").exists());
     assert_eq!(
         status_of(&decode::<LINK3res>(&r)),
         nfsstat3::NFS3_OK,
@@ -96,7 +115,7 @@ async fn each_change_cut_off_before_its_reply_happens_once_and_replays() {
         where_: dirop(&root, "dir"),
         attributes: sattr3::default(),
     };
-    let r = retransmitted(port, 105, 9, &mkdir);
+    let r = retransmitted(port, 105, 9, &mkdir, || server.path("dir").is_dir());
     assert_eq!(
         status_of(&decode::<MKDIR3res>(&r)),
         nfsstat3::NFS3_OK,
@@ -111,7 +130,9 @@ async fn each_change_cut_off_before_its_reply_happens_once_and_replays() {
         stable: stable_how::FILE_SYNC,
         data: Opaque::borrowed(b"hello"),
     };
-    let r = retransmitted(port, 106, 7, &write);
+    let r = retransmitted(port, 106, 7, &write, || {
+        std::fs::read(server.path("written")).is_ok_and(|d| d == b"hello")
+    });
     assert_eq!(status_of(&decode::<WRITE3res>(&r)), nfsstat3::NFS3_OK);
     assert_eq!(std::fs::read(server.path("written")).unwrap(), b"hello");
 }

@@ -402,7 +402,10 @@ mod tests {
         use rustix::thread::{sched_getaffinity, sched_setaffinity, CpuSet};
         let cpus = process_cpus();
         if cpus.len() < 2 {
-            eprintln!("SKIPPED: this process may run on one CPU only");
+            layerfs_testkit::skipped(
+                "awake: leaves its client's CPU",
+                "this process may run on one CPU only",
+            );
             return;
         }
         let awake = Awake::start().unwrap();

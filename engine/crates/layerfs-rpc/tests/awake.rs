@@ -86,7 +86,10 @@ fn awake_thread() -> Task {
 #[test]
 fn one_thread_at_nice_19_spins_after_a_reply_and_sleeps_once_calls_stop() {
     if thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
-        eprintln!("SKIPPED: one CPU, where no thread is kept spinning");
+        layerfs_testkit::skipped(
+            "awake: one thread spins",
+            "one CPU, where no thread is kept spinning",
+        );
         return;
     }
     one_call(Duration::ZERO);

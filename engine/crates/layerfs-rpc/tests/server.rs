@@ -396,8 +396,15 @@ fn a_record_trickled_a_byte_at_a_time_closes_its_connection_at_the_deadline() {
         }
         false
     });
-    time_to_close(&stream);
-    let _ = trickle.join();
+    let waited = time_to_close(&stream);
+    assert!(
+        waited < Duration::from_millis(300) + Duration::from_secs(2),
+        "closed {waited:?} after the start, the deadline being 300 ms"
+    );
+    assert!(
+        trickle.join().unwrap(),
+        "the trickler sent its whole record: the server never cut it off"
+    );
 }
 
 #[test]

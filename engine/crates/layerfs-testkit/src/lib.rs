@@ -88,8 +88,27 @@ pub fn or_skip<T>(mounted: Result<T, String>, test: &str) -> Option<T> {
             panic!("{test}: LAYERFS_REQUIRE_MOUNTS=1 and a mount failed: {why}")
         }
         Err(why) => {
-            eprintln!("SKIPPED: {test}: {why}; nothing was checked");
+            skipped(test, &format!("{why}; nothing was checked"));
             None
+        }
+    }
+}
+
+/// Says that `test` checked nothing here, and why; where verify.sh
+/// collects skips (`LAYERFS_SKIPS` names a file), adds the test's name to
+/// the list its summary prints (tests/skip.sh does the same for scripts).
+pub fn skipped(test: &str, why: &str) {
+    eprintln!("SKIPPED: {test}: {why}");
+    if let Some(list) = std::env::var_os("LAYERFS_SKIPS") {
+        use std::io::Write;
+        let line = format!("{test}\n");
+        let appended = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(&list)
+            .and_then(|mut f| f.write_all(line.as_bytes()));
+        if let Err(e) = appended {
+            eprintln!("cannot add {test} to {}: {e}", list.to_string_lossy());
         }
     }
 }
