@@ -135,16 +135,36 @@ cmp -s "$t/w4/loop" "$t/w/loop" || fail "w4's loop is not w's"
 "$layerfs" unmount w3
 "$layerfs" unmount w4
 
-step "kill -9 of the daemon: the restarted daemon mounts again, nothing synced is lost"
+step "kill -9 of the daemon under a writer: the restarted daemon mounts again, nothing synced is lost"
 dd if=/dev/urandom of="$t/w/synced" bs=64k count=16 conv=fsync status=none
 want=$(sha256sum <"$t/w/synced")
+# A writer syncing block after block, noting each synced one outside the
+# mount; the kill lands while it writes (its later writes then fail: a FUSE
+# mount dies with its daemon).
+dd if=/dev/urandom of="$t/blocks" bs=64k count=512 status=none
+(
+	for i in $(seq 0 511); do
+		dd if="$t/blocks" of="$t/w/inflight" bs=64k skip=$i seek=$i count=1 conv=notrunc,fsync \
+			status=none 2>/dev/null || exit 0
+		echo "$i" >>"$t/synced-blocks"
+	done
+) &
+writer=$!
+for _ in $(seq 300); do [[ $(wc -l <"$t/synced-blocks" 2>/dev/null || echo 0) -ge 8 ]] && break; sleep 0.05; done
+kill -0 "$writer" 2>/dev/null || fail "the writer was not running at the kill"
 kill -9 "$daemon"
 wait "$daemon" 2>/dev/null || true
 daemon=
+wait "$writer"
 cat "$t/w/new" 2>/dev/null && fail "a dead FUSE mount still answered"
 start_daemon
 mounted "$t/w" || fail "w not mounted again"
 [[ $(sha256sum <"$t/w/synced") == "$want" ]] || fail "synced data changed across the crash"
+blocks=$(wc -l <"$t/synced-blocks")
+[[ $blocks -lt 512 ]] || fail "the writer finished before the kill"
+cmp -n $((blocks * 65536)) "$t/w/inflight" "$t/blocks" ||
+	fail "a block synced before the kill (of $blocks) differs after the restart"
+echo "   killed with $blocks blocks of 64 KiB synced by a writer in flight: all read back"
 check "$t/w/new" new
 check "$t/w2/new" new
 "$layerfs" ls | grep -q "^w2 .*mounted" || fail "ls after restart: $("$layerfs" ls)"

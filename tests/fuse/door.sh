@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The FUSE door's start and stop as a user meets them: one-line errors,
 # SIGTERM unmounts and exits 0, a door killed with -9 leaves a mount that
-# fails fast and that a restart or fusermount3 -u clears, and a user who is
-# not root mounts through fusermount3 a mount no other user can reach.
+# fails fast and that a restart or fusermount3 -u clears, passthrough keeps
+# reads away from the door (and --no-passthrough does not), and a user who
+# is not root mounts through fusermount3 a mount no other user can reach.
 # Needs root and /dev/fuse; says SKIPPED without them (tests/skip.sh).
 # usage: tests/fuse/door.sh LAYERFS
 set -euo pipefail
@@ -92,6 +93,36 @@ else
 fi
 mounted "$t/mnt" && fail "still mounted"
 [[ -z $(ls -A "$t/mnt") ]] || fail "the mount point is not empty again"
+
+step "passthrough: as root, reads never reach the door; without passthrough, they do"
+# The bytes the door's threads read (/proc/PID/io rchar) while a reader
+# reads a 64 MiB file through a fresh mount: with passthrough the kernel
+# reads the host file itself.
+head -c $((64 << 20)) /dev/urandom >"$t/src/big"
+door_read() { # door_read LOG [FLAGS]: bytes the door read while the file was read
+	local log=$1
+	shift
+	RUST_LOG=info "$layerfs" serve --fuse "$t/mnt" "$@" "$t/src" >/dev/null 2>"$log" &
+	local door=$! before after
+	wait_mounted "$t/mnt"
+	before=$(awk '$1 == "rchar:" {print $2}' "/proc/$door/io")
+	cmp "$t/mnt/big" "$t/src/big" || fail "the file read through the mount differs"
+	after=$(awk '$1 == "rchar:" {print $2}' "/proc/$door/io")
+	kill -TERM $door
+	wait $door || fail "the door's exit status after SIGTERM"
+	echo $((after - before))
+}
+with=$(door_read "$t/with.log")
+without=$(door_read "$t/without.log" --no-passthrough)
+echo "   the door read $with bytes with passthrough, $without without"
+[[ $without -ge $((64 << 20)) ]] || fail "without passthrough the door read only $without bytes"
+if grep -q "passthrough=false" "$t/with.log"; then
+	skip_or_fail "FUSE door: passthrough" "this kernel ($(uname -r)) did not grant passthrough (6.9 or later offers it)"
+else
+	grep -q "passthrough=true" "$t/with.log" || fail "the door did not say whether it has passthrough"
+	[[ $with -lt $((8 << 20)) ]] || fail "with passthrough the door still read $with bytes"
+fi
+rm "$t/src/big"
 
 step "a user who is not root mounts; other users cannot reach the mount"
 if ! command -v fusermount3 >/dev/null; then

@@ -2,8 +2,8 @@
 # POSIX rules for callers who are not root, through the Linux kernel NFSv3
 # client (in the guest of tools/kernel-client/run) or through FUSE
 # (tests/fuse/run.sh, DOOR=fuse): each step runs as uid 65533 or 65534
-# (setpriv) on the mount MNT and on a tmpfs of the machine's own, and the two
-# transcripts must be the same.
+# (setpriv) on the mount MNT and on a tmpfs of the machine's own; the local
+# transcript must be the one Linux is known to give, and the mount's the same.
 set -euo pipefail
 DOOR=${DOOR:-nfs}
 as() {
@@ -11,7 +11,17 @@ as() {
 	shift
 	setpriv --reuid="$uid" --regid="$uid" --clear-groups "$@"
 }
-try() { if "$@" 2>/dev/null; then echo ok; else echo refused; fi; }
+# ok, refused, or (a cause both sides would share, which must not pass as a
+# refusal) a missing command.
+try() {
+	local rc=0
+	"$@" 2>/dev/null || rc=$?
+	case $rc in
+	0) echo ok ;;
+	126 | 127) echo "missing: $*" ;;
+	*) echo refused ;;
+	esac
+}
 
 rules() {
 	cd "$1"
@@ -81,12 +91,51 @@ rules() {
 	echo "and once it is 0666: $(try as 65533 sh -c 'exec 3<>fifo')"
 }
 
+# What Linux does on its own tmpfs: the reference side must show it, or a
+# cause both sides share (a missing tool, a setpriv that cannot switch)
+# would pass as agreement.
+expected() {
+	cat <<'EXPECTED'
+chown to the same owner, by another user: refused
+chgrp to the same group, by another user: refused
+chown to the same owner, by the owner: ok
+mode after a write by another user: 777
+mode after a write by the owner: 777
+chmod 2755 by an owner outside the group: 755
+new file modes (0620, 0642 asked): 620 642 
+move a 0555 directory to another parent, by another user: refused
+rename it within its parent, by another user: ok
+remove a missing name without write permission: refused
+rename in a sticky directory, by another user: refused
+remove in a sticky directory, by another user: refused
+sticky directory holds: theirs 
+rename in a sticky directory, by the owner: ok
+sticky directory holds: mine 
+read a file under a directory without search permission: refused
+chmod it: refused
+truncate it: refused
+read it once search permission is back: data
+ok
+open with O_TRUNC by an owner without write permission: refused
+truncate by that owner: refused
+truncate(2) by that owner: refused
+O_RDONLY|O_TRUNC by that owner: refused
+size after: 5
+open a 0444 FIFO for reading and writing, by its owner: refused
+and once it is 0666: ok
+EXPECTED
+}
+
 work=$(mktemp -d /run/permissions.XXXXXX)
 mkdir "$work/reference"
 mount -t tmpfs reference "$work/reference"
 trap 'umount "$work/reference"; rm -rf "$work"' EXIT
 (rules "$work/reference") >"$work/local.txt"
 (rules "$MNT") >"$work/$DOOR.txt"
+if ! diff -u <(expected) "$work/local.txt"; then
+	echo "the local tmpfs does not behave as Linux is known to (- expected, + local): is a tool missing?"
+	exit 1
+fi
 cat "$work/$DOOR.txt"
 if ! diff -u "$work/local.txt" "$work/$DOOR.txt"; then
 	echo "the $DOOR mount does not behave as the local tmpfs (- local, + $DOOR)"

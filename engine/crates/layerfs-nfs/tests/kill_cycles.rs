@@ -184,20 +184,26 @@ async fn run_cycles(what: &str, cycles: usize, seed: u64) -> String {
             acked.files.push((res.object, id));
             acked.next.push(LOWER_LEN as u64);
         }
-        // Writes until the kill, which comes at a random moment, from
-        // another thread: in the middle of a call as likely as between two.
-        let kill_after = Duration::from_millis(5 + next_random(250));
+        // Writes until the kill, which comes at a random moment after the
+        // cycle's first durable write, from another thread: in the middle
+        // of a call as likely as between two.
+        let kill_after = Duration::from_millis(next_random(250));
+        let (first_durable, durable_seen) = std::sync::mpsc::channel::<()>();
         let mut child = child;
         let killer = std::thread::spawn(move || {
+            // A cycle that made nothing durable checks nothing: it fails
+            // below; the kill comes anyway.
+            let _ = durable_seen.recv_timeout(Duration::from_secs(30));
             std::thread::sleep(kill_after);
             let _ = child.kill();
             child
         });
+        let durable_before = acked.durable.len();
         let mut pending: Vec<(usize, u64)> = Vec::new();
         // A plain blocking client for the writes: a kill in the middle of a
         // call must end the call with an error, whatever the client library.
         let mut wire = Wire::connect(port);
-        let outcome: Result<(), String> = (|| {
+        let outcome: Result<(), CallError> = (|| {
             loop {
                 if acked.files.is_empty() || next_random(8) == 0 {
                     let name = format!("f{}-{}", cycle, acked.files.len());
@@ -241,6 +247,7 @@ async fn run_cycles(what: &str, cycles: usize, seed: u64) -> String {
                 writes += 1;
                 if res.committed == stable_how::FILE_SYNC {
                     acked.durable.insert((file, offset), cycle);
+                    let _ = first_durable.send(());
                 } else {
                     pending.push((file, offset));
                 }
@@ -262,16 +269,29 @@ async fn run_cycles(what: &str, cycles: usize, seed: u64) -> String {
                         }
                         pf != f
                     });
+                    let _ = first_durable.send(());
                 }
             }
         })();
-        if let Err(e) = outcome {
-            if e.contains("WRITE ") || e.contains("CREATE ") || e.contains("COMMIT ") {
-                panic!("cycle {cycle}: the server refused: {e}")
-            }
+        // Only the kill may end the cycle: a refusal, a reply that does not
+        // decode, or anything but a closed connection is a failure.
+        match outcome {
+            Err(CallError::Closed(_)) => {}
+            Err(CallError::Failed(e)) => panic!("cycle {cycle}: {e}"),
+            Ok(()) => unreachable!("the write loop ends only with an error"),
         }
         let mut child = killer.join().unwrap();
-        let _ = child.wait();
+        let died = child.wait().unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(
+            died.signal(),
+            Some(9),
+            "cycle {cycle}: the server ended on its own ({died}), not by the kill"
+        );
+        assert!(
+            acked.durable.len() > durable_before,
+            "cycle {cycle}: nothing was acknowledged durable before the kill"
+        );
     }
     // A last restart to check the last cycle's writes.
     let (mut child, port) = start_server(what, dir.path());
@@ -340,6 +360,21 @@ async fn verify(c: &mut Conn, acked: &Acked, what: &str, since: usize) {
     }
 }
 
+/// Why a call gave no results.
+#[derive(Debug)]
+enum CallError {
+    /// The connection ended before the reply: what a kill does.
+    Closed(String),
+    /// Anything else: a refusal, a reply that does not decode.
+    Failed(String),
+}
+
+impl From<String> for CallError {
+    fn from(e: String) -> CallError {
+        CallError::Failed(e)
+    }
+}
+
 /// A blocking NFS client over one connection: a call's results, or an
 /// error when the connection ends before its reply.
 struct Wire {
@@ -366,25 +401,26 @@ impl Wire {
         &mut self,
         proc: u32,
         args: &impl nfs3_types::xdr_codec::Pack,
-    ) -> Result<T, String> {
+    ) -> Result<T, CallError> {
         use std::io::Write;
         self.xid += 1;
         let frame = support::RawClient::frame(self.xid, 100_003, proc, args);
-        self.stream.write_all(&frame).map_err(|e| e.to_string())?;
+        let closed = |e: std::io::Error| CallError::Closed(e.to_string());
+        self.stream.write_all(&frame).map_err(closed)?;
         let record = self
             .records
             .next_record()
-            .map_err(|e| e.to_string())?
-            .ok_or("the connection closed")?;
+            .map_err(closed)?
+            .ok_or_else(|| CallError::Closed("the connection closed".into()))?;
         let bytes = record.as_bytes();
         // xid, REPLY, MSG_ACCEPTED, verifier (flavor, empty), SUCCESS.
         if bytes.len() < 24 || bytes[8..12] != [0; 4] || bytes[20..24] != [0; 4] {
-            return Err(format!("proc {proc}: not an accepted, successful reply"));
+            return Err(format!("proc {proc}: not an accepted, successful reply").into());
         }
         let mut body = &bytes[24..];
         T::unpack(&mut body)
             .map(|(v, _)| v)
-            .map_err(|e| format!("proc {proc}: {e:?}"))
+            .map_err(|e| format!("proc {proc}: {e:?}").into())
     }
 }
 
