@@ -276,7 +276,7 @@ async fn run_cycles(what: &str, cycles: usize, seed: u64) -> String {
         // Only the kill may end the cycle: a refusal, a reply that does not
         // decode, or anything but a closed connection is a failure.
         match outcome {
-            Err(CallError::Closed(_)) => {}
+            Err(CallError::Closed(how)) => println!("cycle {cycle}: the connection ended: {how}"),
             Err(CallError::Failed(e)) => panic!("cycle {cycle}: {e}"),
             Ok(()) => unreachable!("the write loop ends only with an error"),
         }
