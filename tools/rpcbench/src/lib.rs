@@ -47,6 +47,9 @@ pub fn xid_base() -> u32 {
     (nanos ^ std::process::id().rotate_left(16)).wrapping_add(run.wrapping_mul(0x9E37_79B9))
 }
 
+/// Bytes of an accepted reply before its results (xid on, AUTH_NONE verifier).
+pub const REPLY_HEADER: usize = 24;
+
 /// Whether an RPC reply (from its xid on) is a success: accepted, and for a
 /// procedure with results, NFS3_OK (the first word of every NFSv3 result).
 /// Expects an AUTH_NONE verifier, as every server measured here sends.
@@ -66,8 +69,11 @@ pub fn reply_ok(reply: &[u8]) -> bool {
 /// from 0 for names and offsets. Stops early at `max_calls`. Like the Linux
 /// client, which corks its socket while calls are queued, calls issued for
 /// replies that arrived together leave in one write. Every reply's status
-/// is checked ([`LoadResult::errors`]). The latencies of the calls
-/// `is_probe(seq)` picks are also taken apart ([`LoadResult::probes_us`]).
+/// is checked, and `right(seq, results)` checks its results (the bytes after
+/// the accepted reply's header) ([`LoadResult::errors`]). The latencies of
+/// the calls `is_probe(seq)` picks are also taken apart
+/// ([`LoadResult::probes_us`]).
+#[allow(clippy::too_many_arguments)]
 pub fn run_load(
     addr: SocketAddr,
     depth: usize,
@@ -76,6 +82,7 @@ pub fn run_load(
     max_calls: u32,
     call: impl Fn(u32, u32) -> Vec<u8>,
     is_probe: impl Fn(u32) -> bool,
+    right: impl Fn(u32, &[u8]) -> bool,
 ) -> io::Result<LoadResult> {
     let stream = TcpStream::connect(addr)?;
     stream.set_nodelay(true)?;
@@ -121,7 +128,8 @@ pub fn run_load(
                 "a reply to xid {xid}, never sent"
             )));
         }
-        errors += u64::from(!reply_ok(reply.as_bytes()));
+        let bytes = reply.as_bytes();
+        errors += u64::from(!(reply_ok(bytes) && right(seq, &bytes[REPLY_HEADER..])));
         let now = Instant::now();
         done += 1;
         if done == warmup {

@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use rpcbench::{run_load, LoadResult};
 use servers::{Server, Usage};
-use workloads::{Handles, Workload, MIB};
+use workloads::{Handles, Workload};
 
 pub struct Row {
     pub workload: Workload,
@@ -147,6 +147,7 @@ fn check_floor(o: &Options, floor: SocketAddr, duration: Duration) {
             5_000_000,
             |xid, _| rpcbench::frame_call(xid, 100_003, 3, 0, &nfs3_types::xdr_codec::Void),
             |_| false,
+            |_, _| true,
         )
         .expect("floor run");
         (load.calls_per_sec(), load.p50_us)
@@ -268,7 +269,8 @@ fn main() {
         .map(|t| Handles::of(t.nfs, t.mount, &t.path).unwrap_or_else(|e| panic!("{}: {e}", t.name)))
         .collect();
     check_floor(&o, floor.nfs, duration);
-    let payload = vec![0xA5u8; MIB];
+    // WRITEs put back what the file holds, so READs always find it.
+    let payload = peers::data();
     let mut runs = Vec::new();
     for round in 0..o.rounds {
         for &w in &workloads {
@@ -305,6 +307,7 @@ fn main() {
                         max,
                         |xid, seq| w.call(h, &payload, xid, seq, base),
                         |seq| w.is_probe(seq),
+                        |seq, results| w.right(&payload, seq, results),
                     )
                     .unwrap_or_else(|e| panic!("{} {}: {e}", t.name, w.name()));
                     let mut usage = t.usage().since(before);
@@ -341,6 +344,8 @@ fn main() {
                         5_000_000,
                         |xid, seq| w.call(&handles[0], &payload, xid, seq, 0),
                         |_| false,
+                        // The raw TCP floor answers with zeros, not the file.
+                        |_, _| true,
                     )
                     .expect("floor run");
                     runs.push(Row {

@@ -26,7 +26,7 @@ pub fn set_huge_files(n: usize) {
     HUGE_FILES.store(n, Relaxed);
 }
 
-fn data() -> Vec<u8> {
+pub fn data() -> Vec<u8> {
     (0..DATA_LEN).map(|i| (i * 31 % 251) as u8).collect()
 }
 

@@ -38,11 +38,14 @@ pub fn medians(runs: &[Row]) -> Vec<Row> {
             .collect();
         same.sort_by(|a, b| a.load.calls_per_sec().total_cmp(&b.load.calls_per_sec()));
         let m = same[same.len() / 2];
+        // A row some round of which failed calls is left out of the ratios.
+        let mut load = m.load.clone();
+        load.errors = same.iter().map(|o| o.load.errors).sum();
         out.push(Row {
             workload: m.workload,
             server: m.server,
             depth: m.depth,
-            load: m.load.clone(),
+            load,
             usage: m.usage,
             calls_sent: m.calls_sent,
         });
@@ -50,9 +53,12 @@ pub fn medians(runs: &[Row]) -> Vec<Row> {
     out
 }
 
+/// The row of `server` for `w` at `depth`, if all its calls succeeded:
+/// a row with errors measures the errors, and enters no ratio.
 fn find<'a>(rows: &'a [Row], w: Workload, server: &str, depth: usize) -> Option<&'a Row> {
     rows.iter()
         .find(|r| r.workload == w && r.server == server && r.depth == depth)
+        .filter(|r| r.load.errors == 0)
 }
 
 /// The servers layerfs is measured against.
@@ -93,15 +99,15 @@ pub fn print(rows: &[Row]) {
         }
         println!("### {}\n", w.name());
         println!(
-            "| server | depth | calls/s | MB/s | p50 us | p99 us | CPU us/call | syscalls/call |"
+            "| server | depth | calls/s | MB/s | p50 us | p99 us | CPU us/call | syscalls/call | errors |"
         );
-        println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+        println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
         for r in rows.iter().filter(|r| r.workload == w) {
             let per_call = |n: f64| n / r.calls_sent.max(1) as f64;
             let mbs = mb_per_sec(r).map_or("-".into(), |m| format!("{m:.0}"));
             let (p50, p99) = latencies(r);
             println!(
-                "| {} | {} | {:.0} | {} | {:.1} | {:.1} | {:.1} | {} |",
+                "| {} | {} | {:.0} | {} | {:.1} | {:.1} | {:.1} | {} | {} |",
                 r.server,
                 r.depth,
                 r.load.calls_per_sec(),
@@ -112,11 +118,22 @@ pub fn print(rows: &[Row]) {
                 r.usage
                     .syscalls
                     .map_or("-".into(), |n| format!("{:.2}", per_call(n as f64))),
+                r.load.errors,
             );
         }
         println!();
         for depth in w.depths() {
             for ours in OURS {
+                let failed = rows.iter().find(|r| {
+                    r.workload == w && r.server == ours && r.depth == depth && r.load.errors > 0
+                });
+                if let Some(r) = failed {
+                    println!(
+                        "depth {depth}: {ours} had {} errors: left out of the ratios",
+                        r.load.errors
+                    );
+                    continue;
+                }
                 let Some((ratio, peer)) = versus_best_peer(rows, w, ours, depth) else {
                     continue;
                 };

@@ -288,7 +288,7 @@ impl Workload {
                     offset,
                     count: size as u32,
                     stable: stable_how::UNSTABLE,
-                    data: Opaque::borrowed(&payload[..size]),
+                    data: Opaque::borrowed(&payload[offset as usize..][..size]),
                 },
             ),
             Workload::Create => frame_call(
@@ -328,14 +328,76 @@ impl Workload {
         if self.fixed_calls().is_some() {
             return Ok(());
         }
-        let frame = self.call(h, &vec![1; MIB], rpcbench::xid_base(), 0, 0);
+        let data = crate::peers::data();
+        let frame = self.call(h, &data, rpcbench::xid_base(), 0, 0);
         let mut stream = std::net::TcpStream::connect(addr)?;
         std::io::Write::write_all(&mut stream, &frame)?;
         let mut records = layerfs_rpc::Records::new(&stream);
         let reply = records.next_record()?.ok_or(io::ErrorKind::UnexpectedEof)?;
-        match rpcbench::reply_ok(reply.as_bytes()) {
+        let bytes = reply.as_bytes();
+        match rpcbench::reply_ok(bytes) && self.right(&data, 0, &bytes[rpcbench::REPLY_HEADER..]) {
             true => Ok(()),
             false => Err(io::Error::other(format!("{} failed", self.name()))),
         }
     }
+
+    /// Whether the results of call `seq` (its status was NFS3_OK) are what
+    /// it asked for: a READ's count, and on every eighth its data, against
+    /// `payload` (what the file holds); a WRITE's count; a listing's
+    /// entries (on every eighth, to keep the generator's work small).
+    pub fn right(self, payload: &[u8], seq: u32, results: &[u8]) -> bool {
+        if self == Workload::GetattrAmidWrites {
+            return match self.is_probe(seq) {
+                true => Workload::Getattr.right(payload, seq, results),
+                false => Workload::Write.right(payload, seq, results),
+            };
+        }
+        let size = self.bytes().unwrap_or(MIB);
+        let offset = seq as usize % (crate::peers::DATA_LEN / size) * size;
+        let sampled = seq.is_multiple_of(8);
+        match self {
+            Workload::Read | Workload::Read32k => {
+                read_right(results, &payload[offset..][..size], sampled)
+            }
+            Workload::Write | Workload::Write32k => {
+                matches!(unpack::<WRITE3res>(results), Ok(Nfs3Result::Ok(ok)) if ok.count as usize == size)
+            }
+            Workload::ReaddirPlus | Workload::ReaddirPlusHuge if sampled => {
+                let Ok(Nfs3Result::Ok(ok)) = unpack::<READDIRPLUS3res>(results) else {
+                    return false;
+                };
+                let entries = ok.reply.entries.0.len();
+                match self {
+                    // All of big/ fits in one reply: with or without . and ..
+                    Workload::ReaddirPlus => {
+                        ok.reply.eof
+                            && (entries == crate::peers::BIG_DIR
+                                || entries == crate::peers::BIG_DIR + 2)
+                    }
+                    _ => entries > 0,
+                }
+            }
+            _ => true,
+        }
+    }
+}
+
+/// A READ reply's count and eof are those of `want` (never at the file's
+/// end here), and with `data` its bytes are `want`'s. Read by hand: the
+/// generator must not copy 1 MiB to look at it.
+fn read_right(results: &[u8], want: &[u8], data: bool) -> bool {
+    let word = |at: usize| {
+        results
+            .get(at..at + 4)
+            .map(|w| u32::from_be_bytes(w.try_into().expect("4 bytes")))
+    };
+    // status, post_op_attr (a bool, then 84 bytes of fattr3 if set)
+    let mut at = 8 + if word(4) == Some(1) { 84 } else { 0 };
+    let (count, _eof, len) = (word(at), word(at + 4), word(at + 8));
+    at += 12;
+    let n = want.len() as u32;
+    if count != Some(n) || len != Some(n) {
+        return false;
+    }
+    !data || results.get(at..at + want.len()) == Some(want)
 }
