@@ -249,7 +249,8 @@ fn main() {
     let mut copied = 0;
     let big_rounds = 6;
     for round in 0..big_rounds {
-        let delay = std::time::Duration::from_millis(20 + 60 * round);
+        // 0.5 ms to 512 ms: from early in the copy to after its end.
+        let delay = std::time::Duration::from_micros(500 << (2 * round));
         copied += usize::from(big_round(&me, delay));
         println!("copy-up killed after {delay:?}: consistent");
     }

@@ -190,12 +190,42 @@ fn materialize(spec: &LayerSpec, overlay: &Path, oci: &Path, below: &[PathBuf], 
                     }
                 }
             }
+            if !matches!(e, Entry::Whiteout | Entry::HardLink(_)) {
+                own(&at, i);
+            }
         }
     }
 }
 
-/// What a tree shows: path → (kind, mode, size, nlink, link target or data).
-type Tree = BTreeMap<String, (char, u32, u64, u32, Vec<u8>)>;
+/// What a tree shows of one path.
+#[derive(Debug, PartialEq, Eq)]
+struct Shown {
+    kind: char,
+    /// Permission bits (0 for a symlink).
+    mode: u32,
+    size: u64,
+    /// Directories too: a merged one reports 1, others their own count.
+    nlink: u32,
+    owner: (u32, u32),
+    /// Seconds of a modification time set to a moment far from now (by
+    /// Utimes); `None` for one set by the run itself, whose two sides
+    /// happen moments apart.
+    mtime: Option<i64>,
+    /// A symlink's target or a file's bytes.
+    data: Vec<u8>,
+}
+
+/// What a tree shows: path → what shows there.
+type Tree = BTreeMap<String, Shown>;
+
+/// The modification time at `secs` as [`Shown`] keeps it.
+fn set_time(secs: i64) -> Option<i64> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    ((secs - now).abs() > 3600).then_some(secs)
+}
 
 fn host_tree(root: &Path) -> Tree {
     let mut out = Tree::new();
@@ -207,20 +237,23 @@ fn host_tree(root: &Path) -> Tree {
             let path = format!("{rel}/{name}");
             let m = e.path().symlink_metadata().unwrap();
             let mode = m.permissions().mode() & 0o7777;
+            let shown = |kind, mode, size, data| Shown {
+                kind,
+                mode,
+                size,
+                nlink: m.nlink() as u32,
+                owner: (m.uid(), m.gid()),
+                mtime: set_time(m.mtime()),
+                data,
+            };
             let v = if m.is_dir() {
                 stack.push((e.path(), path.clone()));
-                ('d', mode, 0, 0, vec![])
+                shown('d', mode, 0, vec![])
             } else if m.file_type().is_symlink() {
                 let t = std::fs::read_link(e.path()).unwrap();
-                ('l', 0, 0, 0, t.into_os_string().into_encoded_bytes())
+                shown('l', 0, 0, t.into_os_string().into_encoded_bytes())
             } else {
-                (
-                    'f',
-                    mode,
-                    m.len(),
-                    m.nlink() as u32,
-                    std::fs::read(e.path()).unwrap(),
-                )
+                shown('f', mode, m.len(), std::fs::read(e.path()).unwrap())
             };
             out.insert(path, v);
         }
@@ -260,17 +293,26 @@ fn stack_tree(fs: &StackFs) -> Tree {
                     but_atime(a),
                     "{path}: GETATTR and LOOKUP disagree"
                 );
+                let shown = |kind, mode, size, data| Shown {
+                    kind,
+                    mode,
+                    size,
+                    nlink: a.nlink,
+                    owner: (a.uid, a.gid),
+                    mtime: set_time(a.mtime.secs),
+                    data,
+                };
                 let v = match a.kind {
                     FileKind::Directory => {
                         stack.push((a.fileid, path.clone()));
-                        ('d', a.mode, 0, 0, vec![])
+                        shown('d', a.mode & 0o7777, 0, vec![])
                     }
-                    FileKind::Symlink => ('l', 0, 0, 0, fs.readlink(&who, a.fileid).unwrap()),
+                    FileKind::Symlink => shown('l', 0, 0, fs.readlink(&who, a.fileid).unwrap()),
                     _ => {
                         let mut data = Vec::new();
                         fs.read(&who, a.fileid, 0, a.size as usize + 10, &mut data)
                             .unwrap();
-                        ('f', a.mode, a.size, a.nlink, data)
+                        shown('f', a.mode & 0o7777, a.size, data)
                     }
                 };
                 out.insert(path, v);
@@ -356,57 +398,69 @@ fn locate(fs: &StackFs, path: &[&str]) -> Option<(FileId, Option<FileId>)> {
     Some((dir, fs.lookup(&who, dir, last).ok().map(|a| a.fileid)))
 }
 
-/// Applies `op` to the mounted overlay; whether it succeeded.
-fn apply_host(m: &Path, op: &Op, paths: &[Vec<&str>]) -> bool {
+/// Why an operation applied through a mount failed: its errno, or `NOT_TRIED`
+/// where the test itself declined it (a write to what is not a file).
+type Errno = i32;
+const NOT_TRIED: Errno = -1;
+
+fn errno(r: std::io::Result<()>) -> Result<(), Errno> {
+    r.map_err(|e| e.raw_os_error().unwrap_or(NOT_TRIED))
+}
+
+/// Applies `op` to a mounted tree (the overlay, or the stack through FUSE).
+fn apply_host(m: &Path, op: &Op, paths: &[Vec<&str>]) -> Result<(), Errno> {
     let p = |i: usize| m.join(paths[i].iter().collect::<PathBuf>());
+    let regular = |i: usize| match p(i).symlink_metadata() {
+        Ok(md) if md.is_file() => Ok(()),
+        Ok(_) => Err(NOT_TRIED),
+        Err(e) => Err(e.raw_os_error().unwrap_or(NOT_TRIED)),
+    };
     use std::io::{Seek, Write};
     match *op {
-        Op::Create(a, s) => std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(p(a))
-            .and_then(|mut f| f.write_all(&content(s)))
-            .is_ok(),
-        Op::Write(a, off, s) => {
-            let Ok(md) = p(a).symlink_metadata() else {
-                return false;
-            };
-            if !md.is_file() {
-                return false;
-            }
+        Op::Create(a, s) => errno(
             std::fs::OpenOptions::new()
                 .write(true)
+                .create_new(true)
                 .open(p(a))
-                .and_then(|mut f| {
-                    f.seek(std::io::SeekFrom::Start(off.into()))?;
-                    f.write_all(&content(s | 1))
-                })
-                .is_ok()
-        }
-        Op::Truncate(a, l) => {
-            let Ok(md) = p(a).symlink_metadata() else {
-                return false;
-            };
-            md.is_file()
-                && std::fs::OpenOptions::new()
+                .and_then(|mut f| f.write_all(&content(s))),
+        ),
+        Op::Write(a, off, s) => {
+            regular(a)?;
+            errno(
+                std::fs::OpenOptions::new()
                     .write(true)
                     .open(p(a))
-                    .and_then(|f| f.set_len(l.into()))
-                    .is_ok()
+                    .and_then(|mut f| {
+                        f.seek(std::io::SeekFrom::Start(off.into()))?;
+                        f.write_all(&content(s | 1))
+                    }),
+            )
         }
-        Op::Mkdir(a) => std::fs::create_dir(p(a)).is_ok(),
-        Op::Rename(a, b) => std::fs::rename(p(a), p(b)).is_ok(),
-        Op::Unlink(a) => std::fs::remove_file(p(a)).is_ok(),
-        Op::Rmdir(a) => std::fs::remove_dir(p(a)).is_ok(),
-        Op::Link(a, b) => std::fs::hard_link(p(a), p(b)).is_ok(),
-        Op::Symlink(t, a) => std::os::unix::fs::symlink(format!("t{t}"), p(a)).is_ok(),
+        Op::Truncate(a, l) => {
+            regular(a)?;
+            errno(
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(p(a))
+                    .and_then(|f| f.set_len(l.into())),
+            )
+        }
+        Op::Mkdir(a) => errno(std::fs::create_dir(p(a))),
+        Op::Rename(a, b) => errno(std::fs::rename(p(a), p(b))),
+        Op::Unlink(a) => errno(std::fs::remove_file(p(a))),
+        Op::Rmdir(a) => errno(std::fs::remove_dir(p(a))),
+        Op::Link(a, b) => errno(std::fs::hard_link(p(a), p(b))),
+        Op::Symlink(t, a) => errno(std::os::unix::fs::symlink(format!("t{t}"), p(a))),
         Op::Chmod(a, mode) => {
-            let Ok(md) = p(a).symlink_metadata() else {
-                return false;
-            };
-            !md.file_type().is_symlink()
-                && std::fs::set_permissions(p(a), std::fs::Permissions::from_mode(mode.into()))
-                    .is_ok()
+            match p(a).symlink_metadata() {
+                Ok(md) if md.file_type().is_symlink() => return Err(NOT_TRIED),
+                Ok(_) => {}
+                Err(e) => return Err(e.raw_os_error().unwrap_or(NOT_TRIED)),
+            }
+            errno(std::fs::set_permissions(
+                p(a),
+                std::fs::Permissions::from_mode(mode.into()),
+            ))
         }
         Op::Utimes(a, t) => {
             let ts = rustix::fs::Timespec {
@@ -423,14 +477,14 @@ fn apply_host(m: &Path, op: &Op, paths: &[Vec<&str>]) -> bool {
                 &times,
                 rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
             )
-            .is_ok()
+            .map_err(|e| e.raw_os_error())
         }
     }
 }
 
 /// Applies `op` to the stack through the Filesystem trait; whether it succeeded.
-fn apply_stack(fs: &StackFs, op: &Op, paths: &[Vec<&str>]) -> Result<(), Error> {
-    let who = Caller::root();
+fn apply_stack(fs: &StackFs, op: &Op, paths: &[Vec<&str>], who: &Caller) -> Result<(), Error> {
+    let who = who.clone();
     let at = |i: usize| locate(fs, &paths[i]).ok_or(Error::NoEnt);
     let name = |i: usize| paths[i].last().unwrap().as_bytes();
     let file = |i: usize| -> Result<FileId, Error> {
@@ -438,6 +492,17 @@ fn apply_stack(fs: &StackFs, op: &Op, paths: &[Vec<&str>]) -> Result<(), Error> 
         match fs.getattr(id)?.kind {
             FileKind::Regular => Ok(id),
             _ => Err(Error::Inval),
+        }
+    };
+    // A process writes a file it opened for writing: the kernel's open
+    // checks write permission (the owner's too) before any WRITE or SETATTR
+    // reaches a door, which lets an owner write past the mode (NFS' owner
+    // override) for opens made before a chmod.
+    let writable = |i: usize| -> Result<FileId, Error> {
+        let id = file(i)?;
+        match layerfs_vfs::access::permits(&fs.getattr(id)?, &who, 2) {
+            true => Ok(id),
+            false => Err(Error::Access),
         }
     };
     match *op {
@@ -450,7 +515,7 @@ fn apply_stack(fs: &StackFs, op: &Op, paths: &[Vec<&str>]) -> Result<(), Error> 
         Op::Write(a, off, s) => fs
             .write(
                 &who,
-                file(a)?,
+                writable(a)?,
                 off.into(),
                 &content(s | 1),
                 Stability::Unstable,
@@ -461,7 +526,7 @@ fn apply_stack(fs: &StackFs, op: &Op, paths: &[Vec<&str>]) -> Result<(), Error> 
                 size: Some(l.into()),
                 ..SetAttr::default()
             };
-            fs.setattr(&who, file(a)?, &set, None).map(|_| ())
+            fs.setattr(&who, writable(a)?, &set, None).map(|_| ())
         }
         Op::Mkdir(a) => fs
             .mkdir(&who, at(a)?.0, name(a), &SetAttr::default())
@@ -473,7 +538,20 @@ fn apply_stack(fs: &StackFs, op: &Op, paths: &[Vec<&str>]) -> Result<(), Error> 
         Op::Rmdir(a) => fs.rmdir(&who, at(a)?.0, name(a)).map(|_| ()),
         Op::Link(a, b) => {
             let id = at(a)?.1.ok_or(Error::NoEnt)?;
-            fs.link(&who, id, at(b)?.0, name(b)).map(|_| ())
+            let dir = at(b)?.0;
+            // What the kernel checks before any filesystem is asked
+            // (fs.protected_hardlinks, on by default), as it does in front
+            // of both doors: a caller links only files of their own, or
+            // plain files they may read and write.
+            let attr = fs.getattr(id)?;
+            let safe_source = attr.kind == FileKind::Regular
+                && attr.mode & 0o4000 == 0
+                && attr.mode & 0o2010 != 0o2010
+                && layerfs_vfs::access::permits(&attr, &who, 6);
+            if !who.is_root() && who.uid != attr.uid && !safe_source {
+                return Err(Error::Perm);
+            }
+            fs.link(&who, id, dir, name(b)).map(|_| ())
         }
         Op::Symlink(t, a) => fs
             .symlink(
@@ -512,8 +590,56 @@ fn apply_stack(fs: &StackFs, op: &Op, paths: &[Vec<&str>]) -> Result<(), Error> 
 }
 
 /// Operations that succeeded, by kind: the sequences must do something.
-static SUCCEEDED: std::sync::Mutex<BTreeMap<String, usize>> =
-    std::sync::Mutex::new(BTreeMap::new());
+type Succeeded = std::sync::Mutex<BTreeMap<String, usize>>;
+
+/// The user a run as a caller who is not root acts as: uid 1000, in group
+/// 1000, which owns some of the layers' files (see [`own`]).
+const USER: u32 = 1000;
+
+/// Gives the layers' entry at path index `index` its owner: the user at
+/// even indexes, root in the user's group at odd ones.
+fn own(at: &Path, index: usize) {
+    let uid = if index.is_multiple_of(2) { USER } else { 0 };
+    rustix::fs::chownat(
+        rustix::fs::CWD,
+        at,
+        Some(rustix::fs::Uid::from_raw(uid)),
+        Some(rustix::fs::Gid::from_raw(USER)),
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+    )
+    .unwrap();
+}
+
+/// Who the operations are applied as.
+fn caller(user: bool) -> Caller {
+    match user {
+        false => Caller::root(),
+        true => Caller {
+            uid: USER,
+            gid: USER,
+            gids: [USER].into_iter().collect(),
+        },
+    }
+}
+
+/// Runs `f` on this thread as the user (uid, gid and groups), with root's
+/// privileges dropped and taken back after: Linux keeps credentials per
+/// thread, so the rest of the test (and the FUSE door's threads) stay root.
+fn as_caller<T>(user: bool, f: impl FnOnce() -> T) -> T {
+    use rustix::fs::{Gid, Uid};
+    use rustix::thread::{set_thread_groups, set_thread_res_gid, set_thread_res_uid};
+    if !user {
+        return f();
+    }
+    set_thread_groups(&[Gid::from_raw(USER)]).unwrap();
+    set_thread_res_gid(Gid::ROOT, Gid::from_raw(USER), Gid::ROOT).unwrap();
+    set_thread_res_uid(Uid::ROOT, Uid::from_raw(USER), Uid::ROOT).unwrap();
+    let out = f();
+    set_thread_res_uid(Uid::ROOT, Uid::ROOT, Uid::ROOT).unwrap();
+    set_thread_res_gid(Gid::ROOT, Gid::ROOT, Gid::ROOT).unwrap();
+    set_thread_groups(&[]).unwrap();
+    out
+}
 
 fn overlay_available() -> Result<(), String> {
     let t = tempfile::tempdir().map_err(|e| e.to_string())?;
@@ -557,18 +683,33 @@ struct Ours {
 }
 
 impl Ours {
-    fn open(lowers: &[PathBuf], upper: &Path, state: &Path, fuse_at: &Path) -> Ours {
-        let fs = Arc::new(StackFs::open(lowers, upper, state).unwrap());
+    fn open(lowers: &[PathBuf], upper: &Path, state: &Path, fuse_at: &Path, user: bool) -> Ours {
+        // A FUSE mount of the stack before a restart may still be letting
+        // go of it (a lazy unmount while the kernel was busy with it): its
+        // claim on the upper then ends a moment later.
+        let mut tries = 0;
+        let fs = loop {
+            match StackFs::open(lowers, upper, state) {
+                Ok(fs) => break Arc::new(fs),
+                Err(e) if e.to_string().contains(layerfs_layers::IN_USE) && tries < 100 => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                Err(e) => panic!("{e}"),
+            }
+        };
         #[cfg(target_os = "linux")]
         let fuse = through_fuse().then(|| {
             let options = layerfs_fuse::Options {
                 caching: layerfs_fuse::Caching::Exclusive,
+                // The user reaches a mount root made.
+                allow_other: user,
                 ..Default::default()
             };
             layerfs_fuse::mount(fs.clone(), fuse_at, &options).unwrap()
         });
         #[cfg(not(target_os = "linux"))]
-        let _ = fuse_at;
+        let _ = (fuse_at, user);
         Ours {
             fs,
             #[cfg(target_os = "linux")]
@@ -590,6 +731,39 @@ impl Ours {
         }
     }
 
+    /// [`Ours::tree`], with the link count of each directory for which
+    /// overlayfs (`theirs`) reports 1 (it does so for every directory it
+    /// merges, a renamed one included: "not counted") taken as 1 where
+    /// ours is that directory's true count.
+    fn tree_beside(&self, theirs: &Tree) -> Tree {
+        let mut ours = self.tree();
+        let subdirs = |tree: &Tree, dir: &str| {
+            tree.iter()
+                .filter(|(p, v)| {
+                    v.kind == 'd'
+                        && p.strip_prefix(dir)
+                            .and_then(|rest| rest.strip_prefix('/'))
+                            .is_some_and(|rest| !rest.contains('/'))
+                })
+                .count() as u32
+        };
+        let counted: Vec<String> = ours
+            .iter()
+            .filter(|(path, v)| {
+                v.kind == 'd'
+                    && theirs
+                        .get(*path)
+                        .is_some_and(|t| t.kind == 'd' && t.nlink == 1)
+                    && v.nlink == 2 + subdirs(&ours, path)
+            })
+            .map(|(path, _)| path.clone())
+            .collect();
+        for path in counted {
+            ours.get_mut(&path).expect("listed above").nlink = 1;
+        }
+        ours
+    }
+
     /// Every visible path's id: through FUSE, the inode number stat shows.
     fn ids(&self) -> BTreeMap<String, FileId> {
         match self.mountpoint() {
@@ -609,15 +783,35 @@ impl Ours {
         }
     }
 
-    fn apply(&self, op: &Op, paths: &[Vec<&str>]) -> Result<(), String> {
+    /// Applies `op`; why it failed: through FUSE the errno a process
+    /// sees, through the trait the error (whose errno is not compared: the
+    /// test reaches the path by its own lookups, not the kernel's).
+    fn apply(
+        &self,
+        op: &Op,
+        paths: &[Vec<&str>],
+        user: bool,
+    ) -> Result<(), (Option<Errno>, String)> {
         match self.mountpoint() {
-            Some(m) => match apply_host(m, op, paths) {
-                true => Ok(()),
-                false => Err("failed through FUSE".into()),
-            },
-            None => apply_stack(&self.fs, op, paths).map_err(|e| format!("{e:?}")),
+            Some(m) => as_caller(user, || apply_host(m, op, paths))
+                .map_err(|e| (Some(e), format!("errno {e}"))),
+            None => apply_stack(&self.fs, op, paths, &caller(user))
+                .map_err(|e| (None, format!("{e:?}"))),
         }
     }
+}
+
+/// Whether the two trees agree on which paths are one file (hard links)
+/// and which are different files: inode numbers differ between overlayfs
+/// and layerfs, the relation they draw must not.
+fn same_files(theirs: &BTreeMap<String, FileId>, ours: &BTreeMap<String, FileId>) -> bool {
+    theirs.keys().eq(ours.keys())
+        && theirs.iter().zip(ours).all(|((_, t1), (_, o1))| {
+            theirs
+                .values()
+                .zip(ours.values())
+                .all(|(t2, o2)| (t1 == t2) == (o1 == o2))
+        })
 }
 
 fn host_ids(root: &Path) -> BTreeMap<String, FileId> {
@@ -662,7 +856,12 @@ fn fuse_available() -> Result<(), String> {
     }
 }
 
-fn run_case(layers: &[LayerSpec], ops: &[Op]) -> Result<(), TestCaseError> {
+fn run_case(
+    layers: &[LayerSpec],
+    ops: &[Op],
+    user: bool,
+    succeeded: &Succeeded,
+) -> Result<(), TestCaseError> {
     let paths = universe();
     let t = tempfile::tempdir().unwrap();
     let d = |n: &str| {
@@ -679,28 +878,55 @@ fn run_case(layers: &[LayerSpec], ops: &[Op]) -> Result<(), TestCaseError> {
         oci_lowers.push(oci);
     }
     let m = d("m");
+    if user {
+        // The user reaches the mounts, and owns both uppers' roots (the
+        // merged root), as a workspace's owner would.
+        std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        for upper in [d("ov-upper"), d("upper")] {
+            std::os::unix::fs::chown(&upper, Some(USER), Some(USER)).unwrap();
+        }
+    }
     let top_first: Vec<_> = ov_lowers.iter().rev().cloned().collect();
     let mount =
         mount(&top_first, &d("ov-upper"), &d("ov-work"), &m).map_err(TestCaseError::fail)?;
-    let ours = Ours::open(&oci_lowers, &d("upper"), &d("state"), &d("fuse"));
-    prop_assert_eq!(host_tree(&m), ours.tree(), "the layers alone differ");
+    let ours = Ours::open(&oci_lowers, &d("upper"), &d("state"), &d("fuse"), user);
+    prop_assert_eq!(
+        host_tree(&m),
+        ours.tree_beside(&host_tree(&m)),
+        "the layers alone differ"
+    );
     for (i, op) in ops.iter().enumerate() {
         let before = ours.ids();
-        let host = apply_host(&m, op, &paths);
-        let result = ours.apply(op, &paths);
+        let host = as_caller(user, || apply_host(&m, op, &paths));
+        let result = ours.apply(op, &paths, user);
         check_ids(&before, &ours.ids(), result.is_ok().then_some(op), &paths)?;
         prop_assert_eq!(
-            host,
+            host.is_ok(),
             result.is_ok(),
-            "op {} {:?}: overlayfs {}, layerfs {:?}",
+            "op {} {:?}: overlayfs {:?}, layerfs {:?}",
             i,
             op,
             host,
             result
         );
+        if let (Err(theirs), Err((Some(ours), _))) = (&host, &result) {
+            prop_assert_eq!(theirs, ours, "op {} {:?}: the errno", i, op);
+        }
+        prop_assert!(
+            same_files(&host_ids(&m), &ours.ids()),
+            "after op {} {:?}: paths that are one file in one are not in the other",
+            i,
+            op
+        );
         // After every step, so that nothing kept from before it (a name
         // looked up, a listing, attributes) outlives what the step changed.
-        prop_assert_eq!(host_tree(&m), ours.tree(), "after op {} {:?}", i, op);
+        prop_assert_eq!(
+            host_tree(&m),
+            ours.tree_beside(&host_tree(&m)),
+            "after op {} {:?}",
+            i,
+            op
+        );
         prop_assert_eq!(
             shown(&paths, |p| m
                 .join(p.iter().collect::<PathBuf>())
@@ -713,14 +939,18 @@ fn run_case(layers: &[LayerSpec], ops: &[Op]) -> Result<(), TestCaseError> {
         );
         let kind = format!("{op:?}");
         let kind = kind.split('(').next().unwrap().to_string();
-        *SUCCEEDED.lock().unwrap().entry(kind).or_default() += usize::from(host);
+        *succeeded.lock().unwrap().entry(kind).or_default() += usize::from(host.is_ok());
     }
-    prop_assert_eq!(host_tree(&m), ours.tree());
+    prop_assert_eq!(host_tree(&m), ours.tree_beside(&host_tree(&m)));
     let before = ours.ids();
     drop(ours);
     // Everything again from what was persisted: the same tree, the same ids.
-    let ours = Ours::open(&oci_lowers, &d("upper"), &d("state"), &d("fuse"));
-    prop_assert_eq!(host_tree(&m), ours.tree(), "after a restart");
+    let ours = Ours::open(&oci_lowers, &d("upper"), &d("state"), &d("fuse"), user);
+    prop_assert_eq!(
+        host_tree(&m),
+        ours.tree_beside(&host_tree(&m)),
+        "after a restart"
+    );
     prop_assert_eq!(before, ours.ids(), "ids after a restart");
     drop(mount);
     Ok(())
@@ -728,6 +958,26 @@ fn run_case(layers: &[LayerSpec], ops: &[Op]) -> Result<(), TestCaseError> {
 
 #[test]
 fn random_operations_match_overlayfs() {
+    let cases = std::env::var("LAYERFS_DIFF_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
+    differential(false, cases);
+}
+
+/// The same as a caller who is not root (uid 1000, whose group owns some
+/// of the layers' files), through the trait with that caller, or through
+/// FUSE from a thread with that identity.
+#[test]
+fn random_operations_as_a_user_match_overlayfs() {
+    let cases = std::env::var("LAYERFS_DIFF_USER_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100);
+    differential(true, cases);
+}
+
+fn differential(user: bool, cases: u32) {
     if or_skip(overlay_available(), "overlayfs differential").is_none() {
         return;
     }
@@ -742,10 +992,7 @@ fn random_operations_match_overlayfs() {
     if or_skip(fuse_available(), "overlayfs differential through FUSE").is_none() {
         return;
     }
-    let cases = std::env::var("LAYERFS_DIFF_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(200);
+    let succeeded = Succeeded::default();
     let layer = || proptest::collection::btree_map(0..PATHS, entry(), 0..10);
     let strategy = (
         proptest::collection::vec(layer(), 1..4),
@@ -756,7 +1003,7 @@ fn random_operations_match_overlayfs() {
         "Chmod", "Utimes",
     ];
     let never_succeeded = || {
-        let succeeded = SUCCEEDED.lock().unwrap();
+        let succeeded = succeeded.lock().unwrap();
         kinds
             .into_iter()
             .filter(|kind| succeeded.get(*kind).is_none_or(|n| *n == 0))
@@ -772,7 +1019,9 @@ fn random_operations_match_overlayfs() {
             ..Config::default()
         });
         runner
-            .run(&strategy, |(layers, ops)| run_case(&layers, &ops))
+            .run(&strategy, |(layers, ops)| {
+                run_case(&layers, &ops, user, &succeeded)
+            })
             .unwrap();
         if never_succeeded().is_empty() {
             break;
@@ -780,7 +1029,7 @@ fn random_operations_match_overlayfs() {
     }
     eprintln!(
         "operations that succeeded on both, by kind: {:?}",
-        SUCCEEDED.lock().unwrap()
+        succeeded.lock().unwrap()
     );
     let missing = never_succeeded();
     assert!(

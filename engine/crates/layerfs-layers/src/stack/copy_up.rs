@@ -91,7 +91,9 @@ impl StackFs {
         rustix::fs::mkdirat(work, tmp, Mode::from_raw_mode(0o700))?;
         copy_owner_mode_times(&layers.all[UPPER].host, work, tmp, &found.host)?;
         let name = hostdir::cstr(&node.name)?;
-        rustix::fs::renameat(work, tmp, &*parent, &name)?;
+        keeping_times(&layers.all[UPPER].host, parent.as_fd(), || {
+            Ok(rustix::fs::renameat(work, tmp, &*parent, &name)?)
+        })?;
         self.changed_dirs();
         Ok(Arc::new(hostdir::open_dir(parent.as_fd(), &name)?))
     }
@@ -164,7 +166,9 @@ impl StackFs {
             }
         }
         self.keep_identity(layers, &host.stats.at(work, tmp)?, found)?;
-        rustix::fs::renameat(work, tmp, parent, name)?;
+        keeping_times(host, parent, || {
+            Ok(rustix::fs::renameat(work, tmp, parent, name)?)
+        })?;
         hostdir::sync_all(parent)?;
         self.changed_entries();
         Ok(())
@@ -188,7 +192,15 @@ impl StackFs {
             }
             let up = self.upper_dir(layers, dir)?;
             let last = hostdir::cstr(path.last().expect("a path has a name"))?;
-            rustix::fs::linkat(parent, name, &*up, &last, AtFlags::empty())?;
+            keeping_times(&layers.all[UPPER].host, up.as_fd(), || {
+                Ok(rustix::fs::linkat(
+                    parent,
+                    name,
+                    &*up,
+                    &last,
+                    AtFlags::empty(),
+                )?)
+            })?;
         }
         self.changed_entries();
         Ok(())
@@ -215,7 +227,9 @@ impl StackFs {
             &layers.all[UPPER].host.stats.fd(up.as_fd())?,
             &found,
         )?;
-        mark_opaque(up.as_fd())?;
+        keeping_times(&layers.all[UPPER].host, up.as_fd(), || {
+            mark_opaque(up.as_fd())
+        })?;
         self.changed_dirs();
         Ok(())
     }
@@ -255,6 +269,27 @@ pub(super) fn copy_data(src: OwnedFd, dst: &OwnedFd) -> Result<()> {
             Err(e) => return Err(e.into()),
         }
     }
+}
+
+/// Runs `change`, which adds a name to the upper directory `dir`, then gives
+/// `dir` back its access and modification times: a copy-up is no change a
+/// client made to the directory (overlayfs keeps them too).
+fn keeping_times<T>(
+    host: &Host,
+    dir: BorrowedFd<'_>,
+    change: impl FnOnce() -> Result<T>,
+) -> Result<T> {
+    let before = host.stats.fd(dir)?;
+    let out = change()?;
+    let times = SetAttr {
+        atime: SetTime::Client(before.atime),
+        mtime: SetTime::Client(before.mtime),
+        ..SetAttr::default()
+    };
+    if let Some(times) = hostdir::timestamps(&times) {
+        rustix::fs::futimens(dir, &times)?;
+    }
+    Ok(out)
 }
 
 /// Gives `name` in `dir` the owner (as root), mode and times of `like`.
