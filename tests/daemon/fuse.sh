@@ -60,6 +60,28 @@ echo changed >"$t/w/etc/name"
 echo new >"$t/w/new"
 rm "$t/w/etc/name" && echo again >"$t/w/etc/name"
 "$layerfs" ls | grep -q "^w .*mounted" || fail "ls: $("$layerfs" ls)"
+# Mounted so that no file in it grants privileges or reaches a device.
+opts=$(awk -v m="$t/w" '$2 == m {print $4}' /proc/mounts)
+[[ ,$opts, == *,nosuid,* && ,$opts, == *,nodev,* ]] || fail "w is mounted '$opts', not nosuid,nodev"
+
+step "a tarball's devices and FIFOs become empty regular files"
+mkdir "$t/devices"
+mknod "$t/devices/null" c 1 3
+mkfifo "$t/devices/pipe"
+tar -C "$t/devices" -cf "$t/devices.tar" .
+devices=$("$layerfs" layer import "$t/devices.tar")
+"$layerfs" create dev --from "$devices" >/dev/null
+mkdir "$t/dev"
+"$layerfs" mount dev "$t/dev" >/dev/null
+regular_empty() { # the names in directory $1 are empty regular files
+	local d=$1 n
+	shift
+	for n in "$@"; do
+		[[ -f $d/$n && ! -s $d/$n && ! -c $d/$n && ! -p $d/$n ]] || fail "$d/$n: $(stat -c %F "$d/$n" 2>&1)"
+	done
+}
+regular_empty "$t/dev" null pipe
+"$layerfs" unmount dev >/dev/null
 
 step "commit; a second workspace from the commit sees the changes"
 commit=$("$layerfs" commit w --message "first changes")
@@ -230,6 +252,20 @@ else
 	nobody "$layerfs" mount mine "$t/nobody/mnt" >/dev/null || fail "a user's FUSE mount"
 	grep -q "^mine .*(fuse)" <<<"$(nobody "$layerfs" ls)" || fail "the default door for a user is not FUSE"
 	[[ $(nobody cat "$t/nobody/mnt/etc/name") == base ]] || fail "reading as the user"
+	opts=$(awk -v m="$t/nobody/mnt" '$2 == m {print $4}' /proc/mounts)
+	[[ ,$opts, == *,nosuid,* && ,$opts, == *,nodev,* ]] || fail "the user's mount is '$opts', not nosuid,nodev"
+	# The same tarball of devices, imported by the user.
+	cp "$t/devices.tar" "$t/nobody/devices.tar"
+	chown 65534:65534 "$t/nobody/devices.tar"
+	mkdir "$t/nobody/dev"
+	chown 65534:65534 "$t/nobody/dev"
+	devices=$(nobody "$layerfs" layer import "$t/nobody/devices.tar")
+	nobody "$layerfs" create dev --from "$devices" >/dev/null
+	nobody "$layerfs" mount dev "$t/nobody/dev" >/dev/null || fail "the user's mount of the devices layer"
+	# (Only the user reaches their mount: no allow_other.)
+	nobody sh -c "cd '$t/nobody/dev' && for n in null pipe; do
+		[ -f \$n ] && [ ! -s \$n ] && [ ! -c \$n ] && [ ! -p \$n ] || { stat -c '%n: %F' \$n; exit 1; }
+	done" || fail "the user's devices layer holds something other than empty regular files"
 	nobody sh -c "echo mine >'$t/nobody/mnt/new'" || fail "writing as the user"
 	nobody "$layerfs" commit mine >/dev/null || fail "a user's commit"
 	kill -TERM "$NOBODY_PID"

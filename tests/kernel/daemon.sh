@@ -35,6 +35,8 @@ top=$("$layerfs" layer import "$t/top.tar.gz")
 "$layerfs" create w --from "$base" --from "$top"
 "$layerfs" mount w "$w" --nfs
 nfs_mounted "$w" || fail "w is not an NFS mount: $(grep " $w " /proc/mounts)"
+opts=$(awk -v m="$w" '$2 == m {print $4}' /proc/mounts)
+[[ ,$opts, == *,nosuid,* && ,$opts, == *,nodev,* ]] || fail "w is mounted '$opts', not nosuid,nodev"
 check "$w/etc/name" top
 [[ -e $w/etc/doomed ]] && fail "the whiteout does not hide etc/doomed"
 echo changed >"$w/etc/name"

@@ -2,6 +2,7 @@
 //! a second daemon, the control socket's defences. Mounting is exercised
 //! end to end by tests/daemon/fuse.sh (FUSE) and the QEMU harness (NFS).
 
+use layerfs_testkit::null_reply_bytes_as;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
@@ -13,6 +14,8 @@ const BIN: &str = env!("CARGO_BIN_EXE_layerfs");
 /// A daemon on a store of its own, with its own runtime directory.
 struct Daemon {
     child: Child,
+    /// The line it printed when ready.
+    ready: String,
     store: PathBuf,
     runtime: tempfile::TempDir,
     _base: tempfile::TempDir,
@@ -26,17 +29,24 @@ impl Daemon {
         let store = base.path().join("store");
         let (child, first) = spawn_daemon(&store, runtime.path());
         let socket = first
+            .clone()
             .rsplit_once("control socket ")
             .map(|(_, s)| PathBuf::from(s.trim()))
             .unwrap_or_else(|| panic!("first line was {first:?}"));
         assert!(socket.starts_with(runtime.path()), "{socket:?}");
         Daemon {
             child,
+            ready: first,
             store,
             runtime,
             _base: base,
             socket,
         }
+    }
+
+    /// The port of its NFS server, from its ready line.
+    fn nfs_port(&self) -> u16 {
+        nfs_port_of(&self.ready)
     }
 
     fn run(&self, args: &[&str]) -> Output {
@@ -87,6 +97,14 @@ fn spawn_daemon(store: &Path, runtime: &Path) -> (Child, String) {
         .read_line(&mut first)
         .unwrap();
     (child, first)
+}
+
+/// The NFS port a daemon's ready line names (`NFS on 127.0.0.1:PORT,`).
+fn nfs_port_of(ready: &str) -> u16 {
+    ready
+        .split_once("NFS on 127.0.0.1:")
+        .and_then(|(_, rest)| rest.split(',').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no NFS port in {ready:?}"))
 }
 
 fn layerfs(store: &Path, runtime: &Path, args: &[&str]) -> Output {
@@ -369,4 +387,77 @@ fn a_commit_cut_short_by_a_crash_is_recorded_at_the_next_start() {
     assert_eq!(std::fs::read(kept).unwrap(), b"kept");
     child.kill().unwrap();
     child.wait().unwrap();
+}
+
+/// The one NFS server of a daemon admits root and the daemon's own user,
+/// and refuses every other local user before reading a byte, with a
+/// warning in the log; a daemon run by a user who is not root admits that
+/// user.
+#[test]
+fn the_nfs_server_admits_root_and_the_daemons_user_only() {
+    let root = rustix::process::geteuid().is_root();
+    let setpriv = Command::new("setpriv").arg("--version").output().is_ok();
+    if !root || !setpriv {
+        layerfs_testkit::skipped(
+            "daemon: who its NFS server admits",
+            "needs root and setpriv to connect as other users",
+        );
+        return;
+    }
+    let mut d = Daemon::start();
+    let port = d.nfs_port();
+    assert_eq!(null_reply_bytes_as(0, port), 28, "root is admitted");
+    assert_eq!(null_reply_bytes_as(65534, port), 0, "uid 65534 got a reply");
+    let mut log = String::new();
+    let mut stderr = d.child.stderr.take().unwrap();
+    let pid = rustix::process::Pid::from_child(&d.child);
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    d.child.wait().unwrap();
+    stderr.read_to_string(&mut log).unwrap();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("WARN") && l.contains("refused") && l.contains("uid=65534")),
+        "no warning of the refusal:\n{log}"
+    );
+
+    // A daemon of uid 65534, on a store and runtime directory of its own.
+    let base = tempfile::tempdir().unwrap();
+    let runtime = base.path().join("run");
+    std::fs::create_dir(&runtime).unwrap();
+    std::fs::set_permissions(&runtime, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    for dir in [base.path(), runtime.as_path()] {
+        std::os::unix::fs::chown(dir, Some(65534), Some(65534)).unwrap();
+    }
+    let mut theirs = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            BIN,
+            "daemon",
+            "--store",
+        ])
+        .arg(base.path().join("store"))
+        .env("XDG_RUNTIME_DIR", &runtime)
+        .env("HOME", base.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut ready = String::new();
+    BufReader::new(theirs.stdout.take().unwrap())
+        .read_line(&mut ready)
+        .unwrap();
+    let port = nfs_port_of(&ready);
+    assert_eq!(
+        null_reply_bytes_as(65534, port),
+        28,
+        "its own user is admitted"
+    );
+    assert_eq!(null_reply_bytes_as(0, port), 28, "root is admitted");
+    assert_eq!(null_reply_bytes_as(1000, port), 0, "uid 1000 got a reply");
+    let pid = rustix::process::Pid::from_child(&theirs);
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    assert!(theirs.wait().unwrap().success());
 }

@@ -1,5 +1,6 @@
 //! The `layerfs serve` command as a user meets it.
 
+use layerfs_testkit::null_reply_bytes_as;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -146,10 +147,19 @@ fn wait(child: &mut std::process::Child) -> std::process::ExitStatus {
 
 /// Starts `layerfs serve DIR` and returns it with its port.
 fn start(dir: &std::path::Path) -> (std::process::Child, u16) {
+    start_with_stderr(dir, Stdio::null())
+}
+
+/// [`start`], its log written to `log`.
+fn start_logging(dir: &std::path::Path, log: &std::path::Path) -> (std::process::Child, u16) {
+    start_with_stderr(dir, std::fs::File::create(log).unwrap().into())
+}
+
+fn start_with_stderr(dir: &std::path::Path, stderr: Stdio) -> (std::process::Child, u16) {
     let mut child = Command::new(BIN)
         .args(["serve", dir.to_str().unwrap()])
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .spawn()
         .unwrap();
     let mut first = String::new();
@@ -165,39 +175,6 @@ fn start(dir: &std::path::Path) -> (std::process::Child, u16) {
     (child, port)
 }
 
-/// Bytes of a NULL call to NFSv3 in one record, as `printf` escapes.
-fn null_call_escaped() -> String {
-    let words: [u32; 10] = [0x8000_0028, 7, 0, 2, 100_003, 3, 0, 0, 0, 0];
-    let words = &words[..];
-    let mut record: Vec<u8> = words.iter().flat_map(|w| w.to_be_bytes()).collect();
-    // verifier: AUTH_NONE, empty
-    record.extend_from_slice(&[0; 8]);
-    record.iter().map(|b| format!("\\x{b:02x}")).collect()
-}
-
-/// How many reply bytes a NULL call sent as `uid` over a new connection gets.
-fn reply_bytes_as(uid: u32, port: u16) -> usize {
-    let script = format!(
-        "exec 3<>/dev/tcp/127.0.0.1/{port} && printf '{}' >&3 && timeout 5 head -c 28 <&3 | wc -c",
-        null_call_escaped()
-    );
-    let out = Command::new("setpriv")
-        .args([
-            format!("--reuid={uid}"),
-            format!("--regid={uid}"),
-            "--clear-groups".into(),
-            "bash".into(),
-            "-c".into(),
-            script,
-        ])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .unwrap_or(0)
-}
-
 #[test]
 fn another_local_user_is_refused_before_a_byte_is_read() {
     let root = rustix::process::geteuid().is_root();
@@ -210,10 +187,50 @@ fn another_local_user_is_refused_before_a_byte_is_read() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let (mut child, port) = start(dir.path());
-    assert_eq!(reply_bytes_as(0, port), 28, "root's NULL call is answered");
-    assert_eq!(reply_bytes_as(65534, port), 0, "uid 65534 got a reply");
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let (mut child, port) = start_logging(dir.path(), log.path());
+    assert_eq!(
+        null_reply_bytes_as(0, port),
+        28,
+        "root's NULL call is answered"
+    );
+    assert_eq!(null_reply_bytes_as(65534, port), 0, "uid 65534 got a reply");
     stops_cleanly_on_sigterm(&mut child);
+    // Refused where an administrator looks: the log, at warn.
+    let log = std::fs::read_to_string(log.path()).unwrap();
+    assert!(
+        log.lines().any(|l| l.contains("WARN")
+            && l.contains("refused a connection from a local user")
+            && l.contains("uid=65534")),
+        "no warning of the refusal in the log:\n{log}"
+    );
+}
+
+#[test]
+fn serving_beyond_loopback_warns_at_every_start() {
+    let dir = tempfile::tempdir().unwrap();
+    for _ in 0..2 {
+        let log = tempfile::NamedTempFile::new().unwrap();
+        let mut child = Command::new(BIN)
+            .args(["serve", "--listen", "0.0.0.0:0", "--allow-remote"])
+            .arg(dir.path())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(log.path()).unwrap())
+            .spawn()
+            .unwrap();
+        let mut first = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut first)
+            .unwrap();
+        assert!(first.starts_with("listening on"), "{first}");
+        stops_cleanly_on_sigterm(&mut child);
+        let log = std::fs::read_to_string(log.path()).unwrap();
+        assert!(
+            log.lines()
+                .any(|l| l.contains("WARN") && l.contains("any host that can reach it")),
+            "no warning at this start:\n{log}"
+        );
+    }
 }
 
 #[test]

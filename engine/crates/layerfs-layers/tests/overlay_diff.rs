@@ -383,19 +383,24 @@ fn shown(paths: &[Vec<&str>], shows: impl Fn(&[&str]) -> bool) -> Vec<(String, b
     paths.iter().map(|p| (p.join("/"), shows(p))).collect()
 }
 
-/// Where a path is in the stack: its directory and, if it exists, its id.
-fn locate(fs: &StackFs, path: &[&str]) -> Option<(FileId, Option<FileId>)> {
-    let who = Caller::root();
+/// Where a path is in the stack: its directory and, if it exists, its id,
+/// looked up as `who` (a directory it may not search fails the walk, as it
+/// does a process's).
+fn locate(fs: &StackFs, path: &[&str], who: &Caller) -> Result<(FileId, Option<FileId>), Error> {
     let mut dir = fs.root();
     for name in &path[..path.len() - 1] {
-        let a = fs.lookup(&who, dir, name.as_bytes()).ok()?;
+        let a = fs.lookup(who, dir, name.as_bytes())?;
         if a.kind != FileKind::Directory {
-            return None;
+            return Err(Error::NotDir);
         }
         dir = a.fileid;
     }
     let last = path.last().unwrap().as_bytes();
-    Some((dir, fs.lookup(&who, dir, last).ok().map(|a| a.fileid)))
+    match fs.lookup(who, dir, last) {
+        Ok(a) => Ok((dir, Some(a.fileid))),
+        Err(Error::NoEnt) => Ok((dir, None)),
+        Err(e) => Err(e),
+    }
 }
 
 /// Why an operation applied through a mount failed: its errno, or `NOT_TRIED`
@@ -485,7 +490,7 @@ fn apply_host(m: &Path, op: &Op, paths: &[Vec<&str>]) -> Result<(), Errno> {
 /// Applies `op` to the stack through the Filesystem trait; whether it succeeded.
 fn apply_stack(fs: &StackFs, op: &Op, paths: &[Vec<&str>], who: &Caller) -> Result<(), Error> {
     let who = who.clone();
-    let at = |i: usize| locate(fs, &paths[i]).ok_or(Error::NoEnt);
+    let at = |i: usize| locate(fs, &paths[i], &who);
     let name = |i: usize| paths[i].last().unwrap().as_bytes();
     let file = |i: usize| -> Result<FileId, Error> {
         let id = at(i)?.1.ok_or(Error::NoEnt)?;
@@ -531,6 +536,9 @@ fn apply_stack(fs: &StackFs, op: &Op, paths: &[Vec<&str>], who: &Caller) -> Resu
         Op::Mkdir(a) => fs
             .mkdir(&who, at(a)?.0, name(a), &SetAttr::default())
             .map(|_| ()),
+        // The kernel answers a rename of a name onto itself without asking
+        // any filesystem, once both paths are reached.
+        Op::Rename(a, b) if a == b => at(a)?.1.map(drop).ok_or(Error::NoEnt),
         Op::Rename(a, b) => fs
             .rename(&who, at(a)?.0, name(a), at(b)?.0, name(b))
             .map(|_| ()),
@@ -779,7 +787,7 @@ impl Ours {
                 .join(path.iter().collect::<PathBuf>())
                 .symlink_metadata()
                 .is_ok(),
-            None => matches!(locate(&self.fs, path), Some((_, Some(_)))),
+            None => matches!(locate(&self.fs, path, &Caller::root()), Ok((_, Some(_)))),
         }
     }
 

@@ -286,3 +286,42 @@ fn a_store_on_a_filesystem_that_renumbers_files_is_refused_before_anything_is_ma
     // The same path one filesystem down is a store.
     assert!(Store::open(&ov.beside().join("store")).is_ok());
 }
+
+/// Devices and FIFOs in a layer tarball become empty regular files: a
+/// layer holds nothing that reaches a device (the mounts are `nodev` too).
+#[test]
+fn a_tarballs_devices_and_fifos_become_empty_regular_files() {
+    use std::os::unix::fs::FileTypeExt;
+    use tar::EntryType::{Block, Char, Fifo, Regular};
+    let work = tempfile::tempdir().unwrap();
+    let tarball = work.path().join("devices.tar");
+    let mut builder = tar::Builder::new(fs::File::create(&tarball).unwrap());
+    for (kind, name) in [
+        (Char, "null"),
+        (Block, "disk"),
+        (Fifo, "pipe"),
+        (Regular, "file"),
+    ] {
+        let (mut header, data) = raw_entry(kind, name, "", b"");
+        if kind != Regular {
+            header.set_device_major(1).unwrap();
+            header.set_device_minor(3).unwrap();
+            header.set_cksum();
+        }
+        builder.append(&header, &data[..]).unwrap();
+    }
+    builder.finish().unwrap();
+    drop(builder);
+    let store = Store::open(&work.path().join("store")).unwrap();
+    let id = store.import_tar(&tarball).unwrap();
+    let layer = store.layer_dir(&id);
+    for name in ["null", "disk", "pipe", "file"] {
+        let m = fs::symlink_metadata(layer.join(name)).unwrap();
+        let t = m.file_type();
+        assert!(
+            m.is_file() && !t.is_char_device() && !t.is_block_device() && !t.is_fifo(),
+            "{name}: {t:?}"
+        );
+        assert_eq!(m.len(), 0, "{name} is not empty");
+    }
+}

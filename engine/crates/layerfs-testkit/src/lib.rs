@@ -113,6 +113,41 @@ pub fn skipped(test: &str, why: &str) {
     }
 }
 
+/// Bytes of a NULL call to NFSv3 in one record, as `printf` escapes them.
+fn null_call_escaped() -> String {
+    let words: [u32; 10] = [0x8000_0028, 7, 0, 2, 100_003, 3, 0, 0, 0, 0];
+    let mut record: Vec<u8> = words.iter().flat_map(|w| w.to_be_bytes()).collect();
+    // verifier: AUTH_NONE, empty
+    record.extend_from_slice(&[0; 8]);
+    record.iter().map(|b| format!("\\x{b:02x}")).collect()
+}
+
+/// How many reply bytes a NULL call to NFSv3 on 127.0.0.1:`port` gets when
+/// a process running as `uid` (through `setpriv`, so root only) sends it
+/// over a new connection: 28 when answered, 0 when the server refused the
+/// connection.
+pub fn null_reply_bytes_as(uid: u32, port: u16) -> usize {
+    let script = format!(
+        "exec 3<>/dev/tcp/127.0.0.1/{port} && printf '{}' >&3 && timeout 5 head -c 28 <&3 | wc -c",
+        null_call_escaped()
+    );
+    let out = Command::new("setpriv")
+        .args([
+            format!("--reuid={uid}"),
+            format!("--regid={uid}"),
+            "--clear-groups".into(),
+            "bash".into(),
+            "-c".into(),
+            script,
+        ])
+        .output()
+        .expect("setpriv runs");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(0)
+}
+
 /// Drops the kernel's cached directory entries and inodes (needs root), so
 /// the next look at a file reaches its filesystem afresh.
 pub fn drop_caches() -> Result<(), String> {

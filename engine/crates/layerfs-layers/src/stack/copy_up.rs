@@ -227,9 +227,7 @@ impl StackFs {
             &layers.all[UPPER].host.stats.fd(up.as_fd())?,
             &found,
         )?;
-        keeping_times(&layers.all[UPPER].host, up.as_fd(), || {
-            mark_opaque(up.as_fd())
-        })?;
+        mark_opaque(up.as_fd())?;
         self.changed_dirs();
         Ok(())
     }

@@ -75,9 +75,22 @@ fn make_marker(dir: BorrowedFd<'_>, name: &CStr) -> Result<()> {
     Ok(())
 }
 
-/// Makes directory `dir` opaque.
+/// Makes directory `dir` opaque. Its access and modification times stay:
+/// the marker is a file only because a layer is a plain directory tree,
+/// and no client changed the directory (overlayfs marks it with an xattr,
+/// which changes neither).
 pub fn mark_opaque(dir: BorrowedFd<'_>) -> Result<()> {
-    make_marker(dir, &CString::new(OPAQUE_MARKER).expect("no NUL"))
+    let before = hostdir::host_attr(dir)?;
+    make_marker(dir, &CString::new(OPAQUE_MARKER).expect("no NUL"))?;
+    let times = layerfs_vfs::SetAttr {
+        atime: layerfs_vfs::SetTime::Client(before.atime),
+        mtime: layerfs_vfs::SetTime::Client(before.mtime),
+        ..layerfs_vfs::SetAttr::default()
+    };
+    if let Some(times) = hostdir::timestamps(&times) {
+        rustix::fs::futimens(dir, &times)?;
+    }
+    Ok(())
 }
 
 /// Makes a whiteout for `name` in the upper directory `dir`.
