@@ -145,12 +145,8 @@ fn wait(child: &mut std::process::Child) -> std::process::ExitStatus {
     panic!("layerfs did not stop within 5 s of SIGTERM");
 }
 
-/// Starts `layerfs serve DIR` and returns it with its port.
-fn start(dir: &std::path::Path) -> (std::process::Child, u16) {
-    start_with_stderr(dir, Stdio::null())
-}
-
-/// [`start`], its log written to `log`.
+/// Starts `layerfs serve DIR`, its log written to `log`, and returns it
+/// with its port.
 fn start_logging(dir: &std::path::Path, log: &std::path::Path) -> (std::process::Child, u16) {
     start_with_stderr(dir, std::fs::File::create(log).unwrap().into())
 }

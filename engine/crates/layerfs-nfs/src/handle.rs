@@ -173,8 +173,8 @@ impl FileHandle {
     /// the same key always give the same answer, so the handle this thread
     /// found signed last is taken without signing again: consecutive calls
     /// on one file (a stream of WRITEs, LOOKUPs in one directory) compute
-    /// one MAC. Compared in constant time, as the MAC is: a guess learns
-    /// nothing from how long the answer takes.
+    /// one MAC. Both comparisons look at every byte ([`constant_time_eq`]):
+    /// a guess is not told where it went wrong by an early exit.
     pub fn signed_with(bytes: &[u8], key: &HandleKey) -> bool {
         let Ok(bytes) = <&[u8; LEN]>::try_from(bytes) else {
             return false;
@@ -250,10 +250,12 @@ impl SignedHandles {
     }
 }
 
-/// Compares without stopping at the first difference, so the time taken
-/// does not tell how much of a forged MAC was right.
+/// Compares with `subtle`, which looks at every byte whatever it finds
+/// and keeps the compiler from cutting that short, so the comparison does
+/// not stop at the first byte a forged MAC got wrong.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0, |d, (x, y)| d | (x ^ y)) == 0
+    use subtle::ConstantTimeEq;
+    a.ct_eq(b).into()
 }
 
 #[cfg(test)]
