@@ -60,6 +60,12 @@ echo changed >"$t/w/etc/name"
 echo new >"$t/w/new"
 rm "$t/w/etc/name" && echo again >"$t/w/etc/name"
 "$layerfs" ls | grep -q "^w .*mounted" || fail "ls: $("$layerfs" ls)"
+# What w changed over its layers: a lower file rewritten (its directory's
+# time moved), a file added.
+diff=$("$layerfs" diff w)
+want=$'C /etc (times)\nC /etc/name (data,times)\nA /new'
+[[ $diff == "$want" ]] || fail "layerfs diff w:"$'\n'"$diff"
+"$layerfs" --json diff w | grep -q '"kind": "A"' || fail "layerfs --json diff w: $("$layerfs" --json diff w)"
 # Mounted so that no file in it grants privileges or reaches a device.
 opts=$(awk -v m="$t/w" '$2 == m {print $4}' /proc/mounts)
 [[ ,$opts, == *,nosuid,* && ,$opts, == *,nodev,* ]] || fail "w is mounted '$opts', not nosuid,nodev"
@@ -87,6 +93,7 @@ step "commit; a second workspace from the commit sees the changes"
 commit=$("$layerfs" commit w --message "first changes")
 "$layerfs" layer ls | grep -q "first changes" || fail "layer ls: $("$layerfs" layer ls)"
 check "$t/w/etc/name" again
+[[ -z $("$layerfs" diff w) ]] || fail "changes left after the commit: $("$layerfs" diff w)"
 "$layerfs" create w2 --from w
 "$layerfs" mount w2 "$t/w2"
 check "$t/w2/etc/name" again

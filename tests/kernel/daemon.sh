@@ -56,6 +56,7 @@ echo "still open" >&7
 rm "$w/open-removed"
 debris=$(cd "$w" && ls -A | grep '^\.nfs' || true)
 [[ -n $debris ]] || fail "the client kept no .nfs name for the open file"
+"$layerfs" diff w | grep -q '\.nfs' && fail "layerfs diff shows the client's file: $("$layerfs" diff w)"
 moment=$("$layerfs" commit w --message "while a removed file is open" --json |
 	sed -n 's/.*"id": *"\([^"]*\)".*/\1/p')
 [[ -d $LAYERFS_STORE/layers/$moment ]] || fail "no layer $moment"

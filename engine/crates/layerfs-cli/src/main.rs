@@ -60,6 +60,10 @@ enum Command {
     /// Turn a workspace's changes into a new layer; the workspace goes on
     /// over it with no changes of its own, files and handles unchanged.
     Commit(workspaces::CommitArgs),
+    /// What a workspace changed over its layers, one path per line, sorted:
+    /// `A` added, `C` changed (with what: type, data, mode, owner, times),
+    /// `D` deleted. Mounted or not; taken at one moment.
+    Diff(workspaces::DiffArgs),
     /// List the workspaces, where each is mounted, and any problem.
     Ls,
     /// Remove a workspace and its changes.
@@ -103,6 +107,7 @@ fn main() -> ExitCode {
         Command::Mount(args) => client.mount(args),
         Command::Unmount(args) => client.unmount(args),
         Command::Commit(args) => client.commit(args),
+        Command::Diff(args) => client.diff(args),
         Command::Ls => client.ls(),
         Command::Rm(args) => client.rm(args),
         Command::Stats => client.stats(),

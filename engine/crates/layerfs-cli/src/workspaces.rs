@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use layerfs_daemon::catalog::Door;
-use layerfs_daemon::protocol::{LayerInfo, Progress, Reply, Request, Stats, WorkspaceInfo};
+use layerfs_daemon::protocol::{
+    DiffEntry, LayerInfo, Progress, Reply, Request, Stats, WorkspaceInfo,
+};
 use layerfs_rpc::{Admission, ServerConfig};
 use serde::de::DeserializeOwned;
 
@@ -88,6 +90,11 @@ pub struct CommitArgs {
     /// Says what the new layer holds (shown by `layer ls`).
     #[arg(long, short)]
     message: Option<String>,
+}
+
+#[derive(clap::Args)]
+pub struct DiffArgs {
+    name: String,
 }
 
 #[derive(clap::Args)]
@@ -265,6 +272,20 @@ impl Client {
         };
         if let Some(layer) = self.call::<LayerInfo>(request)? {
             println!("{}", layer.id);
+        }
+        Ok(())
+    }
+
+    pub fn diff(&self, args: DiffArgs) -> Result<(), String> {
+        let request = Request::Diff { name: args.name };
+        if let Some(changes) = self.call::<Vec<DiffEntry>>(request)? {
+            let mut out = io::stdout().lock();
+            for c in changes {
+                let _ = match c.changed.is_empty() {
+                    true => writeln!(out, "{} {}", c.kind, c.path),
+                    false => writeln!(out, "{} {} ({})", c.kind, c.path, c.changed.join(",")),
+                };
+            }
         }
         Ok(())
     }

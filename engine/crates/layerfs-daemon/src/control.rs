@@ -10,7 +10,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::protocol::{read_message, write_message, Answer, Progress, Reply, Request};
+use crate::protocol::{
+    read_message, write_message, Answer, Progress, Reply, Request, MAX_MESSAGE, MAX_REPLY,
+};
 
 /// Answers one request; long ones tell the `Progress` callback as they go.
 pub type Handler = dyn Fn(Request, &mut dyn FnMut(Progress)) -> Reply + Send + Sync;
@@ -96,7 +98,7 @@ fn serve_client(stream: UnixStream, handle: &Handler) {
     let _ = stream.set_read_timeout(Some(CLIENT_IDLE));
     let mut input = BufReader::new(&stream);
     loop {
-        let line = match read_message(&mut input) {
+        let line = match read_message(&mut input, MAX_MESSAGE) {
             Ok(Some(line)) => line,
             Ok(None) => return,
             Err(e) => {
@@ -166,7 +168,7 @@ pub fn call_with_progress(
     write_message(&mut &stream, request)?;
     let mut input = BufReader::new(&stream);
     loop {
-        let line = read_message(&mut input)?.ok_or_else(|| {
+        let line = read_message(&mut input, MAX_REPLY)?.ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::UnexpectedEof,
                 "the daemon closed the connection",

@@ -9,9 +9,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::catalog::{Door, MountRecord};
 
-/// The largest request or reply line: far above any request (names and
-/// paths), and it bounds what a client can make the daemon hold.
+/// The largest request line: far above any request (names and paths), and
+/// it bounds what a client can make the daemon hold.
 pub const MAX_MESSAGE: usize = 1024 * 1024;
+
+/// The largest reply line a command reads: a diff of a million paths fits.
+/// The daemon is the user's own; this only bounds a broken one.
+pub const MAX_REPLY: usize = 256 * 1024 * 1024;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
@@ -45,6 +49,9 @@ pub enum Request {
         force: bool,
     },
     Stats,
+    Diff {
+        name: String,
+    },
 }
 
 /// A reply: `ok` with its data, or the error to show the user.
@@ -101,6 +108,18 @@ pub struct LayerInfo {
     pub used_by: Vec<String>,
 }
 
+/// One path a workspace changed over its layers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DiffEntry {
+    /// `A` added, `C` changed, `D` deleted.
+    pub kind: String,
+    /// From the workspace's root; bytes that are not UTF-8 shown as U+FFFD.
+    pub path: String,
+    /// For `C`: what differs (`type`, `data`, `mode`, `owner`, `times`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub changed: Vec<String>,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct WorkspaceInfo {
     pub name: String,
@@ -138,21 +157,22 @@ pub struct ProcedureFigures {
     pub p99_us: u64,
 }
 
-/// Reads one message: `None` at a clean end of stream; an error for a line
-/// longer than [`MAX_MESSAGE`] (the rest of the stream is not read) or a
-/// stream that ends inside a line.
-pub fn read_message(input: &mut impl BufRead) -> io::Result<Option<Vec<u8>>> {
+/// Reads one message of at most `limit` bytes ([`MAX_MESSAGE`] for a
+/// request, [`MAX_REPLY`] for a reply): `None` at a clean end of stream; an
+/// error for a longer line (the rest of the stream is not read) or a stream
+/// that ends inside a line.
+pub fn read_message(input: &mut impl BufRead, limit: usize) -> io::Result<Option<Vec<u8>>> {
     let mut line = Vec::new();
     let read = input
         .by_ref()
-        .take(MAX_MESSAGE as u64 + 1)
+        .take(limit as u64 + 1)
         .read_until(b'\n', &mut line)?;
     if read == 0 {
         return Ok(None);
     }
     if line.last() != Some(&b'\n') {
-        let why = if line.len() > MAX_MESSAGE {
-            format!("a message longer than {MAX_MESSAGE} bytes")
+        let why = if line.len() > limit {
+            format!("a message longer than {limit} bytes")
         } else {
             "a message cut short".to_string()
         };
@@ -176,22 +196,25 @@ mod tests {
     #[test]
     fn messages_are_lines_within_the_cap() {
         let mut input = &b"{\"op\":\"ls\"}\nrest"[..];
-        let first = read_message(&mut input).unwrap().unwrap();
+        let first = read_message(&mut input, MAX_MESSAGE).unwrap().unwrap();
         assert_eq!(
             serde_json::from_slice::<Request>(&first).unwrap(),
             Request::Ls
         );
-        let cut = read_message(&mut input).unwrap_err();
+        let cut = read_message(&mut input, MAX_MESSAGE).unwrap_err();
         assert!(cut.to_string().contains("cut short"), "{cut}");
-        assert_eq!(read_message(&mut &b""[..]).unwrap(), None);
+        assert_eq!(read_message(&mut &b""[..], MAX_MESSAGE).unwrap(), None);
 
         let long = vec![b'x'; MAX_MESSAGE + 10];
-        let e = read_message(&mut &long[..]).unwrap_err();
+        let e = read_message(&mut &long[..], MAX_MESSAGE).unwrap_err();
         assert!(e.to_string().contains("longer than"), "{e}");
         let mut exact = vec![b'x'; MAX_MESSAGE];
         exact.push(b'\n');
         assert_eq!(
-            read_message(&mut &exact[..]).unwrap().unwrap().len(),
+            read_message(&mut &exact[..], MAX_MESSAGE)
+                .unwrap()
+                .unwrap()
+                .len(),
             MAX_MESSAGE
         );
     }
@@ -205,7 +228,7 @@ mod tests {
         };
         let mut out = Vec::new();
         write_message(&mut out, &request).unwrap();
-        let line = read_message(&mut &out[..]).unwrap().unwrap();
+        let line = read_message(&mut &out[..], MAX_MESSAGE).unwrap().unwrap();
         assert_eq!(serde_json::from_slice::<Request>(&line).unwrap(), request);
     }
 }

@@ -25,12 +25,14 @@ use rustix::fs::{Mode, OFlags};
 mod caches;
 mod commit;
 mod copy_up;
+mod diff;
 mod inodes;
 mod merge;
 mod ops;
 mod whiteouts;
 
 use caches::{Caches, LinkIndex, Listing};
+pub use diff::{Change, ChangeKind};
 use inodes::{Inodes, ROOT};
 use merge::{Found, Layer, Layers, Part, UPPER};
 

@@ -4,14 +4,14 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use layerfs_layers::{remove_tree, LayerId, Workspace};
+use layerfs_layers::{remove_tree, ChangeKind, LayerId, Workspace};
 use serde::Serialize;
 
 use super::{check_name, default_door, now, Daemon, Open, Outcome};
 use crate::catalog::{Door, LayerNote, MountRecord, WorkspaceRecord};
 use crate::mounting;
 use crate::protocol::{
-    LayerInfo, ProcedureFigures, Progress, Reply, Request, Stats, WorkspaceInfo,
+    DiffEntry, LayerInfo, ProcedureFigures, Progress, Reply, Request, Stats, WorkspaceInfo,
 };
 
 impl Daemon {
@@ -28,6 +28,7 @@ impl Daemon {
             Request::Ls => reply(self.ls()),
             Request::Rm { name, force } => reply(self.rm(&name, force)),
             Request::Stats => reply(self.stats()),
+            Request::Diff { name } => reply(self.diff(&name)),
         };
         if let Some(e) = &reply.error {
             tracing::info!("request refused: {e}");
@@ -324,6 +325,34 @@ impl Daemon {
         drop(open);
         tracing::info!(workspace = %name, %layer, "committed");
         self.layer_info(&layer)
+    }
+
+    /// What the workspace changed over its layers, mounted or not.
+    fn diff(&self, name: &str) -> Outcome<Vec<DiffEntry>> {
+        let mut open = self.open.lock();
+        let record = self.record(name)?;
+        let o = self.ensure_open(&mut open, name)?;
+        let changes = o
+            .workspace
+            .fs()
+            .diff()
+            .map_err(|e| format!("cannot read the changes of {name}: {e}"))?;
+        if record.mount.is_none() {
+            open.remove(name);
+        }
+        Ok(changes
+            .into_iter()
+            .map(|c| DiffEntry {
+                kind: match c.kind {
+                    ChangeKind::Added => "A",
+                    ChangeKind::Changed => "C",
+                    ChangeKind::Deleted => "D",
+                }
+                .into(),
+                path: String::from_utf8_lossy(&c.path).into_owned(),
+                changed: c.what.into_iter().map(String::from).collect(),
+            })
+            .collect())
     }
 
     fn info(&self, name: &str, record: &WorkspaceRecord) -> WorkspaceInfo {

@@ -1,0 +1,154 @@
+//! `StackFs::diff`: what a workspace changed over its layers, path by path.
+
+use std::path::Path;
+
+use layerfs_layers::{ChangeKind, StackFs};
+use layerfs_vfs::{Caller, Create, FileId, Filesystem, SetAttr, Stability};
+
+const ROOT: FileId = 1;
+
+fn who() -> Caller {
+    Caller::root()
+}
+
+fn id(fs: &StackFs, path: &str) -> FileId {
+    path.split('/').fold(ROOT, |dir, name| {
+        fs.lookup(&who(), dir, name.as_bytes()).unwrap().fileid
+    })
+}
+
+/// The diff as `podman diff` prints it: `A /path`, `C /path (what)`, `D /path`.
+fn lines(fs: &StackFs) -> Vec<String> {
+    fs.diff()
+        .unwrap()
+        .into_iter()
+        .map(|c| {
+            let path = String::from_utf8(c.path).unwrap();
+            match c.kind {
+                ChangeKind::Added => format!("A {path}"),
+                ChangeKind::Changed => format!("C {path} ({})", c.what.join(",")),
+                ChangeKind::Deleted => format!("D {path}"),
+            }
+        })
+        .collect()
+}
+
+fn layer(root: &Path) {
+    std::fs::create_dir_all(root.join("d")).unwrap();
+    std::fs::create_dir_all(root.join("tree/sub")).unwrap();
+    std::fs::create_dir_all(root.join("opaque")).unwrap();
+    std::fs::write(root.join("a"), b"lower a").unwrap();
+    std::fs::write(root.join("same"), b"same bytes").unwrap();
+    std::fs::write(root.join("gone"), b"x").unwrap();
+    std::fs::write(root.join("d/x"), b"x").unwrap();
+    std::fs::write(root.join("d/y"), b"y").unwrap();
+    std::fs::write(root.join("tree/t"), b"t").unwrap();
+    std::fs::write(root.join("tree/sub/u"), b"u").unwrap();
+    std::fs::write(root.join("opaque/old"), b"o").unwrap();
+    std::os::unix::fs::symlink("a", root.join("link")).unwrap();
+    // Times far from the run's, so a change of them shows.
+    for p in ["", "d", "tree", "tree/sub", "opaque"] {
+        let t = std::fs::FileTimes::new()
+            .set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000));
+        std::fs::File::open(root.join(p))
+            .unwrap()
+            .set_times(t)
+            .unwrap();
+    }
+}
+
+#[test]
+fn each_change_shows_once_with_what_changed_and_nothing_else() {
+    let t = tempfile::tempdir().unwrap();
+    layer(&t.path().join("lower"));
+    let fs = StackFs::open(
+        &[t.path().join("lower")],
+        &t.path().join("upper"),
+        &t.path().join("state"),
+    )
+    .unwrap();
+    assert!(lines(&fs).is_empty(), "a new workspace changed nothing");
+    let w = who();
+    // Data, a mode, and a write of the bytes already there.
+    fs.write(&w, id(&fs, "a"), 0, b"upper", Stability::Unstable)
+        .unwrap();
+    let chmod = SetAttr {
+        mode: Some(0o600),
+        ..SetAttr::default()
+    };
+    fs.setattr(&w, id(&fs, "d/x"), &chmod, None).unwrap();
+    fs.write(&w, id(&fs, "same"), 0, b"same", Stability::Unstable)
+        .unwrap();
+    // Added: a file, a directory with a file in it.
+    let made = |dir, name: &str| {
+        fs.create(
+            &w,
+            dir,
+            name.as_bytes(),
+            Create::Unchecked(SetAttr::default()),
+        )
+        .unwrap()
+        .0
+        .fileid
+    };
+    made(ROOT, "new");
+    let newdir = fs
+        .mkdir(&w, ROOT, b"newdir", &SetAttr::default())
+        .unwrap()
+        .0
+        .fileid;
+    made(newdir, "f");
+    // Deleted: a file, a file in a directory, a whole tree.
+    fs.remove(&w, ROOT, b"gone").unwrap();
+    fs.remove(&w, id(&fs, "d"), b"y").unwrap();
+    fs.remove(&w, id(&fs, "tree/sub"), b"u").unwrap();
+    fs.rmdir(&w, id(&fs, "tree"), b"sub").unwrap();
+    fs.remove(&w, id(&fs, "tree"), b"t").unwrap();
+    fs.rmdir(&w, ROOT, b"tree").unwrap();
+    // A directory removed and made again: opaque, its old names deleted.
+    fs.remove(&w, id(&fs, "opaque"), b"old").unwrap();
+    fs.rmdir(&w, ROOT, b"opaque").unwrap();
+    let again = fs
+        .mkdir(&w, ROOT, b"opaque", &SetAttr::default())
+        .unwrap()
+        .0
+        .fileid;
+    made(again, "fresh");
+    // A symlink replaced by a file: its type.
+    fs.remove(&w, ROOT, b"link").unwrap();
+    made(ROOT, "link");
+    // The NFS client's file for one removed while open: not the workspace's.
+    made(ROOT, ".nfs00000000000012340000000a");
+    let got = lines(&fs);
+    let want = [
+        "C /a (data,times)",
+        "C /d (times)",
+        "C /d/x (mode)",
+        "D /d/y",
+        "D /gone",
+        "C /link (type)",
+        "A /new",
+        "A /newdir",
+        "A /newdir/f",
+        "C /opaque (times)",
+        "A /opaque/fresh",
+        "D /opaque/old",
+        // Written with its own bytes: only its time differs.
+        "C /same (times)",
+        "D /tree",
+        "D /tree/sub",
+        "D /tree/sub/u",
+        "D /tree/t",
+    ];
+    assert_eq!(got, want);
+    // The same answer again, and from a restart.
+    assert_eq!(lines(&fs), want);
+    drop(fs);
+    let fs = StackFs::open(
+        &[t.path().join("lower")],
+        &t.path().join("upper"),
+        &t.path().join("state"),
+    )
+    .unwrap();
+    assert_eq!(lines(&fs), want);
+}
