@@ -164,6 +164,24 @@ cmp -s "$t/w4/loop" "$t/w/loop" || fail "w4's loop is not w's"
 "$layerfs" unmount w3
 "$layerfs" unmount w4
 
+step "twenty more workspaces mounted and used: under 2 MiB and 2 threads each"
+rss() { awk '/^VmRSS/ {print $2}' "/proc/$daemon/status"; }
+threads() { ls "/proc/$daemon/task" | wc -l; }
+rss_before=$(rss) threads_before=$(threads)
+for i in $(seq 20); do
+	"$layerfs" create "many$i" --from "$base" >/dev/null
+	mkdir "$t/many$i"
+	"$layerfs" mount "many$i" "$t/many$i" --fuse >/dev/null
+	cat "$t/many$i/etc/name" >/dev/null
+	echo "$i" >"$t/many$i/mine"
+	dd if=/dev/zero of="$t/many$i/big" bs=1M count=2 status=none
+done
+grown=$(($(rss) - rss_before)) more=$(($(threads) - threads_before))
+echo "   20 mounts: daemon RSS +$grown kB, +$more threads"
+[[ $grown -lt $((20 * 2048)) ]] || fail "20 mounts grew the daemon by $grown kB"
+[[ $more -le 40 ]] || fail "20 mounts added $more threads"
+for i in $(seq 20); do "$layerfs" rm --force "many$i" >/dev/null; done
+
 step "kill -9 of the daemon under a writer: the restarted daemon mounts again, nothing synced is lost"
 dd if=/dev/urandom of="$t/w/synced" bs=64k count=16 conv=fsync status=none
 want=$(sha256sum <"$t/w/synced")
@@ -179,7 +197,7 @@ dd if=/dev/urandom of="$t/blocks" bs=64k count=512 status=none
 	done
 ) &
 writer=$!
-for _ in $(seq 300); do [[ $(wc -l <"$t/synced-blocks" 2>/dev/null || echo 0) -ge 8 ]] && break; sleep 0.05; done
+for _ in $(seq 300); do [[ $(wc -l 2>/dev/null <"$t/synced-blocks" || echo 0) -ge 8 ]] && break; sleep 0.05; done
 kill -0 "$writer" 2>/dev/null || fail "the writer was not running at the kill"
 kill -9 "$daemon"
 wait "$daemon" 2>/dev/null || true

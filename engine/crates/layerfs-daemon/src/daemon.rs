@@ -423,7 +423,11 @@ impl Daemon {
             // The layers never change and the upper is this daemon's alone.
             caching: layerfs_fuse::Caching::Exclusive,
             allow_other: false,
-            threads: 0,
+            // One thread answering each mount (and fuser's own beside it):
+            // reads and writes of files passed through never reach it, and
+            // a daemon of hundreds of workspaces must not start a thread
+            // per core for each.
+            threads: 1,
             passthrough: true,
             source: format!("layerfs:{name}"),
         };

@@ -59,6 +59,8 @@ pub struct Mounted {
 pub fn mount(fs: Arc<dyn Filesystem>, mountpoint: &Path, options: &Options) -> io::Result<Mounted> {
     let mountpoint = usable_mountpoint(mountpoint)?;
     usable_fuse()?;
+    static LARGE_BUFFERS_MAPPED: std::sync::Once = std::sync::Once::new();
+    LARGE_BUFFERS_MAPPED.call_once(map_large_buffers);
     let threads = match options.threads {
         0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
         n => n,
@@ -96,6 +98,26 @@ pub fn mount(fs: Arc<dyn Filesystem>, mountpoint: &Path, options: &Options) -> i
         mountpoint,
         opens,
     })
+}
+
+/// Each thread serving a session zeroes a 16 MiB read buffer (fuser's: the
+/// largest WRITE it could be sent), of which a request touches what it
+/// holds. Once a buffer that large is freed, glibc raises its threshold for
+/// mapping allocations to that size and serves the next ones from a heap,
+/// where zeroing touches every page: measured, 50 mounts of the daemon took
+/// 1 GB resident and kept 400 MB after their unmount. A fixed threshold
+/// keeps each such buffer a mapping of its own, resident only where used
+/// and returned whole when freed.
+fn map_large_buffers() {
+    #[cfg(target_env = "gnu")]
+    {
+        // SAFETY: mallopt takes two integers and changes a setting of the
+        // allocator, which glibc makes safe to call at any time.
+        let set = unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024) };
+        if set != 1 {
+            tracing::debug!("glibc kept its mapping threshold");
+        }
+    }
 }
 
 impl Mounted {
