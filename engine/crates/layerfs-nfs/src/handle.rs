@@ -173,7 +173,7 @@ impl FileHandle {
     /// the same key always give the same answer, so the handle this thread
     /// found signed last is taken without signing again: consecutive calls
     /// on one file (a stream of WRITEs, LOOKUPs in one directory) compute
-    /// one MAC. Both comparisons look at every byte ([`constant_time_eq`]):
+    /// one MAC. Both comparisons look at every byte (`constant_time_eq`):
     /// a guess is not told where it went wrong by an early exit.
     pub fn signed_with(bytes: &[u8], key: &HandleKey) -> bool {
         let Ok(bytes) = <&[u8; LEN]>::try_from(bytes) else {
