@@ -244,11 +244,18 @@ daemon=
 step "layerfs demo: a mounted workspace over two generated layers; Ctrl-C removes it all"
 coproc DEMO { exec "$layerfs" demo "$t/w" 2>>"$t/daemon.log"; }
 demo=$DEMO_PID
+diff_line=
 while read -r -t 30 line <&"${DEMO[0]}"; do
+	[[ $line == *" diff demo" ]] && diff_line=$line
 	[[ $line == Ctrl-C* ]] && break
 done
 [[ ${line:-} == Ctrl-C* ]] || fail "the demo never said how to stop it"
 mounted "$t/w" || fail "the demo's workspace is not mounted"
+# Its commands run as printed, from a shell with no layerfs on PATH.
+[[ -n $diff_line ]] || fail "the demo printed no diff command"
+echo mine >"$t/w/notes.txt"
+[[ $(env PATH=/usr/bin:/bin bash -c "$diff_line") == "A /notes.txt" ]] ||
+	fail "the demo's own command '$diff_line' did not run as printed"
 [[ $("$t/w/bin/hello") == "hello from the tools layer" ]] || fail "bin/hello"
 [[ -e $t/w/docs/old-notes.txt ]] && fail "the demo's whiteout hides nothing"
 kill -INT "$demo"

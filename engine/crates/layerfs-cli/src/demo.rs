@@ -99,6 +99,7 @@ fn run(base: &Path, args: DemoArgs) -> Result<(), String> {
         .unwrap_or("?")
         .to_string();
     let (m, s) = (mountpoint.display(), store.display());
+    let l = command_name();
     println!(
         "\nworkspace \"demo\" is mounted on {m} ({door}), over two layers:\n  \
          base: README, etc/os-release, docs/guide.txt, docs/old-notes.txt\n  \
@@ -107,15 +108,33 @@ fn run(base: &Path, args: DemoArgs) -> Result<(), String> {
          ls -la {m} {m}/docs\n  \
          cat {m}/README; {m}/bin/hello\n  \
          echo mine > {m}/notes.txt; rm {m}/docs/guide.txt\n  \
-         layerfs --store {s} commit demo --message 'my changes'\n  \
-         layerfs --store {s} layer ls\n  \
-         layerfs --store {s} create second --from demo\n  \
-         layerfs --store {s} ls\n\n\
+         {l} --store {s} diff demo\n  \
+         {l} --store {s} commit demo --message 'my changes'\n  \
+         {l} --store {s} layer ls\n  \
+         {l} --store {s} create second --from demo\n  \
+         {l} --store {s} ls\n\n\
          Ctrl-C unmounts everything and removes the demo store.\n"
     );
     daemon
         .join()
         .map_err(|_| "the daemon panicked".to_string())?
+}
+
+/// How the user runs this binary from a shell: `layerfs` where that name
+/// on PATH is this binary, else its full path (`cargo run` leaves it in
+/// target/, which is on no PATH).
+fn command_name() -> String {
+    let me = std::env::current_exe().and_then(|p| p.canonicalize());
+    let on_path = std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|dir| dir.join("layerfs"))
+            .find(|p| p.is_file())
+    });
+    match (me, on_path) {
+        (Ok(me), Some(found)) if found.canonicalize().is_ok_and(|f| f == me) => "layerfs".into(),
+        (Ok(me), _) => me.display().to_string(),
+        (Err(_), _) => "layerfs".into(),
+    }
 }
 
 /// Two small layers: a base, and a layer of tools over it that also hides a
