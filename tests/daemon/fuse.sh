@@ -89,6 +89,30 @@ regular_empty() { # the names in directory $1 are empty regular files
 regular_empty "$t/dev" null pipe
 "$layerfs" unmount dev >/dev/null
 
+step "reset while mounted: every process sees the layers' contents at once"
+"$layerfs" create r --from "$base" --from "$top" >/dev/null
+mkdir "$t/r"
+"$layerfs" mount r "$t/r" --fuse >/dev/null
+# Seen (so cached by the kernel) before and after each change.
+cat "$t/r/etc/name" "$t/r/etc/doomed" >/dev/null 2>&1 || true
+echo rewritten >"$t/r/etc/name"
+mkdir "$t/r/made" && echo x >"$t/r/made/f" && echo y >"$t/r/etc/added"
+exec 9<"$t/r/etc/added"
+check "$t/r/etc/name" rewritten
+ls "$t/r/etc" "$t/r/made" >/dev/null
+"$layerfs" reset r /made >/dev/null
+[[ -e $t/r/made ]] && fail "made/ is still there after its reset"
+check "$t/r/etc/name" rewritten
+"$layerfs" reset r >/dev/null
+check "$t/r/etc/name" top
+[[ -e $t/r/etc/added ]] && fail "etc/added is still there after the reset"
+[[ $(ls "$t/r/etc") == name ]] || fail "etc after the reset: $(ls "$t/r/etc")"
+[[ $(cat <&9) == y ]] || fail "a descriptor open on a file the reset removed"
+exec 9<&-
+[[ -z $("$layerfs" diff r) ]] || fail "changes left after the reset: $("$layerfs" diff r)"
+"$layerfs" reset r ../x 2>/dev/null && fail "a reset path with .. was taken"
+"$layerfs" unmount r >/dev/null
+
 step "commit; a second workspace from the commit sees the changes"
 commit=$("$layerfs" commit w --message "first changes")
 "$layerfs" layer ls | grep -q "first changes" || fail "layer ls: $("$layerfs" layer ls)"

@@ -64,6 +64,10 @@ enum Command {
     /// `A` added, `C` changed (with what: type, data, mode, owner, times),
     /// `D` deleted. Mounted or not; taken at one moment.
     Diff(workspaces::DiffArgs),
+    /// Throw away a workspace's changes: all of them, or those under the
+    /// paths given (from the workspace's root). Mounted or not; every
+    /// process sees the layers' contents at once.
+    Reset(workspaces::ResetArgs),
     /// List the workspaces, where each is mounted, and any problem.
     Ls,
     /// Remove a workspace and its changes.
@@ -108,6 +112,7 @@ fn main() -> ExitCode {
         Command::Unmount(args) => client.unmount(args),
         Command::Commit(args) => client.commit(args),
         Command::Diff(args) => client.diff(args),
+        Command::Reset(args) => client.reset(args),
         Command::Ls => client.ls(),
         Command::Rm(args) => client.rm(args),
         Command::Stats => client.stats(),

@@ -98,6 +98,13 @@ pub struct DiffArgs {
 }
 
 #[derive(clap::Args)]
+pub struct ResetArgs {
+    name: String,
+    /// Paths in the workspace (`/etc`, `src/main.rs`); none for everything.
+    paths: Vec<String>,
+}
+
+#[derive(clap::Args)]
 pub struct RmArgs {
     name: String,
     /// Unmount it first if mounted; remove it even if others were made from it.
@@ -286,6 +293,18 @@ impl Client {
                     false => writeln!(out, "{} {} ({})", c.kind, c.path, c.changed.join(",")),
                 };
             }
+        }
+        Ok(())
+    }
+
+    pub fn reset(&self, args: ResetArgs) -> Result<(), String> {
+        let name = args.name.clone();
+        let request = Request::Reset {
+            name: args.name,
+            paths: args.paths,
+        };
+        if let Some(changed) = self.call::<usize>(request)? {
+            println!("reset {name}: {changed} names back to the layers'");
         }
         Ok(())
     }

@@ -52,6 +52,11 @@ pub enum Request {
     Diff {
         name: String,
     },
+    /// Paths from the workspace's root; none for all of it.
+    Reset {
+        name: String,
+        paths: Vec<String>,
+    },
 }
 
 /// A reply: `ok` with its data, or the error to show the user.

@@ -8,6 +8,7 @@ use fuser::{BackgroundSession, BackingId, Config, MountOption, SessionACL};
 use layerfs_vfs::{FileId, Filesystem};
 use rustix::fs::Access;
 
+use crate::attrs::Inos;
 use crate::door::Door;
 use crate::opens::OpenFiles;
 
@@ -49,6 +50,7 @@ pub struct Mounted {
     session: Option<BackgroundSession>,
     mountpoint: PathBuf,
     opens: Arc<OpenFiles<BackingId>>,
+    inos: Inos,
 }
 
 /// Mounts `fs` at `mountpoint` and serves it on background threads.
@@ -85,6 +87,7 @@ pub fn mount(fs: Arc<dyn Filesystem>, mountpoint: &Path, options: &Options) -> i
     };
     config.n_threads = Some(threads);
     config.clone_fd = true;
+    let inos = Inos::new(fs.root());
     let door = Door::new(fs, options.caching, options.passthrough);
     let opens = door.open_files();
     let session = fuser::spawn_mount(door, &mountpoint, &config).map_err(|e| {
@@ -97,6 +100,7 @@ pub fn mount(fs: Arc<dyn Filesystem>, mountpoint: &Path, options: &Options) -> i
         session: Some(session),
         mountpoint,
         opens,
+        inos,
     })
 }
 
@@ -145,6 +149,24 @@ impl Mounted {
         let root = std::fs::File::open(&self.mountpoint)?;
         rustix::fs::syncfs(&root)?;
         Ok(())
+    }
+
+    /// Tells the kernel to drop what it keeps of the entries `names` (a
+    /// directory's id and a name in it) and of the attributes and pages of
+    /// `files`: what changed behind its back (a reset). What the kernel
+    /// does not hold is no error.
+    pub fn invalidate(&self, names: &[(FileId, Vec<u8>)], files: &[FileId]) {
+        use std::os::unix::ffi::OsStrExt;
+        let Some(session) = &self.session else {
+            return;
+        };
+        let notifier = session.notifier();
+        for (dir, name) in names {
+            let _ = notifier.inval_entry(self.inos.ino(*dir), std::ffi::OsStr::from_bytes(name));
+        }
+        for id in files {
+            let _ = notifier.inval_inode(self.inos.ino(*id), 0, 0);
+        }
     }
 
     /// Whether the kernel still sends requests: false once the mount was

@@ -29,12 +29,14 @@ mod diff;
 mod inodes;
 mod merge;
 mod ops;
+mod reset;
 mod whiteouts;
 
 use caches::{Caches, LinkIndex, Listing};
 pub use diff::{Change, ChangeKind};
 use inodes::{Inodes, ROOT};
 use merge::{Found, Layer, Layers, Part, UPPER};
+pub use reset::ResetDone;
 
 /// Why a second `StackFs` cannot serve an upper that one already serves.
 pub const IN_USE: &str = "already served by another layerfs (over NFS or FUSE); \

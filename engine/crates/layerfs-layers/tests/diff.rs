@@ -1,4 +1,5 @@
-//! `StackFs::diff`: what a workspace changed over its layers, path by path.
+//! `StackFs::diff`, what a workspace changed over its layers path by path,
+//! and `StackFs::reset`, which throws changes away.
 
 use std::path::Path;
 
@@ -151,4 +152,86 @@ fn each_change_shows_once_with_what_changed_and_nothing_else() {
     )
     .unwrap();
     assert_eq!(lines(&fs), want);
+}
+
+fn read(fs: &StackFs, id: FileId) -> Vec<u8> {
+    let mut out = Vec::new();
+    fs.read(&who(), id, 0, 1 << 20, &mut out).unwrap();
+    out
+}
+
+#[test]
+fn a_reset_throws_away_the_changes_under_a_path_or_all_of_them() {
+    let t = tempfile::tempdir().unwrap();
+    layer(&t.path().join("lower"));
+    let fs = StackFs::open(
+        &[t.path().join("lower")],
+        &t.path().join("upper"),
+        &t.path().join("state"),
+    )
+    .unwrap();
+    let w = who();
+    let a = id(&fs, "a");
+    fs.write(&w, a, 0, b"upper", Stability::Unstable).unwrap();
+    let x = id(&fs, "d/x");
+    fs.write(&w, x, 0, b"X", Stability::Unstable).unwrap();
+    let new = fs
+        .create(
+            &w,
+            id(&fs, "d"),
+            b"new",
+            Create::Unchecked(SetAttr::default()),
+        )
+        .unwrap()
+        .0
+        .fileid;
+    fs.remove(&w, id(&fs, "d"), b"y").unwrap();
+    fs.remove(&w, ROOT, b"gone").unwrap();
+    fs.remove(&w, id(&fs, "opaque"), b"old").unwrap();
+    fs.rmdir(&w, ROOT, b"opaque").unwrap();
+    fs.mkdir(&w, ROOT, b"opaque", &SetAttr::default()).unwrap();
+
+    // Under d only: d's changes go, the others stay.
+    let done = fs.reset(&[vec![b"d".to_vec()]]).unwrap();
+    assert!(
+        done.names.contains(&(id(&fs, "d"), b"new".to_vec())),
+        "{done:?}"
+    );
+    assert!(done.files.contains(&x));
+    assert_eq!(read(&fs, x), b"x", "d/x reverted, same id");
+    assert_eq!(
+        fs.lookup(&w, id(&fs, "d"), b"new").unwrap_err(),
+        layerfs_vfs::Error::NoEnt
+    );
+    assert!(
+        fs.getattr(new).is_err(),
+        "a file only the upper held is gone"
+    );
+    assert_eq!(
+        read(&fs, id(&fs, "d/y")),
+        b"y",
+        "a removed lower file is back"
+    );
+    assert_eq!(
+        lines(&fs),
+        [
+            "C /a (data,times)",
+            "D /gone",
+            "C /opaque (times)",
+            "D /opaque/old"
+        ]
+    );
+
+    // All of it: the workspace shows its layers again.
+    fs.reset(&[]).unwrap();
+    assert!(lines(&fs).is_empty(), "{:?}", lines(&fs));
+    assert_eq!(read(&fs, a), b"lower a");
+    assert_eq!(read(&fs, id(&fs, "opaque/old")), b"o");
+    assert_eq!(read(&fs, id(&fs, "gone")), b"x");
+    // A path with nothing of the upper under it, and one that climbs out.
+    fs.reset(&[vec![b"tree".to_vec()]]).unwrap();
+    assert_eq!(
+        fs.reset(&[vec![b"..".to_vec()]]).unwrap_err(),
+        layerfs_vfs::Error::Inval
+    );
 }

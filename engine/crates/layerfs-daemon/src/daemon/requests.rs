@@ -29,6 +29,7 @@ impl Daemon {
             Request::Rm { name, force } => reply(self.rm(&name, force)),
             Request::Stats => reply(self.stats()),
             Request::Diff { name } => reply(self.diff(&name)),
+            Request::Reset { name, paths } => reply(self.reset(&name, &paths)),
         };
         if let Some(e) = &reply.error {
             tracing::info!("request refused: {e}");
@@ -355,6 +356,36 @@ impl Daemon {
             .collect())
     }
 
+    /// Throws away the workspace's changes under `paths` (all without any),
+    /// mounted or not; a FUSE mount's kernel caches of what changed are
+    /// dropped. Returns how many names changed.
+    fn reset(&self, name: &str, paths: &[String]) -> Outcome<usize> {
+        let paths = paths
+            .iter()
+            .map(|p| workspace_path(p))
+            .collect::<Outcome<Vec<_>>>()?;
+        let mut open = self.open.lock();
+        let record = self.record(name)?;
+        let o = self.ensure_open(&mut open, name)?;
+        // Writes the kernel still holds reach the upper first: sent after
+        // the reset, they would bring back what it threw away.
+        o.settled_writes()?;
+        let done = o
+            .workspace
+            .fs()
+            .reset(&paths)
+            .map_err(|e| format!("cannot reset {name}: {e}"))?;
+        #[cfg(target_os = "linux")]
+        if let Some(m) = &o.fuse {
+            m.invalidate(&done.names, &done.files);
+        }
+        if record.mount.is_none() {
+            open.remove(name);
+        }
+        tracing::info!(workspace = %name, names = done.names.len(), "reset");
+        Ok(done.names.len())
+    }
+
     fn info(&self, name: &str, record: &WorkspaceRecord) -> WorkspaceInfo {
         let state = match (self.problems.lock().get(name), &record.mount) {
             (Some(problem), _) => problem.clone(),
@@ -451,4 +482,18 @@ fn reply<T: Serialize>(outcome: Outcome<T>) -> Reply {
         Ok(data) => Reply::ok(data),
         Err(e) => Reply::error(e),
     }
+}
+
+/// A path inside a workspace (`/etc/name` or `etc/name`) as its names;
+/// one that climbs out (`..`) is refused.
+fn workspace_path(path: &str) -> Outcome<Vec<Vec<u8>>> {
+    let names: Vec<Vec<u8>> = path
+        .split('/')
+        .filter(|n| !n.is_empty() && *n != ".")
+        .map(|n| n.as_bytes().to_vec())
+        .collect();
+    if names.iter().any(|n| n == b"..") {
+        return Err(format!("{path}: a path inside the workspace, without `..`"));
+    }
+    Ok(names)
 }

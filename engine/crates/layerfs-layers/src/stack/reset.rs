@@ -1,0 +1,220 @@
+//! Reset: throwing away what the workspace changed, all of it or under
+//! given paths, while it is served.
+//!
+//! What the upper holds at a path (its entry, with everything under it)
+//! and the whiteout that hides the path below are removed, so the layers
+//! show there again. Files only the upper held are gone (their handles are
+//! STALE, an open descriptor keeps its file as after an unlink); a file
+//! copied up reverts to the layers' under the same id, with the layers'
+//! attributes, which is how an NFS client sees that it changed. A door
+//! that caches names and pages (FUSE) is told which to drop:
+//! [`ResetDone`].
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+
+use layerfs_vfs::hostdir::{self, cstr};
+use layerfs_vfs::{Error, FileId, FileKind, Result};
+use rustix::fs::AtFlags;
+
+use super::inodes::ROOT;
+use super::merge::{Layers, Part, UPPER};
+use super::whiteouts::{is_hidden, whiteout_name};
+use super::StackFs;
+
+/// What a reset changed, for a door's caches: names whose entry changed
+/// (a parent's id and the name), and files and directories whose
+/// attributes or data changed.
+#[derive(Debug, Default)]
+pub struct ResetDone {
+    pub names: Vec<(FileId, Vec<u8>)>,
+    pub files: Vec<FileId>,
+}
+
+impl StackFs {
+    /// Throws away the changes under each of `paths` (names from the root,
+    /// `[]` for all), taken one moment: changes wait meanwhile. A path the
+    /// upper holds nothing of is no error.
+    pub fn reset(&self, paths: &[Vec<Vec<u8>>]) -> Result<ResetDone> {
+        let mut current = self.layers.write();
+        let _ns = self.lock_ns();
+        let mut done = ResetDone::default();
+        let all = [Vec::new()];
+        let paths = if paths.is_empty() { &all[..] } else { paths };
+        for path in paths {
+            if path
+                .iter()
+                .any(|n| n.is_empty() || n == b"." || n == b".." || n.contains(&b'/'))
+            {
+                return Err(Error::Inval);
+            }
+            self.reset_path(&current, path, &mut done)?;
+        }
+        // The upper's root may have lost its opaque marker, and every kept
+        // part, listing and descriptor may name what is gone.
+        let paths = self.paths.lock().clone();
+        *current = Arc::new(Self::layers_at(
+            &self.inodes,
+            &paths,
+            current.generation + 1,
+        )?);
+        self.caches.layers_changed();
+        hostdir::sync_filesystem(current.all[UPPER].root.as_fd())?;
+        Ok(done)
+    }
+
+    fn reset_path(&self, layers: &Layers, path: &[Vec<u8>], done: &mut ResetDone) -> Result<()> {
+        // The merged directory holding the path, and its id, walked down.
+        let mut parts = layers.root_parts.clone();
+        let mut dir = ROOT;
+        let Some((last, parents)) = path.split_last() else {
+            // The root: everything the upper holds in it.
+            let upper = layers.all[UPPER].root.clone();
+            done.files.push(ROOT);
+            return self.clear_upper_dir(layers, upper.as_fd(), ROOT, &parts, done);
+        };
+        for name in parents {
+            let Some(f) = layers.lookup(&self.inodes, &parts, &cstr(name)?)? else {
+                return Ok(());
+            };
+            if f.kind() != FileKind::Directory {
+                return Ok(());
+            }
+            dir = f.attr.fileid;
+            parts = f.parts;
+        }
+        let Some(upper) = parts.first().filter(|p| p.layer == UPPER).cloned() else {
+            // No upper part here: nothing was changed under the path.
+            return Ok(());
+        };
+        self.remove_from_upper(layers, upper.fd.as_fd(), dir, &parts, last, done)
+    }
+
+    /// Removes everything the upper directory `upper` (the top of `parts`,
+    /// merged directory `dir`) holds but the directory itself.
+    fn clear_upper_dir(
+        &self,
+        layers: &Layers,
+        upper: BorrowedFd<'_>,
+        dir: FileId,
+        parts: &[Part],
+        done: &mut ResetDone,
+    ) -> Result<()> {
+        for (name, _, _) in hostdir::list(upper)? {
+            if name.starts_with(super::STATE_IN_UPPER.as_bytes()) {
+                continue;
+            }
+            match name.strip_prefix(b".wh.") {
+                Some(b".wh..opq") => {
+                    rustix::fs::unlinkat(upper, &*cstr(&name)?, AtFlags::empty())?;
+                }
+                Some(hidden) if !is_hidden(hidden) => {
+                    let hidden = hidden.to_vec();
+                    self.remove_from_upper(layers, upper, dir, parts, &hidden, done)?
+                }
+                Some(_) => {}
+                None => self.remove_from_upper(layers, upper, dir, parts, &name, done)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes `name` and its whiteout from the upper directory `upper` of
+    /// the merged directory `dir` (made of `parts`), noting what changed.
+    fn remove_from_upper(
+        &self,
+        layers: &Layers,
+        upper: BorrowedFd<'_>,
+        dir: FileId,
+        parts: &[Part],
+        name: &[u8],
+        done: &mut ResetDone,
+    ) -> Result<()> {
+        let c = cstr(name)?;
+        let shown = layers.lookup(&self.inodes, parts, &c)?;
+        if let Some(f) = &shown {
+            done.files.push(f.attr.fileid);
+        }
+        let mut changed = false;
+        if let Ok(w) = whiteout_name(name) {
+            match rustix::fs::unlinkat(upper, &w, AtFlags::empty()) {
+                Ok(()) => changed = true,
+                Err(rustix::io::Errno::NOENT) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        match rustix::fs::statat(upper, &c, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => {
+                changed = true;
+                if rustix::fs::FileType::from_raw_mode(st.st_mode)
+                    == rustix::fs::FileType::Directory
+                {
+                    let sub: OwnedFd = hostdir::open_dir(upper, &c)?;
+                    // Its entries leave the kernel's caches too.
+                    let (id, below) = match &shown {
+                        Some(f) if f.kind() == FileKind::Directory => {
+                            (f.attr.fileid, f.parts.clone())
+                        }
+                        _ => (0, Vec::new()),
+                    };
+                    self.forget_tree(layers, sub.as_fd(), id, &below, done)?;
+                    drop(sub);
+                    remove_tree_at(upper, &c)?;
+                } else {
+                    rustix::fs::unlinkat(upper, &c, AtFlags::empty())?;
+                }
+            }
+            Err(rustix::io::Errno::NOENT) => {}
+            Err(e) => return Err(e.into()),
+        }
+        if changed {
+            done.names.push((dir, name.to_vec()));
+        }
+        Ok(())
+    }
+
+    /// Notes every name under the upper directory `upper` (merged directory
+    /// `dir`, 0 if the layers hold none there) as changed.
+    fn forget_tree(
+        &self,
+        layers: &Layers,
+        upper: BorrowedFd<'_>,
+        dir: FileId,
+        parts: &[Part],
+        done: &mut ResetDone,
+    ) -> Result<()> {
+        for (name, _, is_dir) in hostdir::list(upper)? {
+            let shown_name = match name.strip_prefix(b".wh.") {
+                Some(hidden) if !is_hidden(hidden) => hidden.to_vec(),
+                Some(_) => continue,
+                None => name.clone(),
+            };
+            if dir != 0 {
+                done.names.push((dir, shown_name.clone()));
+                if let Some(f) = layers.lookup(&self.inodes, parts, &cstr(&shown_name)?)? {
+                    done.files.push(f.attr.fileid);
+                    if is_dir && f.kind() == FileKind::Directory {
+                        let sub = hostdir::open_dir(upper, &cstr(&name)?)?;
+                        self.forget_tree(layers, sub.as_fd(), f.attr.fileid, &f.parts, done)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Removes the directory `name` in `dir` and everything in it.
+fn remove_tree_at(dir: BorrowedFd<'_>, name: &std::ffi::CStr) -> Result<()> {
+    let sub = hostdir::open_dir(dir, name)?;
+    for (entry, _, is_dir) in hostdir::list(sub.as_fd())? {
+        let c = cstr(&entry)?;
+        if is_dir {
+            remove_tree_at(sub.as_fd(), &c)?;
+        } else {
+            rustix::fs::unlinkat(&sub, &c, AtFlags::empty())?;
+        }
+    }
+    rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR)?;
+    Ok(())
+}
