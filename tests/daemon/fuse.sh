@@ -113,6 +113,21 @@ exec 9<&-
 "$layerfs" reset r ../x 2>/dev/null && fail "a reset path with .. was taken"
 "$layerfs" unmount r >/dev/null
 
+step "a long import leaves the workspaces' requests free"
+mkdir -p "$t/bulk"
+for d in $(seq 30); do
+	mkdir "$t/bulk/d$d"
+	(cd "$t/bulk/d$d" && seq 1000 | xargs touch)
+done
+"$layerfs" layer import "$t/bulk" >/dev/null 2>&1 &
+importing=$!
+for _ in $(seq 200); do [[ -n $(ls "$LAYERFS_STORE/staging" 2>/dev/null) ]] && break; sleep 0.01; done
+"$layerfs" unmount w >/dev/null
+"$layerfs" mount w "$t/w" --fuse >/dev/null
+"$layerfs" diff w >/dev/null
+kill -0 "$importing" 2>/dev/null || fail "the import was over before the mount and diff answered: nothing was shown"
+wait "$importing" || fail "the import failed"
+
 step "commit; a second workspace from the commit sees the changes"
 commit=$("$layerfs" commit w --message "first changes")
 "$layerfs" layer ls | grep -q "first changes" || fail "layer ls: $("$layerfs" layer ls)"

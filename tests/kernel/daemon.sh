@@ -50,6 +50,19 @@ check "$w/etc/name" changed
 check "$w2/etc/name" changed
 check "$w2/new" new
 
+step "reset while mounted over NFS: the same mount shows the layers' contents"
+cat "$w/etc/name" >/dev/null
+echo rewritten >"$w/etc/name"
+echo made >"$w/made"
+rm "$w/new"
+check "$w/etc/name" rewritten
+ls "$w" >/dev/null
+"$layerfs" reset w >/dev/null
+check "$w/etc/name" changed
+[[ -e $w/made ]] && fail "made is still listed after the reset: $(ls "$w")"
+check "$w/new" new
+[[ -z $("$layerfs" diff w) ]] || fail "changes left after the reset: $("$layerfs" diff w)"
+
 step "a file removed while open is left out of a commit, the client's .nfs name with it"
 exec 7<>"$w/open-removed"
 echo "still open" >&7

@@ -147,9 +147,15 @@ struct Daemon {
     catalog: Catalog,
     exports: Arc<Exports>,
     server: Mutex<Option<ServerHandle>>,
-    /// Open workspaces by name; held while a request runs, so requests
-    /// happen one at a time.
+    /// Open workspaces by name; held while a request on workspaces runs,
+    /// so those happen one at a time.
     open: Mutex<HashMap<String, Open>>,
+    /// Held while the store's layers change (an import, a removal) or a
+    /// workspace is recorded over them: a layer is never removed while a
+    /// workspace is being made on it. Taken after `open` where both are.
+    /// An import holds only this: a long one leaves the workspaces' requests
+    /// (mount, diff, commit of another workspace...) free.
+    layer_changes: Mutex<()>,
     /// What went wrong with a workspace's recorded mount, by name.
     problems: Mutex<HashMap<String, String>>,
 }
@@ -197,6 +203,7 @@ impl Daemon {
             exports: Arc::new(Exports::new(key)),
             server: Mutex::new(None),
             open: Mutex::new(HashMap::new()),
+            layer_changes: Mutex::new(()),
             problems: Mutex::new(HashMap::new()),
         };
         daemon.sweep_orphans()?;

@@ -1,5 +1,6 @@
-//! The requests of the control socket, one method each, run one at a time
-//! under the lock over the open workspaces.
+//! The requests of the control socket, one method each; those on
+//! workspaces run one at a time under the lock over the open workspaces,
+//! layer imports and removals under the lock over the store's layers.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -45,7 +46,7 @@ impl Daemon {
         if !source.is_absolute() {
             return Err(format!("{}: give an absolute path", source.display()));
         }
-        let _serial = self.open.lock();
+        let _layers = self.layer_changes.lock();
         let id = self
             .store
             .import(source, &mut |done, total| {
@@ -108,7 +109,7 @@ impl Daemon {
     }
 
     fn layer_rm(&self, id: &str) -> Outcome<String> {
-        let _serial = self.open.lock();
+        let _layers = self.layer_changes.lock();
         let layer = self.find_layer(id)?;
         let info = self.layer_info(&layer)?;
         if !info.used_by.is_empty() {
@@ -129,6 +130,7 @@ impl Daemon {
     fn create(&self, name: &str, from: &[String]) -> Outcome<WorkspaceInfo> {
         check_name(name)?;
         let open = self.open.lock();
+        let _layers = self.layer_changes.lock();
         if self
             .catalog
             .workspace(name)
@@ -302,6 +304,7 @@ impl Daemon {
             .workspace
             .commit(&written)
             .map_err(|e| format!("cannot commit {name}: {e}"))?;
+        let _layers = self.layer_changes.lock();
         let layer = self
             .store
             .import_dir_with(&committed, &mut |done, total| {
