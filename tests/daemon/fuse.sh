@@ -59,13 +59,14 @@ check "$t/w/etc/name" top
 echo changed >"$t/w/etc/name"
 echo new >"$t/w/new"
 rm "$t/w/etc/name" && echo again >"$t/w/etc/name"
-"$layerfs" ls | grep -q "^w .*mounted" || fail "ls: $("$layerfs" ls)"
+grep -q "^w .*mounted" <<<"$("$layerfs" ls)" || fail "ls: $("$layerfs" ls)"
 # What w changed over its layers: a lower file rewritten (its directory's
 # time moved), a file added.
 diff=$("$layerfs" diff w)
 want=$'C /etc (times)\nC /etc/name (data,times)\nA /new'
 [[ $diff == "$want" ]] || fail "layerfs diff w:"$'\n'"$diff"
-"$layerfs" --json diff w | grep -q '"kind": "A"' || fail "layerfs --json diff w: $("$layerfs" --json diff w)"
+json=$("$layerfs" --json diff w)
+grep -q '"kind": "A"' <<<"$json" || fail "layerfs --json diff w: $json"
 # Mounted so that no file in it grants privileges or reaches a device.
 opts=$(awk -v m="$t/w" '$2 == m {print $4}' /proc/mounts)
 [[ ,$opts, == *,nosuid,* && ,$opts, == *,nodev,* ]] || fail "w is mounted '$opts', not nosuid,nodev"
@@ -130,7 +131,7 @@ wait "$importing" || fail "the import failed"
 
 step "commit; a second workspace from the commit sees the changes"
 commit=$("$layerfs" commit w --message "first changes")
-"$layerfs" layer ls | grep -q "first changes" || fail "layer ls: $("$layerfs" layer ls)"
+grep -q "first changes" <<<"$("$layerfs" layer ls)" || fail "layer ls: $("$layerfs" layer ls)"
 check "$t/w/etc/name" again
 [[ -z $("$layerfs" diff w) ]] || fail "changes left after the commit: $("$layerfs" diff w)"
 "$layerfs" create w2 --from w
@@ -253,7 +254,7 @@ cmp -n $((blocks * 65536)) "$t/w/inflight" "$t/blocks" ||
 echo "   killed with $blocks blocks of 64 KiB synced by a writer in flight: all read back"
 check "$t/w/new" new
 check "$t/w2/new" new
-"$layerfs" ls | grep -q "^w2 .*mounted" || fail "ls after restart: $("$layerfs" ls)"
+grep -q "^w2 .*mounted" <<<"$("$layerfs" ls)" || fail "ls after restart: $("$layerfs" ls)"
 
 step "unmount by path; SIGTERM unmounts the rest and exits 0"
 "$layerfs" unmount "$t/w2"
@@ -275,7 +276,7 @@ mounted "$t/w" && fail "w still mounted after SIGTERM"
 out=$("$layerfs" ls 2>&1) && fail "ls without a daemon succeeded"
 grep -q "no layerfs daemon is running" <<<"$out" || fail "ls without a daemon: $out"
 start_daemon
-"$layerfs" ls | grep -q "^w .*unmounted" || fail "after SIGTERM w is recorded unmounted: $("$layerfs" ls)"
+grep -q "^w .*unmounted" <<<"$("$layerfs" ls)" || fail "after SIGTERM w is recorded unmounted: $("$layerfs" ls)"
 kill -TERM "$daemon"
 wait "$daemon" || fail "the daemon's exit status after SIGTERM"
 daemon=

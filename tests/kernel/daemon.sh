@@ -69,7 +69,7 @@ echo "still open" >&7
 rm "$w/open-removed"
 debris=$(cd "$w" && ls -A | grep '^\.nfs' || true)
 [[ -n $debris ]] || fail "the client kept no .nfs name for the open file"
-"$layerfs" diff w | grep -q '\.nfs' && fail "layerfs diff shows the client's file: $("$layerfs" diff w)"
+grep -q '\.nfs' <<<"$("$layerfs" diff w)" && fail "layerfs diff shows the client's file: $("$layerfs" diff w)"
 moment=$("$layerfs" commit w --message "while a removed file is open" --json |
 	sed -n 's/.*"id": *"\([^"]*\)".*/\1/p')
 [[ -d $LAYERFS_STORE/layers/$moment ]] || fail "no layer $moment"
@@ -114,7 +114,7 @@ got=$(sha256sum <"$w/big" | cut -d' ' -f1)
 check "$w/new" new
 check "$w2/etc/name" changed
 ls -la "$w" >/dev/null || fail "listing after the restart"
-"$layerfs" ls | grep -q "^w .*mounted" || fail "ls: $("$layerfs" ls)"
+grep -q "^w .*mounted" <<<"$("$layerfs" ls)" || fail "ls: $("$layerfs" ls)"
 
 step "unmount by path; SIGTERM unmounts the rest, exits 0, leaves no mount"
 "$layerfs" unmount "$w2"
