@@ -114,6 +114,30 @@ exec 9<&-
 "$layerfs" reset r ../x 2>/dev/null && fail "a reset path with .. was taken"
 "$layerfs" unmount r >/dev/null
 
+step "a 64 MiB workspace: writes stop at ENOSPC, removals free room, the others go on"
+"$layerfs" create q --from "$base" --size 64M >/dev/null
+mkdir "$t/q"
+"$layerfs" mount q "$t/q" --fuse >/dev/null
+rc=0
+dd if=/dev/zero of="$t/q/fill" bs=1M count=100 2>"$t/dd.err" || rc=$?
+[[ $rc != 0 ]] && grep -q "No space left" "$t/dd.err" || fail "writing 100 MiB into 64 MiB: rc $rc, $(cat "$t/dd.err")"
+size=$(stat -c %s "$t/q/fill")
+[[ $size -gt $((60 << 20)) && $size -le $((64 << 20)) ]] || fail "the filled file holds $size bytes"
+# The last room, 4 KiB at a time, then not even a new name fits.
+dd if=/dev/zero of="$t/q/fill" bs=4k count=1000 oflag=append conv=notrunc 2>/dev/null && fail "4 MiB more fitted"
+{ echo more >"$t/q/more"; } 2>/dev/null && fail "a new file past the limit"
+cat "$t/q/etc/name" >/dev/null || fail "reading at the limit"
+grep -q "^q .*/64.0M" <<<"$("$layerfs" ls)" || fail "ls shows no limit: $("$layerfs" ls)"
+rm "$t/q/fill"
+dd if=/dev/zero of="$t/q/again" bs=1M count=32 conv=fsync status=none || fail "writing after the removal"
+# Another workspace, and the host, are not held to it.
+dd if=/dev/zero of="$t/w/big" bs=1M count=80 status=none || fail "another workspace was limited"
+rm "$t/w/big"
+"$layerfs" set q --size none >/dev/null
+dd if=/dev/zero of="$t/q/fill" bs=1M count=80 status=none || fail "writing once the limit is lifted"
+"$layerfs" unmount q >/dev/null
+"$layerfs" rm q >/dev/null
+
 step "a long import leaves the workspaces' requests free"
 mkdir -p "$t/bulk"
 for d in $(seq 30); do

@@ -88,6 +88,7 @@ fn run(base: &Path, args: DemoArgs) -> Result<(), String> {
     ask(Request::Create {
         name: "demo".into(),
         from: ids,
+        size: None,
     })?;
     let mounted = ask(Request::Mount {
         name: "demo".into(),

@@ -68,6 +68,8 @@ enum Command {
     /// paths given (from the workspace's root). Mounted or not; every
     /// process sees the layers' contents at once.
     Reset(workspaces::ResetArgs),
+    /// Change a workspace's settings: its size limit (`--size`).
+    Set(workspaces::SetArgs),
     /// List the workspaces, where each is mounted, and any problem.
     Ls,
     /// Remove a workspace and its changes.
@@ -113,6 +115,7 @@ fn main() -> ExitCode {
         Command::Commit(args) => client.commit(args),
         Command::Diff(args) => client.diff(args),
         Command::Reset(args) => client.reset(args),
+        Command::Set(args) => client.set(args),
         Command::Ls => client.ls(),
         Command::Rm(args) => client.rm(args),
         Command::Stats => client.stats(),

@@ -61,6 +61,68 @@ pub struct CreateArgs {
     /// from; repeat for more, bottom first. None: an empty workspace.
     #[arg(long, value_name = "LAYER|WORKSPACE")]
     from: Vec<String>,
+    /// The most its changes may hold (file sizes, and 4 KiB per file and
+    /// directory): bytes, or with K, M, G or T (powers of 1024). A write,
+    /// copy-up or new file past it fails with "No space left on device".
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    size: Option<u64>,
+}
+
+#[derive(clap::Args)]
+pub struct SetArgs {
+    name: String,
+    /// The most its changes may hold, as for `create --size`; `none` lifts
+    /// the limit. Below what it holds, only changes that free room go on.
+    #[arg(long, value_name = "SIZE|none")]
+    size: Option<String>,
+}
+
+/// A size as people write it: `65536`, `64K`, `64M`, `1.5G`, `2TiB`.
+fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let digits = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(digits);
+    let number: f64 = number
+        .parse()
+        .map_err(|_| format!("{text}: not a size (65536, 64K, 64M, 1G)"))?;
+    let unit = unit.trim().to_ascii_lowercase();
+    let shift = match unit.trim_end_matches("ib").trim_end_matches('b') {
+        "" => 0,
+        "k" => 10,
+        "m" => 20,
+        "g" => 30,
+        "t" => 40,
+        _ => return Err(format!("{text}: unknown unit {unit:?} (K, M, G, T)")),
+    };
+    let bytes = number * (1u64 << shift) as f64;
+    if !bytes.is_finite() || bytes < 1.0 || bytes > u64::MAX as f64 {
+        return Err(format!("{text}: out of range"));
+    }
+    Ok(bytes as u64)
+}
+
+fn parse_size_or_none(text: &str) -> Result<Option<u64>, String> {
+    match text {
+        "none" => Ok(None),
+        other => parse_size(other).map(Some),
+    }
+}
+
+/// `12.3M`-style bytes for tables.
+fn human(bytes: u64) -> String {
+    let units = ["", "K", "M", "G", "T"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < units.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    match unit {
+        0 => format!("{bytes}"),
+        _ => format!("{value:.1}{}", units[unit]),
+    }
 }
 
 #[derive(clap::Args)]
@@ -229,6 +291,7 @@ impl Client {
         let request = Request::Create {
             name: args.name,
             from: args.from,
+            size: args.size,
         };
         if let Some(w) = self.call::<WorkspaceInfo>(request)? {
             let n = w.layers.len();
@@ -297,6 +360,24 @@ impl Client {
         Ok(())
     }
 
+    pub fn set(&self, args: SetArgs) -> Result<(), String> {
+        let Some(size) = args.size else {
+            return Err("nothing to set: give --size SIZE (or --size none)".into());
+        };
+        let size = parse_size_or_none(&size)?;
+        let request = Request::SetSize {
+            name: args.name,
+            size,
+        };
+        if let Some(w) = self.call::<WorkspaceInfo>(request)? {
+            match w.size_limit {
+                Some(limit) => println!("{}: size limit {}", w.name, human(limit)),
+                None => println!("{}: no size limit", w.name),
+            }
+        }
+        Ok(())
+    }
+
     pub fn reset(&self, args: ResetArgs) -> Result<(), String> {
         let name = args.name.clone();
         let request = Request::Reset {
@@ -312,15 +393,24 @@ impl Client {
     pub fn ls(&self) -> Result<(), String> {
         if let Some(all) = self.call::<Vec<WorkspaceInfo>>(Request::Ls)? {
             let mut out = io::stdout().lock();
-            let _ = writeln!(out, "{:<20} {:>6}  {:<10} MOUNT", "NAME", "LAYERS", "STATE");
+            let _ = writeln!(
+                out,
+                "{:<20} {:>6}  {:<10} {:>15}  MOUNT",
+                "NAME", "LAYERS", "STATE", "SIZE USED/LIMIT"
+            );
             for w in all {
                 let mount = w
                     .mount
                     .map(|m| format!("{} ({})", m.path.display(), m.door))
                     .unwrap_or_default();
+                let size = match (w.size_used, w.size_limit) {
+                    (Some(used), Some(limit)) => format!("{}/{}", human(used), human(limit)),
+                    (None, Some(limit)) => format!("-/{}", human(limit)),
+                    _ => "-".into(),
+                };
                 let _ = writeln!(
                     out,
-                    "{:<20} {:>6}  {:<10} {mount}",
+                    "{:<20} {:>6}  {:<10} {size:>15}  {mount}",
                     w.name,
                     w.layers.len(),
                     w.state
@@ -435,5 +525,26 @@ fn print_layers(layers: &[LayerInfo]) {
             &l.id[..l.id.len().min(16)],
             l.used_by.join(",")
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_read_as_people_write_them() {
+        assert_eq!(parse_size("65536"), Ok(65536));
+        assert_eq!(parse_size("64K"), Ok(64 << 10));
+        assert_eq!(parse_size("64M"), Ok(64 << 20));
+        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_size("1.5g"), Ok(3 << 29));
+        assert_eq!(parse_size("2TB"), Ok(2 << 40));
+        for bad in ["", "M", "12X", "-1", "0", "1e99"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_size_or_none("none"), Ok(None));
+        assert_eq!(human(64 << 20), "64.0M");
+        assert_eq!(human(100), "100");
     }
 }

@@ -27,6 +27,9 @@ pub struct WorkspaceRecord {
     /// Seconds since the epoch.
     pub created: u64,
     pub mount: Option<MountRecord>,
+    /// What its upper may hold, in bytes (`StackFs::set_size_limit`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_limit: Option<u64>,
 }
 
 /// Where a workspace is mounted, kept so that a restarted daemon mounts it
@@ -202,6 +205,7 @@ mod tests {
                 path: "/mnt/x".into(),
                 door: Door::Fuse,
             }),
+            size_limit: Some(64 << 20),
         };
         {
             let catalog = Catalog::open(&path).unwrap();

@@ -336,6 +336,13 @@ impl Daemon {
         if !open.contains_key(name) {
             let workspace = Workspace::open(&self.workspace_dir(name))
                 .map_err(|e| format!("cannot open workspace {name}: {e}"))?;
+            let limit = self.record(name)?.size_limit;
+            if limit.is_some() {
+                workspace
+                    .fs()
+                    .set_size_limit(limit)
+                    .map_err(|e| format!("cannot limit workspace {name}: {e}"))?;
+            }
             open.insert(
                 name.to_string(),
                 Open {

@@ -30,6 +30,14 @@ pub enum Request {
     Create {
         name: String,
         from: Vec<String>,
+        /// What its upper may hold, in bytes.
+        #[serde(default)]
+        size: Option<u64>,
+    },
+    /// Sets (or with `None` lifts) the size limit of a workspace.
+    SetSize {
+        name: String,
+        size: Option<u64>,
     },
     Mount {
         name: String,
@@ -134,6 +142,12 @@ pub struct WorkspaceInfo {
     pub mount: Option<MountRecord>,
     /// `mounted`, `unmounted`, or what went wrong with its mount.
     pub state: String,
+    /// What its upper may hold, in bytes, if limited.
+    #[serde(default)]
+    pub size_limit: Option<u64>,
+    /// What its upper holds, in bytes, where it is open (mounted).
+    #[serde(default)]
+    pub size_used: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

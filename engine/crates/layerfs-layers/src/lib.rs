@@ -12,7 +12,7 @@ mod store;
 mod workspace;
 
 pub use digest::tree_digest;
-pub use stack::{Change, ChangeKind, ResetDone, StackFs, IN_USE, STATE_IN_UPPER};
+pub use stack::{Change, ChangeKind, ResetDone, StackFs, ENTRY_CHARGE, IN_USE, STATE_IN_UPPER};
 pub use store::{remove_tree, LayerId, Progress, Store};
 pub use workspace::Workspace;
 

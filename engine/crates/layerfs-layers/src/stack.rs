@@ -29,6 +29,7 @@ mod diff;
 mod inodes;
 mod merge;
 mod ops;
+mod quota;
 mod reset;
 mod whiteouts;
 
@@ -36,6 +37,7 @@ use caches::{Caches, LinkIndex, Listing};
 pub use diff::{Change, ChangeKind};
 use inodes::{Inodes, ROOT};
 use merge::{Found, Layer, Layers, Part, UPPER};
+pub use quota::ENTRY_CHARGE;
 pub use reset::ResetDone;
 
 /// Why a second `StackFs` cannot serve an upper that one already serves.
@@ -68,6 +70,8 @@ pub struct StackFs {
     staged: AtomicU64,
     /// The upper's path and each layer's, top first, as opened.
     paths: Mutex<Vec<PathBuf>>,
+    /// The limit on what the upper holds, if any.
+    quota: quota::Quota,
 }
 
 fn open_root(path: &Path) -> Result<OwnedFd> {
@@ -140,6 +144,7 @@ impl StackFs {
             _serving: serving,
             staged: AtomicU64::new(0),
             paths: Mutex::new(paths),
+            quota: quota::Quota::default(),
         })
     }
 

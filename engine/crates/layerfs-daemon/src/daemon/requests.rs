@@ -22,7 +22,8 @@ impl Daemon {
             Request::LayerImport { source } => reply(self.layer_import(&source, progress)),
             Request::LayerLs => reply(self.layer_ls()),
             Request::LayerRm { id } => reply(self.layer_rm(&id)),
-            Request::Create { name, from } => reply(self.create(&name, &from)),
+            Request::Create { name, from, size } => reply(self.create(&name, &from, size)),
+            Request::SetSize { name, size } => reply(self.set_size(&name, size)),
             Request::Mount { name, path, door } => reply(self.mount(&name, &path, door)),
             Request::Unmount { target } => reply(self.unmount(&target)),
             Request::Commit { name, message } => reply(self.commit(&name, message, progress)),
@@ -127,7 +128,7 @@ impl Daemon {
         Ok(layer.to_string())
     }
 
-    fn create(&self, name: &str, from: &[String]) -> Outcome<WorkspaceInfo> {
+    fn create(&self, name: &str, from: &[String], size: Option<u64>) -> Outcome<WorkspaceInfo> {
         check_name(name)?;
         let open = self.open.lock();
         let _layers = self.layer_changes.lock();
@@ -159,6 +160,7 @@ impl Daemon {
             parent,
             created: now(),
             mount: None,
+            size_limit: size,
         };
         // Made first, recorded second: a crash between leaves a directory
         // the next start removes.
@@ -331,6 +333,25 @@ impl Daemon {
         self.layer_info(&layer)
     }
 
+    /// Sets or lifts the limit on what the workspace's upper may hold; an
+    /// open workspace has it at once.
+    fn set_size(&self, name: &str, size: Option<u64>) -> Outcome<WorkspaceInfo> {
+        let open = self.open.lock();
+        let mut record = self.record(name)?;
+        if let Some(o) = open.get(name) {
+            o.workspace
+                .fs()
+                .set_size_limit(size)
+                .map_err(|e| format!("cannot limit {name}: {e}"))?;
+        }
+        record.size_limit = size;
+        self.catalog
+            .put_workspace(name, &record)
+            .map_err(|e| e.to_string())?;
+        drop(open);
+        Ok(self.info(name, &record))
+    }
+
     /// What the workspace changed over its layers, mounted or not.
     fn diff(&self, name: &str) -> Outcome<Vec<DiffEntry>> {
         let mut open = self.open.lock();
@@ -402,7 +423,22 @@ impl Daemon {
             created: record.created,
             mount: record.mount.clone(),
             state,
+            size_limit: record.size_limit,
+            size_used: self.size_used(name, record),
         }
+    }
+
+    /// What a limited workspace's upper holds, where it is open and the
+    /// workspaces' lock is free (`ls` waits for no other request).
+    fn size_used(&self, name: &str, record: &WorkspaceRecord) -> Option<u64> {
+        record.size_limit?;
+        let open = self.open.try_lock()?;
+        open.get(name)?
+            .workspace
+            .fs()
+            .size_used()
+            .ok()
+            .map(|(used, _)| used)
     }
 
     fn ls(&self) -> Outcome<Vec<WorkspaceInfo>> {

@@ -118,6 +118,8 @@ impl StackFs {
         *current = Arc::new(next);
         *self.paths.lock() = paths;
         self.caches.layers_changed();
+        // The new upper holds nothing yet.
+        self.freed();
         // The new stack is recorded: from here on a crash is finished by the
         // next open, from the journal.
         finish_in(self.work.as_fd(), committed.as_fd(), &moving, &copies)?;

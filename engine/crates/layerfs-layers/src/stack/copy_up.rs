@@ -19,6 +19,7 @@ use rustix::fs::{AtFlags, Mode, OFlags};
 
 use super::inodes::Origin;
 use super::merge::{Found, Layers, UPPER};
+use super::quota::ENTRY_CHARGE;
 use super::whiteouts::mark_opaque;
 use super::StackFs;
 
@@ -85,6 +86,7 @@ impl StackFs {
         }
         let node = self.node(layers, dir)?;
         let parent = self.upper_dir(layers, node.parent)?;
+        self.reserve(layers, ENTRY_CHARGE)?;
         let staged = self.stage(true);
         let tmp = &staged.name;
         let work = self.work.as_fd();
@@ -112,7 +114,14 @@ impl StackFs {
         let node = self.node(layers, id)?;
         let parent = self.upper_dir(layers, node.parent)?;
         let name = hostdir::cstr(&node.name)?;
-        self.place_copy(layers, &found, parent.as_fd(), &name)?;
+        // The whole copy's room first: a copy-up never half happens.
+        let bytes = match found.kind() {
+            FileKind::Regular | FileKind::Symlink => found.host.size,
+            _ => 0,
+        };
+        self.reserve(layers, ENTRY_CHARGE + bytes)?;
+        self.place_copy(layers, &found, parent.as_fd(), &name)
+            .inspect_err(|_| self.freed())?;
         self.caches.copied_up(id);
         if found.kind() == FileKind::Regular && found.host.nlink > 1 {
             self.copy_up_links(layers, &found, parent.as_fd(), &name)?;

@@ -17,6 +17,7 @@ use rustix::fs::AtFlags;
 
 use super::inodes::ROOT;
 use super::merge::{Found, Layers, Listed, UPPER};
+use super::quota::ENTRY_CHARGE;
 use super::whiteouts::{
     clear_markers, clear_whiteout, has_whiteout, is_hidden, mark_opaque, whiteout,
 };
@@ -407,9 +408,16 @@ impl Filesystem for StackFs {
                 self.found(&layers, id)?
             }
         };
+        if let Some(size) = set.size {
+            match size > f.host.size {
+                true => self.reserve(&layers, size - f.host.size)?,
+                false => self.freed(),
+            }
+        }
         let host = layers.all[UPPER]
             .host
-            .change(f.parent.as_fd(), &f.name, &f.host, set)?;
+            .change(f.parent.as_fd(), &f.name, &f.host, set)
+            .inspect_err(|_| self.freed())?;
         Ok(change(&before_attr, Some(f.shown(host))))
     }
 
@@ -445,6 +453,10 @@ impl Filesystem for StackFs {
     /// copy it up, and whoever read the lower file directly would not see
     /// the change, where reads through the stack do.
     fn host_file(&self, caller: &Caller, id: FileId, write: bool) -> Result<Option<Arc<OwnedFd>>> {
+        // Under a size limit every write is counted here.
+        if write && self.counts_writes() {
+            return Ok(None);
+        }
         let layers = self.layers.read();
         if !write && self.found(&layers, id)?.layer != UPPER {
             return Ok(None);
@@ -511,10 +523,15 @@ impl Filesystem for StackFs {
             }
             Ok(())
         })?;
+        let end = offset.saturating_add(data.len() as u64);
+        self.reserve(&layers, end.saturating_sub(before.size))?;
         if let Some(mode) = hostdir::mode_after_write(caller, &before) {
             rustix::fs::fchmod(&*fd, hostdir::permissions(mode))?;
         }
-        hostdir::write_at(fd.as_fd(), offset, data, stable)?;
+        if let Err(e) = hostdir::write_at(fd.as_fd(), offset, data, stable) {
+            self.freed();
+            return Err(e);
+        }
         Ok((self.changed_upper_file(&layers, &fd, &before)?, stable))
     }
 
@@ -522,7 +539,11 @@ impl Filesystem for StackFs {
         let layers = self.layers.read();
         let _changing = self.stripes.lock(id);
         let (fd, before) = self.open_file(&layers, id, true, |_| Ok(()))?;
-        hostdir::allocate(fd.as_fd(), offset, len, how)?;
+        if how == Allocate::Extend {
+            let end = offset.saturating_add(len);
+            self.reserve(&layers, end.saturating_sub(before.size))?;
+        }
+        hostdir::allocate(fd.as_fd(), offset, len, how).inspect_err(|_| self.freed())?;
         self.changed_upper_file(&layers, &fd, &before)
     }
 
@@ -549,6 +570,11 @@ impl Filesystem for StackFs {
         let whited_out = whited_out || existing.is_some();
         if existing.is_none() || matches!(how, Create::Exclusive(_)) {
             may_change_entries(caller, &d.attr)?;
+        }
+        // A new entry takes room; one made again (truncated) may free some.
+        match existing.is_none() {
+            true => self.reserve(&layers, ENTRY_CHARGE)?,
+            false => self.freed(),
         }
         if let Some(f) = existing {
             self.remember(dir, name, f.attr.fileid);
@@ -618,6 +644,7 @@ impl Filesystem for StackFs {
         }
         may_change_entries(caller, &d.attr)?;
         let up = self.upper_dir_of(&layers, dir, &d)?;
+        self.reserve(&layers, ENTRY_CHARGE)?;
         let host = &layers.all[UPPER].host;
         if hidden_below && matches!(what, NewEntry::Dir) {
             // Made whole elsewhere, so the directories of this name below
@@ -645,6 +672,7 @@ impl Filesystem for StackFs {
             return Err(Error::IsDir);
         }
         self.unlink_entry(&layers, dir, &d, &f, name)?;
+        self.freed();
         Ok(change(&d.attr, self.dir_after(&layers, dir)))
     }
 
@@ -662,6 +690,7 @@ impl Filesystem for StackFs {
             return Err(Error::NotEmpty);
         }
         self.unlink_entry(&layers, dir, &d, &f, name)?;
+        self.freed();
         Ok(change(&d.attr, self.dir_after(&layers, dir)))
     }
 
@@ -762,6 +791,8 @@ impl Filesystem for StackFs {
             whiteout(up_from.as_fd(), from_name)?;
         }
         rustix::fs::renameat(&*up_from, &from_c, &*up_to, &to_c)?;
+        // A file it replaced frees its room.
+        self.freed();
         if whiteout_at_dst {
             clear_whiteout(up_to.as_fd(), to_name)?;
         }

@@ -59,6 +59,7 @@ impl StackFs {
             current.generation + 1,
         )?);
         self.caches.layers_changed();
+        self.freed();
         hostdir::sync_filesystem(current.all[UPPER].root.as_fd())?;
         Ok(done)
     }
