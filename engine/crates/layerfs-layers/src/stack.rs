@@ -159,11 +159,19 @@ impl StackFs {
             OFlags::RDWR | OFlags::CREATE | OFlags::CLOEXEC,
             Mode::from_raw_mode(0o600),
         )?;
-        match rustix::fs::flock(&fd, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => Ok(fd),
-            Err(rustix::io::Errno::WOULDBLOCK) => Err(io::Error::other(IN_USE)),
-            Err(e) => Err(e.into()),
+        // A lock just let go may still be held a moment by a child forked
+        // with the descriptor and not yet exec'd (its copy closes at exec):
+        // asked again for up to a second before the upper is called in use.
+        for _ in 0..20 {
+            match rustix::fs::flock(&fd, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+                Ok(()) => return Ok(fd),
+                Err(rustix::io::Errno::WOULDBLOCK) => {
+                    std::thread::sleep(std::time::Duration::from_millis(50))
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
+        Err(io::Error::other(IN_USE))
     }
 
     /// Serves `lowers` under `upper` with the state kept inside the upper,
