@@ -58,8 +58,12 @@ rm "$w/new"
 check "$w/etc/name" rewritten
 ls "$w" >/dev/null
 "$layerfs" reset w >/dev/null
+# As the issue's user sees it: a listing and an open (close-to-open) ask
+# the server again; a bare stat of a name the client looked up lately may
+# keep its cached answer until the directory's attribute cache expires.
+listing=$(ls "$w" | tr '\n' ' ')
+[[ $listing == "etc new " ]] || fail "ls after the reset: '$listing'"
 check "$w/etc/name" changed
-[[ -e $w/made ]] && fail "made is still listed after the reset: $(ls "$w")"
 check "$w/new" new
 [[ -z $("$layerfs" diff w) ]] || fail "changes left after the reset: $("$layerfs" diff w)"
 
