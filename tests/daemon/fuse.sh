@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The workspace daemon end to end through FUSE on this machine: import a
 # directory and an OCI tarball, make a workspace on both, mount it, change
-# files, commit, make a second workspace from the commit and see the
-# changes there; kill -9 the daemon and start it again (it mounts the
-# workspace again, nothing synced is lost); SIGTERM leaves no mount.
+# files, diff, reset while mounted, a size limit, a long import beside
+# other requests, commit (also while programs write: one moment), make a
+# second workspace from the commit and see the changes there; twenty more
+# mounts within their memory and threads; kill -9 the daemon under a
+# writer and start it again (it mounts the workspace again, nothing synced
+# is lost); SIGTERM leaves no mount; the demo; a user who is not root.
 # Needs root and /dev/fuse; says SKIPPED without them (tests/skip.sh).
 # usage: tests/daemon/fuse.sh LAYERFS
 set -euo pipefail
