@@ -536,9 +536,11 @@ fn apply_stack(fs: &StackFs, op: &Op, paths: &[Vec<&str>], who: &Caller) -> Resu
         Op::Mkdir(a) => fs
             .mkdir(&who, at(a)?.0, name(a), &SetAttr::default())
             .map(|_| ()),
-        // The kernel answers a rename of a name onto itself without asking
-        // any filesystem, once both paths are reached.
+        // The kernel answers a rename of a name onto itself, or onto
+        // another name of the same file, without asking any filesystem
+        // (it does nothing), once both paths are reached.
         Op::Rename(a, b) if a == b => at(a)?.1.map(drop).ok_or(Error::NoEnt),
+        Op::Rename(a, b) if at(a)?.1.is_some() && at(a)?.1 == at(b)?.1 => Ok(()),
         Op::Rename(a, b) => fs
             .rename(&who, at(a)?.0, name(a), at(b)?.0, name(b))
             .map(|_| ()),
