@@ -91,9 +91,9 @@ check "cargo test" cargo test --workspace
 # Needs root and overlayfs (and /dev/fuse through FUSE); says SKIPPED where
 # they are missing.
 for door in trait fuse; do
-	step "the layered filesystem against overlayfs: 2,000 random sequences as root and 1,000 as a user, through the $door"
+	step "the layered filesystem against overlayfs: 2,000 random sequences as root and 300 as a user, through the $door"
 	log=target/overlay-diff-$door.log
-	if LAYERFS_DIFF_DOOR=$door LAYERFS_DIFF_CASES=2000 LAYERFS_DIFF_USER_CASES=1000 \
+	if LAYERFS_DIFF_DOOR=$door LAYERFS_DIFF_CASES=2000 LAYERFS_DIFF_USER_CASES=300 \
 		cargo test -p layerfs-layers --test overlay_diff -- --nocapture >$log 2>&1; then
 		passed=$((passed + 1))
 		grep -E 'SKIPPED|succeeded|test result' $log

@@ -741,10 +741,9 @@ impl Ours {
         }
     }
 
-    /// [`Ours::tree`], with the link count of each directory for which
-    /// overlayfs (`theirs`) reports 1 (it does so for every directory it
-    /// merges, a renamed one included: "not counted") taken as 1 where
-    /// ours is that directory's true count.
+    /// [`Ours::tree`], with a directory's link count taken as agreeing
+    /// where one side reports 1 (what both report for a directory they
+    /// merge: "not counted") and the other the directory's true count.
     fn tree_beside(&self, theirs: &Tree) -> Tree {
         let mut ours = self.tree();
         let subdirs = |tree: &Tree, dir: &str| {
@@ -770,6 +769,23 @@ impl Ours {
             .collect();
         for path in counted {
             ours.get_mut(&path).expect("listed above").nlink = 1;
+        }
+        // And the other way: layerfs merges a directory overlayfs keeps in
+        // one layer where removing a name of a lower hard-linked file
+        // copies the file's other names up (overlayfs indexes it instead).
+        let uncounted: Vec<(String, u32)> = ours
+            .iter()
+            .filter_map(|(path, v)| {
+                let t = theirs.get(path)?;
+                (v.kind == 'd'
+                    && t.kind == 'd'
+                    && v.nlink == 1
+                    && t.nlink == 2 + subdirs(theirs, path))
+                .then(|| (path.clone(), t.nlink))
+            })
+            .collect();
+        for (path, nlink) in uncounted {
+            ours.get_mut(&path).expect("listed above").nlink = nlink;
         }
         ours
     }
