@@ -10,6 +10,7 @@ pub mod redb_file;
 mod stack;
 mod store;
 mod workspace;
+mod xattrs;
 
 pub use digest::tree_digest;
 pub use stack::{Change, ChangeKind, ResetDone, StackFs, ENTRY_CHARGE, IN_USE, STATE_IN_UPPER};

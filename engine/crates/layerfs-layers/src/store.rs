@@ -1,22 +1,30 @@
 //! The store: `<root>/layers/<id>/` for each layer, `<root>/staging/` for
 //! imports under way.
 //!
-//! An import is built in a staging directory, named by its digest, and moved
-//! into `layers/` with one rename, after its contents and then the rename are
-//! made durable. A crash leaves either no layer or a whole one; whatever is
-//! left in staging is removed the next time the store opens.
+//! An import is built in a staging directory (by [`writer`], from a
+//! directory or a tar stream), named by its digest, and moved into `layers/`
+//! with one rename, after one sync of the staging filesystem and then the
+//! rename are made durable. A crash leaves either no layer or a whole one;
+//! whatever is left in staging is removed the next time the store opens.
 
 use std::fs::{self, File};
 use std::io::{self, BufReader, Read};
 use std::os::fd::AsFd;
-use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use layerfs_vfs::hostdir;
+use rustc_hash::FxHashMap;
 
-use crate::digest::tree_digest;
+use crate::digest::{tree_digest_with, Known};
 use crate::stack::UNSTABLE_INODES;
+
+mod from_dir;
+mod from_tar;
+mod writer;
+
+use writer::LayerWriter;
 
 /// A layer's name: the hex digest of its contents.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -116,13 +124,13 @@ impl Store {
 
     /// [`Store::import_dir`], telling `progress` the file bytes copied.
     pub fn import_dir_with(&self, src: &Path, progress: Progress<'_>) -> io::Result<LayerId> {
-        let total = file_bytes(src)?;
+        let total = from_dir::file_bytes(src)?;
         let mut copied = Copied {
             done: 0,
             total,
             progress,
         };
-        self.stage(|staged| copy_tree(src, staged, &mut copied))
+        self.stage(|layer| from_dir::copy_tree(src, layer, &mut copied))
     }
 
     /// Imports an OCI/Docker layer tarball, plain or gzip-compressed. Its
@@ -140,60 +148,39 @@ impl Store {
         let gzip = file.read_exact(&mut magic).is_ok() && magic == [0x1f, 0x8b];
         let file = File::open(tarball)?;
         let total = file.metadata()?.len();
+        let mut copied = Copied {
+            done: 0,
+            total,
+            progress,
+        };
         let file = BufReader::new(Counted {
             inner: file,
-            copied: Copied {
-                done: 0,
-                total,
-                progress,
-            },
+            copied: &mut copied,
         });
-        let reader: Box<dyn Read> = if gzip {
-            Box::new(flate2::read::GzDecoder::new(file))
+        if gzip {
+            self.import_tar_stream(flate2::read::GzDecoder::new(file))
         } else {
-            Box::new(file)
-        };
-        self.stage(|staged| {
-            let mut archive = tar::Archive::new(reader);
-            archive.set_preserve_permissions(true);
-            archive.set_preserve_mtime(true);
-            archive.set_overwrite(true);
-            // Owners are part of a layer; only root can set them.
-            archive.set_preserve_ownerships(rustix::process::geteuid().is_root());
-            let damaged = |e: io::Error| {
-                io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("not a tar archive, or a damaged one: {e}"),
-                )
-            };
-            for entry in archive.entries().map_err(damaged)? {
-                let mut entry = entry.map_err(damaged)?;
-                let unpacked = entry.unpack_in(staged);
-                if !matches!(unpacked, Ok(true)) {
-                    let path = entry.path().map(|p| p.display().to_string());
-                    let why = unpacked.err().map(|e| refusal(&e, staged));
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!(
-                            "entry {:?} {}",
-                            path.unwrap_or_default(),
-                            why.as_deref().unwrap_or(OUTSIDE)
-                        ),
-                    ));
-                }
-            }
-            Ok(())
-        })
+            self.import_tar_stream(file)
+        }
+    }
+
+    /// Imports the uncompressed tar stream `reader`, as [`Store::import_tar`].
+    pub fn import_tar_stream(&self, reader: impl Read) -> io::Result<LayerId> {
+        self.stage(|layer| from_tar::unpack(reader, layer))
     }
 
     /// Builds a layer in a fresh staging directory with `build`, then
     /// commits it; on failure nothing of it is left.
-    fn stage(&self, build: impl FnOnce(&Path) -> io::Result<()>) -> io::Result<LayerId> {
+    fn stage(&self, build: impl FnOnce(&mut LayerWriter) -> io::Result<()>) -> io::Result<LayerId> {
         let staged = self.staging_dir()?;
-        match build(&staged) {
-            Ok(()) => self.commit(staged),
+        let written = LayerWriter::new(&staged).and_then(|mut layer| {
+            build(&mut layer)?;
+            layer.finish()
+        });
+        match written {
+            Ok(known) => self.commit(staged, &known),
             Err(e) => {
-                let _ = fs::remove_dir_all(&staged);
+                let _ = remove_tree(&staged);
                 Err(e)
             }
         }
@@ -209,16 +196,16 @@ impl Store {
         Ok(dir)
     }
 
-    /// Names the staged tree by its digest and moves it into place, durably.
-    fn commit(&self, staged: PathBuf) -> io::Result<LayerId> {
-        let id = LayerId(tree_digest(&staged)?);
+    /// Names the durable staged tree by its digest (`known` holds what was
+    /// written of its files, by inode) and moves it into place, durably.
+    fn commit(&self, staged: PathBuf, known: &FxHashMap<u64, Known>) -> io::Result<LayerId> {
+        let id = LayerId(tree_digest_with(&staged, known)?);
         let target = self.layer_dir(&id);
         if target.exists() {
             // The same content is already a layer: imports are idempotent.
-            fs::remove_dir_all(&staged)?;
+            remove_tree(&staged)?;
             return Ok(id);
         }
-        sync_tree(&staged)?;
         fs::rename(&staged, &target)?;
         File::open(self.root.join("layers"))?.sync_all()?;
         tracing::info!(layer = %id, "imported");
@@ -227,31 +214,6 @@ impl Store {
 }
 
 const OUTSIDE: &str = "would land outside the layer";
-
-/// Why the tar crate refused to unpack an entry, in the layer's terms: its
-/// messages name the staging directory, which means nothing to the user.
-/// A path out of the layer (through `..`, a symlink, or a hard link's
-/// target) is [`OUTSIDE`]; any other reason is the innermost cause.
-fn refusal(error: &io::Error, staged: &Path) -> String {
-    let mut causes = vec![error.to_string()];
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        causes.push(cause.to_string());
-        source = cause.source();
-    }
-    if causes
-        .iter()
-        .any(|c| c.contains("outside of destination path"))
-    {
-        return OUTSIDE.to_owned();
-    }
-    let staged = staged.display().to_string();
-    let innermost = causes.pop().unwrap_or_default();
-    format!(
-        "cannot be unpacked: {}",
-        innermost.replace(&staged, "<layer>")
-    )
-}
 
 /// Told (bytes done, bytes in all) as an import goes.
 pub type Progress<'a> = &'a mut dyn FnMut(u64, u64);
@@ -271,65 +233,17 @@ impl Copied<'_> {
 }
 
 /// A reader that counts what is read through it.
-struct Counted<'a, R> {
+struct Counted<'c, 'p, R> {
     inner: R,
-    copied: Copied<'a>,
+    copied: &'c mut Copied<'p>,
 }
 
-impl<R: Read> Read for Counted<'_, R> {
+impl<R: Read> Read for Counted<'_, '_, R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read(buf)?;
         self.copied.add(n as u64);
         Ok(n)
     }
-}
-
-/// The bytes of the regular files under `dir`.
-fn file_bytes(dir: &Path) -> io::Result<u64> {
-    let mut total = 0;
-    for entry in fs::read_dir(dir)? {
-        let entry = entry?;
-        let meta = fs::symlink_metadata(entry.path())?;
-        if meta.is_dir() {
-            total += file_bytes(&entry.path())?;
-        } else if meta.is_file() {
-            total += meta.len();
-        }
-    }
-    Ok(total)
-}
-
-/// Copies `src` into the existing directory `dst`: directories, files and
-/// symlinks with their permission bits, owners where allowed, and mtimes.
-fn copy_tree(src: &Path, dst: &Path, copied: &mut Copied<'_>) -> io::Result<()> {
-    for entry in fs::read_dir(src)? {
-        let entry = entry?;
-        let from = entry.path();
-        let to = dst.join(entry.file_name());
-        let meta = fs::symlink_metadata(&from)?;
-        let kind = meta.file_type();
-        if kind.is_dir() {
-            fs::create_dir(&to)?;
-            copy_tree(&from, &to, copied)?;
-        } else if kind.is_symlink() {
-            symlink(fs::read_link(&from)?, &to)?;
-        } else if kind.is_file() {
-            copied.add(fs::copy(&from, &to)?);
-        } else {
-            return Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                format!(
-                    "{}: only directories, files and symlinks can be imported",
-                    from.display()
-                ),
-            ));
-        }
-        if !kind.is_symlink() {
-            fs::set_permissions(&to, fs::Permissions::from_mode(meta.mode() & 0o7777))?;
-        }
-        let _ = std::os::unix::fs::lchown(&to, Some(meta.uid()), Some(meta.gid()));
-    }
-    Ok(())
 }
 
 /// Removes the tree at `path`, read-only directories included (a layer's
@@ -356,18 +270,4 @@ fn make_writable(dir: &Path) -> io::Result<()> {
         }
     }
     Ok(())
-}
-
-/// Makes every file and directory under `dir` durable.
-fn sync_tree(dir: &Path) -> io::Result<()> {
-    for entry in fs::read_dir(dir)? {
-        let entry = entry?;
-        let kind = entry.file_type()?;
-        if kind.is_dir() {
-            sync_tree(&entry.path())?;
-        } else if kind.is_file() {
-            File::open(entry.path())?.sync_all()?;
-        }
-    }
-    File::open(dir)?.sync_all()
 }

@@ -287,27 +287,60 @@ fn a_store_on_a_filesystem_that_renumbers_files_is_refused_before_anything_is_ma
     assert!(Store::open(&ov.beside().join("store")).is_ok());
 }
 
-/// Devices and FIFOs in a layer tarball become empty regular files: a
-/// layer holds nothing that reaches a device (the mounts are `nodev` too).
+fn xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
+    let mut buf = vec![0u8; 4096];
+    rustix::fs::lgetxattr(path, name, &mut buf[..])
+        .ok()
+        .map(|n| buf[..n].to_vec())
+}
+
+fn set_xattr(path: &Path, name: &str, value: &[u8]) {
+    rustix::fs::lsetxattr(path, name, value, rustix::fs::XattrFlags::empty()).unwrap();
+}
+
+fn mtime_ns(path: &Path) -> (i64, i64) {
+    use std::os::unix::fs::MetadataExt;
+    let m = fs::symlink_metadata(path).unwrap();
+    (m.mtime(), m.mtime_nsec())
+}
+
+/// What a tarball carries beyond files: devices and FIFOs (as root, the
+/// only caller who can make a device), PAX extended attributes on files and
+/// directories, nanosecond times, and hard links.
 #[test]
-fn a_tarballs_devices_and_fifos_become_empty_regular_files() {
-    use std::os::unix::fs::FileTypeExt;
-    use tar::EntryType::{Block, Char, Fifo, Regular};
+fn a_tarball_keeps_devices_fifos_xattrs_links_and_nanoseconds() {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    use tar::EntryType::{Block, Char, Directory, Fifo, Link, Regular};
+    if !rustix::process::geteuid().is_root() {
+        return layerfs_testkit::skipped("tarball devices", "device nodes need root");
+    }
     let work = tempfile::tempdir().unwrap();
-    let tarball = work.path().join("devices.tar");
+    let tarball = work.path().join("image.tar");
     let mut builder = tar::Builder::new(fs::File::create(&tarball).unwrap());
-    for (kind, name) in [
-        (Char, "null"),
-        (Block, "disk"),
-        (Fifo, "pipe"),
-        (Regular, "file"),
-    ] {
+    let pax = |builder: &mut tar::Builder<fs::File>, records: &[(&str, &[u8])]| {
+        builder
+            .append_pax_extensions(records.iter().map(|(k, v)| (*k, *v)))
+            .unwrap();
+    };
+    pax(&mut builder, &[("SCHILY.xattr.user.dir", b"d")]);
+    let (h, d) = raw_entry(Directory, "etc", "", b"");
+    builder.append(&h, &d[..]).unwrap();
+    pax(
+        &mut builder,
+        &[
+            ("SCHILY.xattr.user.origin", b"image"),
+            ("mtime", b"1700000000.123456789"),
+        ],
+    );
+    let (h, d) = raw_entry(Regular, "etc/file", "", b"data");
+    builder.append(&h, &d[..]).unwrap();
+    let (h, d) = raw_entry(Link, "etc/again", "etc/file", b"");
+    builder.append(&h, &d[..]).unwrap();
+    for (kind, name) in [(Char, "null"), (Block, "disk"), (Fifo, "pipe")] {
         let (mut header, data) = raw_entry(kind, name, "", b"");
-        if kind != Regular {
-            header.set_device_major(1).unwrap();
-            header.set_device_minor(3).unwrap();
-            header.set_cksum();
-        }
+        header.set_device_major(1).unwrap();
+        header.set_device_minor(3).unwrap();
+        header.set_cksum();
         builder.append(&header, &data[..]).unwrap();
     }
     builder.finish().unwrap();
@@ -315,13 +348,186 @@ fn a_tarballs_devices_and_fifos_become_empty_regular_files() {
     let store = Store::open(&work.path().join("store")).unwrap();
     let id = store.import_tar(&tarball).unwrap();
     let layer = store.layer_dir(&id);
-    for name in ["null", "disk", "pipe", "file"] {
-        let m = fs::symlink_metadata(layer.join(name)).unwrap();
-        let t = m.file_type();
-        assert!(
-            m.is_file() && !t.is_char_device() && !t.is_block_device() && !t.is_fifo(),
-            "{name}: {t:?}"
-        );
-        assert_eq!(m.len(), 0, "{name} is not empty");
+    let kind = |name: &str| fs::symlink_metadata(layer.join(name)).unwrap();
+    assert!(kind("null").file_type().is_char_device());
+    assert!(kind("disk").file_type().is_block_device());
+    assert!(kind("pipe").file_type().is_fifo());
+    assert_eq!(kind("null").rdev(), rustix::fs::makedev(1, 3));
+    assert_eq!(kind("etc/file").ino(), kind("etc/again").ino());
+    assert_eq!(
+        xattr(&layer.join("etc/file"), "user.origin").as_deref(),
+        Some(&b"image"[..])
+    );
+    assert_eq!(
+        xattr(&layer.join("etc"), "user.dir").as_deref(),
+        Some(&b"d"[..])
+    );
+    assert_eq!(
+        mtime_ns(&layer.join("etc/file")),
+        (1_700_000_000, 123_456_789)
+    );
+}
+
+/// A directory import keeps what the tree holds: FIFOs, devices (as root),
+/// hard links, extended attributes (a `security.` label of the host is
+/// not the layer's), nanosecond times of files and directories; a socket
+/// is skipped. Two trees that differ only in an attribute are two layers.
+#[test]
+fn a_directory_import_keeps_fifos_devices_xattrs_links_and_times() {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    fs::create_dir_all(src.join("dir")).unwrap();
+    fs::write(src.join("dir/file"), b"data").unwrap();
+    fs::hard_link(src.join("dir/file"), src.join("link")).unwrap();
+    set_xattr(&src.join("dir/file"), "user.origin", b"host");
+    set_xattr(&src.join("dir"), "user.dir", b"d");
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        src.join("fifo"),
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o640),
+        0,
+    )
+    .unwrap();
+    let as_root = rustix::process::geteuid().is_root();
+    if as_root {
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            src.join("null"),
+            rustix::fs::FileType::CharacterDevice,
+            rustix::fs::Mode::from_raw_mode(0o666),
+            rustix::fs::makedev(1, 3),
+        )
+        .unwrap();
     }
+    let _socket = std::os::unix::net::UnixListener::bind(src.join("socket")).unwrap();
+    let times = rustix::fs::Timestamps {
+        last_access: rustix::fs::Timespec {
+            tv_sec: 1_600_000_000,
+            tv_nsec: 1,
+        },
+        last_modification: rustix::fs::Timespec {
+            tv_sec: 1_600_000_000,
+            tv_nsec: 987_654_321,
+        },
+    };
+    for name in ["dir/file", "dir"] {
+        rustix::fs::utimensat(
+            rustix::fs::CWD,
+            src.join(name),
+            &times,
+            rustix::fs::AtFlags::empty(),
+        )
+        .unwrap();
+    }
+    let store = Store::open(&work.path().join("store")).unwrap();
+    let id = store.import_dir(&src).unwrap();
+    let layer = store.layer_dir(&id);
+    let meta = |name: &str| fs::symlink_metadata(layer.join(name)).unwrap();
+    assert!(meta("fifo").file_type().is_fifo());
+    assert_eq!(meta("fifo").mode() & 0o7777, 0o640);
+    if as_root {
+        assert!(meta("null").file_type().is_char_device());
+        assert_eq!(meta("null").rdev(), rustix::fs::makedev(1, 3));
+    }
+    assert!(!layer.join("socket").exists(), "a socket in a layer");
+    assert_eq!(meta("dir/file").ino(), meta("link").ino());
+    assert_eq!(
+        xattr(&layer.join("dir/file"), "user.origin").as_deref(),
+        Some(&b"host"[..])
+    );
+    assert_eq!(
+        xattr(&layer.join("dir"), "user.dir").as_deref(),
+        Some(&b"d"[..])
+    );
+    assert_eq!(
+        mtime_ns(&layer.join("dir/file")),
+        (1_600_000_000, 987_654_321)
+    );
+    assert_eq!(mtime_ns(&layer.join("dir")), (1_600_000_000, 987_654_321));
+    assert_eq!(store.import_dir(&src).unwrap(), id, "the same tree twice");
+    set_xattr(&src.join("dir/file"), "user.origin", b"elsewhere");
+    assert_ne!(
+        store.import_dir(&src).unwrap(),
+        id,
+        "an attribute changed, the id did not"
+    );
+}
+
+/// A caller who is not root cannot make a device node; the import says so,
+/// naming the entry, and leaves nothing behind. A FIFO and a `user.`
+/// attribute are kept for such a caller all the same. Run as root, the test
+/// runs itself again as uid 65534.
+#[test]
+fn a_user_keeps_fifos_and_xattrs_and_is_told_why_a_device_is_refused() {
+    use std::os::unix::fs::FileTypeExt;
+    const INNER: &str = "LAYERFS_STORE_TEST_AS_USER";
+    if rustix::process::geteuid().is_root() {
+        if std::process::Command::new("setpriv")
+            .arg("--version")
+            .output()
+            .is_err()
+        {
+            return layerfs_testkit::skipped("imports as a user", "setpriv is missing");
+        }
+        let out = std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "a_user_keeps_fifos_and_xattrs_and_is_told_why_a_device_is_refused",
+                "--nocapture",
+            ])
+            .env(INNER, "1")
+            .env("TMPDIR", "/tmp")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "as uid 65534:\n{text}");
+        assert!(text.contains("1 passed"), "{text}");
+        return;
+    }
+    assert!(std::env::var_os(INNER).is_some() || !rustix::process::geteuid().is_root());
+    let work = tempfile::tempdir().unwrap();
+    let tarball = work.path().join("dev.tar");
+    let mut builder = tar::Builder::new(fs::File::create(&tarball).unwrap());
+    let (mut header, data) = raw_entry(tar::EntryType::Char, "dev/null", "", b"");
+    header.set_device_major(1).unwrap();
+    header.set_device_minor(3).unwrap();
+    header.set_cksum();
+    builder.append(&header, &data[..]).unwrap();
+    builder.finish().unwrap();
+    drop(builder);
+    let store = Store::open(&work.path().join("store")).unwrap();
+    let err = store.import_tar(&tarball).unwrap_err().to_string();
+    assert!(
+        err.contains("entry \"dev/null\"") && err.contains("root"),
+        "{err}"
+    );
+    assert!(store.layers().unwrap().is_empty());
+
+    let src = work.path().join("src");
+    fs::create_dir(&src).unwrap();
+    fs::write(src.join("file"), b"x").unwrap();
+    set_xattr(&src.join("file"), "user.kept", b"yes");
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        src.join("fifo"),
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        0,
+    )
+    .unwrap();
+    let id = store.import_dir(&src).unwrap();
+    let layer = store.layer_dir(&id);
+    assert!(fs::symlink_metadata(layer.join("fifo"))
+        .unwrap()
+        .file_type()
+        .is_fifo());
+    assert_eq!(
+        xattr(&layer.join("file"), "user.kept").as_deref(),
+        Some(&b"yes"[..])
+    );
 }

@@ -1,0 +1,152 @@
+//! A layer from a tar stream, as OCI and Docker images carry them: whiteout
+//! files stay as they are; PAX records give times to the nanosecond and
+//! extended attributes (`SCHILY.xattr.`, as GNU tar and the container tools
+//! write them).
+
+use std::ffi::OsString;
+use std::io::{self, Read};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use rustix::fs::Timespec;
+use tar::EntryType;
+
+use super::writer::{Body, LayerWriter, Meta, Refused};
+
+/// Unpacks every entry of the tar stream `reader` into `layer`.
+pub(super) fn unpack(reader: impl Read, layer: &mut LayerWriter) -> io::Result<()> {
+    let mut archive = tar::Archive::new(reader);
+    for entry in archive.entries().map_err(damaged)? {
+        let mut entry = entry.map_err(damaged)?;
+        let path = entry.path().map_err(damaged)?.into_owned();
+        let meta = meta_of(&mut entry).map_err(damaged)?;
+        let link = entry.link_name().map_err(damaged)?.map(|l| l.into_owned());
+        let header = entry.header();
+        let kind = header.entry_type();
+        let device = match kind {
+            EntryType::Char | EntryType::Block => {
+                let major = header.device_major().map_err(damaged)?.unwrap_or(0);
+                let minor = header.device_minor().map_err(damaged)?.unwrap_or(0);
+                rustix::fs::makedev(major, minor)
+            }
+            _ => 0,
+        };
+        let put = match (kind, &link) {
+            (EntryType::Directory, _) => layer.put(&path, Body::Dir, &meta),
+            (EntryType::Symlink, Some(link)) => layer.put(&path, Body::Symlink(link), &meta),
+            (EntryType::Link, Some(link)) => layer.put(&path, Body::HardLink(link), &meta),
+            (EntryType::Symlink | EntryType::Link, None) => {
+                return Err(refusal(&path, "cannot be unpacked: a link with no target"))
+            }
+            (EntryType::Fifo, _) => layer.put(&path, Body::Fifo, &meta),
+            (EntryType::Char, _) => layer.put(&path, Body::CharDevice(device), &meta),
+            (EntryType::Block, _) => layer.put(&path, Body::BlockDevice(device), &meta),
+            (
+                EntryType::XGlobalHeader
+                | EntryType::XHeader
+                | EntryType::GNULongName
+                | EntryType::GNULongLink,
+                _,
+            ) => continue,
+            // POSIX: an unknown type is read as a regular file.
+            _ => layer.put(&path, Body::File(&mut entry), &meta),
+        };
+        match put {
+            Ok(()) => {}
+            Err(Refused::Outside) => return Err(refusal(&path, super::OUTSIDE)),
+            Err(Refused::Cannot(e)) => {
+                if e.kind() == io::ErrorKind::InvalidData
+                    || e.kind() == io::ErrorKind::UnexpectedEof
+                {
+                    return Err(damaged(e));
+                }
+                return Err(refusal(&path, &format!("cannot be unpacked: {e}")));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn meta_of<R: Read>(entry: &mut tar::Entry<'_, R>) -> io::Result<Meta> {
+    let header = entry.header();
+    // Fields an archiver left blank read as nothing, as GNU tar reads them.
+    let mut meta = Meta {
+        mode: header.mode().unwrap_or(0o644) & 0o7777,
+        uid: header.uid().unwrap_or(0) as u32,
+        gid: header.gid().unwrap_or(0) as u32,
+        atime: None,
+        mtime: header.mtime().ok().map(|secs| Timespec {
+            tv_sec: secs as i64,
+            tv_nsec: 0,
+        }),
+        xattrs: Vec::new(),
+    };
+    if let Some(records) = entry.pax_extensions()? {
+        for record in records {
+            let record = record?;
+            let key = record.key_bytes();
+            let value = record.value_bytes();
+            if let Some(name) = key.strip_prefix(b"SCHILY.xattr.") {
+                let name = OsString::from(std::ffi::OsStr::from_bytes(name));
+                meta.xattrs.push((name, value.to_vec()));
+            } else if key == b"mtime" {
+                meta.mtime = pax_time(value).or(meta.mtime);
+            } else if key == b"atime" {
+                meta.atime = pax_time(value);
+            }
+        }
+    }
+    Ok(meta)
+}
+
+/// A PAX time: decimal seconds, with an optional fraction.
+fn pax_time(value: &[u8]) -> Option<Timespec> {
+    let text = std::str::from_utf8(value).ok()?;
+    let (secs, frac) = text.split_once('.').unwrap_or((text, ""));
+    let tv_sec: i64 = secs.parse().ok()?;
+    let digits: String = frac.chars().take(9).collect();
+    let mut tv_nsec: i64 = if digits.is_empty() {
+        0
+    } else {
+        digits.parse().ok()?
+    };
+    tv_nsec *= 10i64.pow(9 - digits.len() as u32);
+    if tv_sec < 0 && tv_nsec > 0 {
+        // "-1.5" is one and a half seconds before the epoch.
+        return Some(Timespec {
+            tv_sec: tv_sec - 1,
+            tv_nsec: 1_000_000_000 - tv_nsec,
+        });
+    }
+    Some(Timespec { tv_sec, tv_nsec })
+}
+
+fn refusal(path: &Path, why: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("entry {:?} {why}", path.display().to_string()),
+    )
+}
+
+fn damaged(e: io::Error) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("not a tar archive, or a damaged one: {e}"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pax_time;
+
+    #[test]
+    fn pax_times_keep_their_nanoseconds() {
+        let t = pax_time(b"1700000000.123456789").unwrap();
+        assert_eq!((t.tv_sec, t.tv_nsec), (1_700_000_000, 123_456_789));
+        let t = pax_time(b"5.5").unwrap();
+        assert_eq!((t.tv_sec, t.tv_nsec), (5, 500_000_000));
+        let t = pax_time(b"-1.25").unwrap();
+        assert_eq!((t.tv_sec, t.tv_nsec), (-2, 750_000_000));
+        assert!(pax_time(b"soon").is_none());
+    }
+}
