@@ -139,6 +139,8 @@ echo "-- starting and stopping the door"
 check "FUSE door" tests/fuse/door.sh target/release/layerfs
 echo "-- the workspace daemon through FUSE: import, create, mount, commit, kill -9, restart"
 check "daemon through FUSE" tests/daemon/fuse.sh target/release/layerfs
+echo "-- images from a registry: docker-registry on 127.0.0.1, umoci and skopeo to compare"
+check "registry pulls" tests/registry/pull.sh target/release/layerfs
 
 step "end to end: the Linux kernel NFSv3 client (QEMU)"
 if command -v qemu-system-x86_64 >/dev/null && command -v busybox >/dev/null; then

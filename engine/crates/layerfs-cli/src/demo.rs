@@ -89,6 +89,7 @@ fn run(base: &Path, args: DemoArgs) -> Result<(), String> {
         name: "demo".into(),
         from: ids,
         size: None,
+        registry: Default::default(),
     })?;
     let mounted = ask(Request::Mount {
         name: "demo".into(),

@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
 mod demo;
+mod images;
 mod serve;
 mod workspaces;
 
@@ -51,6 +52,14 @@ enum Command {
     /// Layers: import, list, remove.
     #[command(subcommand)]
     Layer(workspaces::LayerCommand),
+    /// Pull an image from its registry into the store: only the layers the
+    /// store lacks are downloaded, three at once, each checked against its
+    /// digests before it is kept. Credentials come from podman's and
+    /// Docker's auth files.
+    Pull(images::PullArgs),
+    /// Images pulled: list, remove.
+    #[command(subcommand)]
+    Image(images::ImageCommand),
     /// Make a workspace: an empty writable layer over the layers given.
     Create(workspaces::CreateArgs),
     /// Mount a workspace on an empty directory.
@@ -110,6 +119,8 @@ fn main() -> ExitCode {
         Command::Demo(args) => demo::demo(args),
         Command::Layer(command) => client.layer(command),
         Command::Create(args) => client.create(args),
+        Command::Pull(args) => client.pull(args),
+        Command::Image(command) => client.image(command),
         Command::Mount(args) => client.mount(args),
         Command::Unmount(args) => client.unmount(args),
         Command::Commit(args) => client.commit(args),

@@ -56,11 +56,14 @@ pub enum LayerCommand {
 pub struct CreateArgs {
     /// The workspace's name: letters, digits, '.', '_', '-'.
     name: String,
-    /// A layer id (or its first 4+ characters), or a workspace whose layers
+    /// A layer id (or its first 4+ characters), a workspace whose layers
     /// (commits included, changes not yet committed excluded) to start
-    /// from; repeat for more, bottom first. None: an empty workspace.
-    #[arg(long, value_name = "LAYER|WORKSPACE")]
+    /// from, or an image reference (pulled if the store lacks it); repeat
+    /// for more, bottom first. None: an empty workspace.
+    #[arg(long, value_name = "LAYER|WORKSPACE|IMAGE")]
     from: Vec<String>,
+    #[command(flatten)]
+    registry: crate::images::RegistryArgs,
     /// The most its changes may hold (file sizes, and 4 KiB per file and
     /// directory): bytes, or with K, M, G or T (powers of 1024). A write,
     /// copy-up or new file past it fails with "No space left on device".
@@ -111,7 +114,7 @@ fn parse_size_or_none(text: &str) -> Result<Option<u64>, String> {
 }
 
 /// `12.3M`-style bytes for tables.
-fn human(bytes: u64) -> String {
+pub fn human(bytes: u64) -> String {
     let units = ["", "K", "M", "G", "T"];
     let mut value = bytes as f64;
     let mut unit = 0;
@@ -228,7 +231,7 @@ impl Client {
 
     /// Sends `request`; prints the answer as JSON with --json, or hands it
     /// back for printing.
-    fn call<T: DeserializeOwned>(&self, request: Request) -> Result<Option<T>, String> {
+    pub(crate) fn call<T: DeserializeOwned>(&self, request: Request) -> Result<Option<T>, String> {
         let store = self.store_path()?;
         let no_daemon = || {
             format!(
@@ -292,6 +295,7 @@ impl Client {
             name: args.name,
             from: args.from,
             size: args.size,
+            registry: args.registry.into(),
         };
         if let Some(w) = self.call::<WorkspaceInfo>(request)? {
             let n = w.layers.len();

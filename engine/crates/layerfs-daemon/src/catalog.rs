@@ -12,6 +12,10 @@ use serde::{Deserialize, Serialize};
 const WORKSPACES: TableDefinition<&str, &[u8]> = TableDefinition::new("workspaces");
 const LAYER_NOTES: TableDefinition<&str, &[u8]> = TableDefinition::new("layer_notes");
 const SETTINGS: TableDefinition<&str, u64> = TableDefinition::new("settings");
+/// Images by full reference.
+const IMAGES: TableDefinition<&str, &[u8]> = TableDefinition::new("images");
+/// The layer holding each uncompressed layer digest (an image's `diff_id`).
+const DIFF_IDS: TableDefinition<&str, &str> = TableDefinition::new("diff_ids");
 const NFS_PORT: &str = "nfs_port";
 
 /// A workspace: what it was made from and where it is mounted.
@@ -67,6 +71,21 @@ pub struct LayerNote {
     pub created: u64,
 }
 
+/// An image pulled from a registry.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ImageRecord {
+    /// The digest of its manifest.
+    pub digest: String,
+    /// Its layers, bottom first.
+    pub layers: Vec<String>,
+    /// Its layers' blobs in the registry, bottom first.
+    pub blobs: Vec<String>,
+    pub diff_ids: Vec<String>,
+    /// Its blobs' bytes.
+    pub size: u64,
+    pub created: u64,
+}
+
 pub struct Catalog {
     db: RedbFile,
 }
@@ -89,15 +108,25 @@ impl Catalog {
             txn.open_table(WORKSPACES)?;
             txn.open_table(LAYER_NOTES)?;
             txn.open_table(SETTINGS)?;
+            txn.open_table(IMAGES)?;
+            txn.open_table(DIFF_IDS)?;
             Ok(())
         })?;
         Ok(catalog)
     }
 
     pub fn workspaces(&self) -> io::Result<Vec<(String, WorkspaceRecord)>> {
+        self.all(WORKSPACES)
+    }
+
+    /// Every row of `table`, decoded.
+    fn all<T: serde::de::DeserializeOwned>(
+        &self,
+        table: TableDefinition<&str, &[u8]>,
+    ) -> io::Result<Vec<(String, T)>> {
         let rows = self.db.read(|txn| {
             let mut rows = Vec::new();
-            for row in txn.open_table(WORKSPACES)?.iter()? {
+            for row in txn.open_table(table)?.iter()? {
                 let (name, record) = row?;
                 rows.push((name.value().to_string(), record.value().to_vec()));
             }
@@ -107,6 +136,50 @@ impl Catalog {
         rows.into_iter()
             .map(|(name, record)| Ok((name, decode(&record)?)))
             .collect()
+    }
+
+    pub fn images(&self) -> io::Result<Vec<(String, ImageRecord)>> {
+        self.all(IMAGES)
+    }
+
+    pub fn image(&self, reference: &str) -> io::Result<Option<ImageRecord>> {
+        self.get(IMAGES, reference)?
+            .map(|record| decode(&record))
+            .transpose()
+    }
+
+    /// Records `image` under `reference`, and which layer holds each of its
+    /// `diff_id`s, in one transaction.
+    pub fn put_image(&self, reference: &str, image: &ImageRecord) -> io::Result<()> {
+        let bytes = serde_json::to_vec(image)?;
+        self.write(|txn| {
+            txn.open_table(IMAGES)?
+                .insert(reference, bytes.as_slice())?;
+            let mut diff_ids = txn.open_table(DIFF_IDS)?;
+            for (diff_id, layer) in image.diff_ids.iter().zip(&image.layers) {
+                diff_ids.insert(diff_id.as_str(), layer.as_str())?;
+            }
+            Ok(())
+        })
+    }
+
+    pub fn remove_image(&self, reference: &str) -> io::Result<()> {
+        self.write(|txn| {
+            txn.open_table(IMAGES)?.remove(reference)?;
+            Ok(())
+        })
+    }
+
+    /// The layer recorded as holding `diff_id`, if any.
+    pub fn layer_of_diff_id(&self, diff_id: &str) -> io::Result<Option<String>> {
+        self.db
+            .read(|txn| {
+                Ok(txn
+                    .open_table(DIFF_IDS)?
+                    .get(diff_id)?
+                    .map(|layer| layer.value().to_string()))
+            })
+            .map_err(db_error)
     }
 
     pub fn workspace(&self, name: &str) -> io::Result<Option<WorkspaceRecord>> {

@@ -160,6 +160,7 @@ struct Daemon {
     problems: Mutex<HashMap<String, String>>,
 }
 
+mod images;
 mod requests;
 
 type Outcome<T> = Result<T, String>;

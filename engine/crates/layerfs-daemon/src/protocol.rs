@@ -29,10 +29,14 @@ pub enum Request {
     },
     Create {
         name: String,
+        /// Workspaces, layers, or image references (pulled if missing).
         from: Vec<String>,
         /// What its upper may hold, in bytes.
         #[serde(default)]
         size: Option<u64>,
+        /// How to pull an image of `from` the store lacks.
+        #[serde(default)]
+        registry: RegistryOptions,
     },
     /// Sets (or with `None` lifts) the size limit of a workspace.
     SetSize {
@@ -65,6 +69,46 @@ pub enum Request {
         name: String,
         paths: Vec<String>,
     },
+    /// Pulls an image from its registry into the store.
+    Pull {
+        reference: String,
+        #[serde(default)]
+        registry: RegistryOptions,
+    },
+    ImageLs,
+    ImageRm {
+        reference: String,
+    },
+}
+
+/// How to pull from a registry (`layerfs pull`, `create --from REF`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RegistryOptions {
+    /// `os/arch[/variant]`; the host's when absent.
+    #[serde(default)]
+    pub platform: Option<String>,
+    /// Registries reached over plain HTTP.
+    #[serde(default)]
+    pub insecure: Vec<String>,
+    /// Accept any certificate.
+    #[serde(default)]
+    pub no_tls_verify: bool,
+}
+
+/// An image in the store.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ImageInfo {
+    pub reference: String,
+    /// The digest of its manifest.
+    pub digest: String,
+    /// Its layers' ids, bottom first.
+    pub layers: Vec<String>,
+    /// Its blobs' bytes in the registry.
+    pub size: u64,
+    pub created: u64,
+    /// Of its layers, how many this pull downloaded (the rest were here).
+    #[serde(default)]
+    pub fetched: usize,
 }
 
 /// A reply: `ok` with its data, or the error to show the user.

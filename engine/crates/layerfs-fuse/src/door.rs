@@ -18,9 +18,9 @@ use std::time::SystemTime;
 
 use fuser::{
     AccessFlags, BackingId, Errno, FileHandle, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    IoctlFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl,
+    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use layerfs_vfs::access::permits;
 use layerfs_vfs::hostdir;
@@ -704,6 +704,24 @@ impl fuser::Filesystem for Door {
             Ok(_) => reply.error(Errno::EACCES),
             Err(e) => reply.error(errno(e)),
         }
+    }
+
+    // No file here answers an ioctl: the kernel's own answer for a regular
+    // file (a program's isatty() asks with TCGETS on every open), without a
+    // warning in the log for each.
+    #[allow(clippy::too_many_arguments)]
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        reply.error(Errno::ENOTTY)
     }
 
     // Extended attributes are not kept. ENOSYS tells the kernel so once for

@@ -58,6 +58,7 @@ struct Walk<'k> {
 }
 
 impl Walk<'_> {
+    #[allow(clippy::unnecessary_cast)] // stat's field types differ between platforms
     fn dir(&mut self, dir: &OwnedFd, path: &Path, rel: &[u8]) -> io::Result<()> {
         let mut names: Vec<CString> = Vec::new();
         for entry in rustix::fs::Dir::read_from(dir)? {
@@ -87,7 +88,8 @@ impl Walk<'_> {
             self.hash.update((entry_rel.len() as u64).to_be_bytes());
             self.hash.update(&entry_rel);
             self.hash.update(tag);
-            self.hash.update((stat.st_mode & 0o7777).to_be_bytes());
+            self.hash
+                .update((stat.st_mode as u32 & 0o7777).to_be_bytes());
             self.hash.update(stat.st_uid.to_be_bytes());
             self.hash.update(stat.st_gid.to_be_bytes());
             let full = path.join(OsStr::from_bytes(name.as_bytes()));
@@ -113,7 +115,7 @@ impl Walk<'_> {
                     self.hash.update(target.as_bytes());
                 }
                 FileType::CharacterDevice | FileType::BlockDevice => {
-                    self.hash.update(stat.st_rdev.to_be_bytes());
+                    self.hash.update((stat.st_rdev as u64).to_be_bytes());
                 }
                 FileType::Directory => opened = Some(open(dir, &name, OFlags::DIRECTORY)?),
                 _ => {}

@@ -14,7 +14,7 @@ mod xattrs;
 
 pub use digest::tree_digest;
 pub use stack::{Change, ChangeKind, ResetDone, StackFs, ENTRY_CHARGE, IN_USE, STATE_IN_UPPER};
-pub use store::{remove_tree, LayerId, Progress, Store};
+pub use store::{remove_tree, LayerId, Progress, Store, Unpack};
 pub use workspace::Workspace;
 
 /// The prefix of a whiteout file's name.

@@ -169,6 +169,17 @@ impl Store {
         self.stage(|layer| from_tar::unpack(reader, layer))
     }
 
+    /// Imports a tar stream that `feed` hands to the unpacker it is given,
+    /// as [`Store::import_tar`]. `feed` may check what it read afterwards
+    /// (digests of the compressed and uncompressed bytes): until it returns
+    /// `Ok` nothing is in `layers/`, and an error leaves nothing at all.
+    pub fn import_tar_checked(
+        &self,
+        feed: impl FnOnce(Unpack<'_>) -> io::Result<()>,
+    ) -> io::Result<LayerId> {
+        self.stage(|layer| feed(&mut |reader| from_tar::unpack(reader, &mut *layer)))
+    }
+
     /// Builds a layer in a fresh staging directory with `build`, then
     /// commits it; on failure nothing of it is left.
     fn stage(&self, build: impl FnOnce(&mut LayerWriter) -> io::Result<()>) -> io::Result<LayerId> {
@@ -214,6 +225,9 @@ impl Store {
 }
 
 const OUTSIDE: &str = "would land outside the layer";
+
+/// Unpacks one tar stream into the layer being imported.
+pub type Unpack<'a> = &'a mut dyn FnMut(&mut dyn Read) -> io::Result<()>;
 
 /// Told (bytes done, bytes in all) as an import goes.
 pub type Progress<'a> = &'a mut dyn FnMut(u64, u64);

@@ -12,7 +12,8 @@ use super::{check_name, default_door, now, Daemon, Open, Outcome};
 use crate::catalog::{Door, LayerNote, MountRecord, WorkspaceRecord};
 use crate::mounting;
 use crate::protocol::{
-    DiffEntry, LayerInfo, ProcedureFigures, Progress, Reply, Request, Stats, WorkspaceInfo,
+    DiffEntry, LayerInfo, ProcedureFigures, Progress, RegistryOptions, Reply, Request, Stats,
+    WorkspaceInfo,
 };
 
 impl Daemon {
@@ -22,7 +23,12 @@ impl Daemon {
             Request::LayerImport { source } => reply(self.layer_import(&source, progress)),
             Request::LayerLs => reply(self.layer_ls()),
             Request::LayerRm { id } => reply(self.layer_rm(&id)),
-            Request::Create { name, from, size } => reply(self.create(&name, &from, size)),
+            Request::Create {
+                name,
+                from,
+                size,
+                registry,
+            } => reply(self.create(&name, &from, size, &registry, progress)),
             Request::SetSize { name, size } => reply(self.set_size(&name, size)),
             Request::Mount { name, path, door } => reply(self.mount(&name, &path, door)),
             Request::Unmount { target } => reply(self.unmount(&target)),
@@ -32,6 +38,12 @@ impl Daemon {
             Request::Stats => reply(self.stats()),
             Request::Diff { name } => reply(self.diff(&name)),
             Request::Reset { name, paths } => reply(self.reset(&name, &paths)),
+            Request::Pull {
+                reference,
+                registry,
+            } => reply(self.pull(&reference, &registry, progress)),
+            Request::ImageLs => reply(self.image_ls()),
+            Request::ImageRm { reference } => reply(self.image_rm(&reference)),
         };
         if let Some(e) = &reply.error {
             tracing::info!("request refused: {e}");
@@ -113,6 +125,13 @@ impl Daemon {
         let _layers = self.layer_changes.lock();
         let layer = self.find_layer(id)?;
         let info = self.layer_info(&layer)?;
+        let images = self.images_using(&layer)?;
+        if !images.is_empty() {
+            return Err(format!(
+                "layer {layer} is part of image {}: `layerfs image rm` it first",
+                images.join(", ")
+            ));
+        }
         if !info.used_by.is_empty() {
             let plural = if info.used_by.len() == 1 { "" } else { "s" };
             return Err(format!(
@@ -128,8 +147,31 @@ impl Daemon {
         Ok(layer.to_string())
     }
 
-    fn create(&self, name: &str, from: &[String], size: Option<u64>) -> Outcome<WorkspaceInfo> {
+    fn create(
+        &self,
+        name: &str,
+        from: &[String],
+        size: Option<u64>,
+        registry: &RegistryOptions,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Outcome<WorkspaceInfo> {
         check_name(name)?;
+        // Images first, and pulled if missing, before any lock is taken: a
+        // pull is long, and runs beside other requests.
+        let mut images = HashMap::new();
+        for source in from {
+            let known = self
+                .catalog
+                .workspace(source)
+                .map_err(|e| e.to_string())?
+                .is_some()
+                || self.find_layer(source).is_ok();
+            if !known {
+                if let Some(layers) = self.image_layers(source, registry, progress)? {
+                    images.insert(source.clone(), layers);
+                }
+            }
+        }
         let open = self.open.lock();
         let _layers = self.layer_changes.lock();
         if self
@@ -150,7 +192,14 @@ impl Daemon {
                     }
                     parent = Some(source.clone());
                 }
-                None => layers.push(self.find_layer(source)?),
+                None => match images.get(source) {
+                    Some(image) => {
+                        for id in image {
+                            layers.push(self.find_layer(id)?);
+                        }
+                    }
+                    None => layers.push(self.find_layer(source)?),
+                },
             }
         }
         let dirs: Vec<PathBuf> = layers.iter().map(|l| self.store.layer_dir(l)).collect();

@@ -58,6 +58,7 @@ struct Walk<'w, 'c> {
 }
 
 impl Walk<'_, '_> {
+    #[allow(clippy::unnecessary_cast)] // stat's field types differ between platforms
     fn dir(&mut self, dir: &OwnedFd, path: &Path, rel: &Path) -> io::Result<()> {
         for name in names(dir).map_err(|e| named(path, e))? {
             let os_name = std::ffi::OsStr::from_bytes(name.to_bytes());
@@ -71,7 +72,7 @@ impl Walk<'_, '_> {
                 continue;
             }
             if kind != FileType::Directory && stat.st_nlink > 1 {
-                let key = (stat.st_dev, stat.st_ino);
+                let key = (stat.st_dev as u64, stat.st_ino);
                 if let Some(first) = self.links.get(&key) {
                     let first = first.clone();
                     self.put(&from, &to, Body::HardLink(&first), &Meta::default())?;
@@ -107,8 +108,8 @@ impl Walk<'_, '_> {
                     let meta = self.meta_of(&stat, On::Path(&from), &from)?;
                     let body = match kind {
                         FileType::Fifo => Body::Fifo,
-                        FileType::CharacterDevice => Body::CharDevice(stat.st_rdev),
-                        _ => Body::BlockDevice(stat.st_rdev),
+                        FileType::CharacterDevice => Body::CharDevice(stat.st_rdev as u64),
+                        _ => Body::BlockDevice(stat.st_rdev as u64),
                     };
                     self.put(&from, &to, body, &meta)?;
                 }
@@ -122,10 +123,11 @@ impl Walk<'_, '_> {
         put(self.layer, from, to, body, meta)
     }
 
+    #[allow(clippy::unnecessary_cast)] // stat's field types differ between platforms
     fn meta_of(&self, stat: &Stat, on: On<'_>, path: &Path) -> io::Result<Meta> {
         let as_root = self.layer.as_root();
         Ok(Meta {
-            mode: stat.st_mode & 0o7777,
+            mode: stat.st_mode as u32 & 0o7777,
             uid: stat.st_uid,
             gid: stat.st_gid,
             atime: Some(Timespec {

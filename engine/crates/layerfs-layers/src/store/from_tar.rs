@@ -27,7 +27,7 @@ pub(super) fn unpack(reader: impl Read, layer: &mut LayerWriter) -> io::Result<(
             EntryType::Char | EntryType::Block => {
                 let major = header.device_major().map_err(damaged)?.unwrap_or(0);
                 let minor = header.device_minor().map_err(damaged)?.unwrap_or(0);
-                rustix::fs::makedev(major, minor)
+                rustix::fs::makedev(major, minor) as u64
             }
             _ => 0,
         };

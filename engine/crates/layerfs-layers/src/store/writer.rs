@@ -164,7 +164,7 @@ impl LayerWriter {
                 let content = self.copy_in(data, &file)?;
                 let ino = rustix::fs::fstat(&file)?.st_ino;
                 self.own(&file, meta)?;
-                rustix::fs::fchmod(&file, Mode::from_raw_mode(meta.mode & 0o7777))?;
+                rustix::fs::fchmod(&file, permissions(meta.mode))?;
                 let xattrs = self.set_xattrs(&file, None, meta)?;
                 self.files.insert(ino, Known { content, xattrs });
                 rustix::fs::futimens(&file, &times(meta))?;
@@ -199,12 +199,7 @@ impl LayerWriter {
             rustix::fs::chownat(&parent, name, uid(meta.uid), gid(meta.gid), nofollow)?;
         }
         if !matches!(body, Body::Symlink(_)) {
-            rustix::fs::chmodat(
-                &parent,
-                name,
-                Mode::from_raw_mode(meta.mode & 0o7777),
-                AtFlags::empty(),
-            )?;
+            rustix::fs::chmodat(&parent, name, permissions(meta.mode), AtFlags::empty())?;
         }
         let full = self
             .path
@@ -229,10 +224,14 @@ impl LayerWriter {
                     open_dir_at(&parent, name)?
                 }
             };
-            rustix::fs::fchmod(&dir, Mode::from_raw_mode(meta.mode & 0o7777))?;
+            rustix::fs::fchmod(&dir, permissions(meta.mode))?;
             rustix::fs::futimens(&dir, &times(&meta))?;
         }
+        // The staging filesystem alone on Linux; every one elsewhere.
+        #[cfg(target_os = "linux")]
         rustix::fs::syncfs(&self.root)?;
+        #[cfg(not(target_os = "linux"))]
+        rustix::fs::sync();
         Ok(self.files)
     }
 
@@ -274,9 +273,7 @@ impl LayerWriter {
                 "a device node can be kept only by a daemon run as root",
             )));
         }
-        retry_replacing(dir, name, || {
-            rustix::fs::mknodat(dir, name, kind, Mode::from_raw_mode(0o600), rdev)
-        })?;
+        retry_replacing(dir, name, || make_node(dir, name, kind, rdev))?;
         Ok(())
     }
 
@@ -427,6 +424,23 @@ fn retry_replacing(
         }
         other => Ok(other?),
     }
+}
+
+#[cfg(not(target_vendor = "apple"))]
+fn make_node(dir: &OwnedFd, name: &OsStr, kind: FileType, rdev: u64) -> rustix::io::Result<()> {
+    rustix::fs::mknodat(dir, name, kind, Mode::from_raw_mode(0o600), rdev as _)
+}
+
+/// rustix has no `mknodat` for Apple's systems; their layers hold no
+/// FIFOs or devices.
+#[cfg(target_vendor = "apple")]
+fn make_node(_: &OwnedFd, _: &OsStr, _: FileType, _: u64) -> rustix::io::Result<()> {
+    Err(Errno::NOTSUP)
+}
+
+/// The permission bits of `mode`, in the host's width.
+fn permissions(mode: u32) -> Mode {
+    Mode::from_raw_mode((mode & 0o7777) as _)
 }
 
 fn times(meta: &Meta) -> Timestamps {

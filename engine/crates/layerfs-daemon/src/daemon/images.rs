@@ -1,0 +1,130 @@
+//! Images from registries: pull, list, remove, and resolving an image
+//! reference given to `create --from`.
+
+use layerfs_layers::LayerId;
+use layerfs_registry::{PullOptions, Transport};
+
+use super::{now, Daemon, Outcome};
+use crate::catalog::ImageRecord;
+use crate::protocol::{ImageInfo, Progress, RegistryOptions};
+
+impl Daemon {
+    /// Pulls `reference`. Only the layers the store lacks are downloaded,
+    /// each under no lock while it streams; the store's layer lock is taken
+    /// to record the image, so a `layer rm` never races it.
+    pub(super) fn pull(
+        &self,
+        reference: &str,
+        registry: &RegistryOptions,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Outcome<ImageInfo> {
+        let options = PullOptions {
+            platform: registry.platform.clone(),
+            transport: Transport {
+                insecure: registry.insecure.clone(),
+                no_tls_verify: registry.no_tls_verify,
+                ca_file: std::env::var_os("LAYERFS_REGISTRY_CA").map(Into::into),
+            },
+        };
+        let have = |diff_id: &str| -> Option<LayerId> {
+            let layer = self.catalog.layer_of_diff_id(diff_id).ok()??;
+            self.store.layer(&layer)
+        };
+        let pulled = layerfs_registry::pull(
+            &self.store,
+            reference,
+            &options,
+            &have,
+            &mut |done, total| progress(Progress { done, total }),
+        )
+        .map_err(|e| format!("cannot pull {reference}: {e}"))?;
+        let record = ImageRecord {
+            digest: pulled.digest.clone(),
+            layers: pulled.layers.iter().map(|l| l.layer.to_string()).collect(),
+            blobs: pulled.layers.iter().map(|l| l.blob.clone()).collect(),
+            diff_ids: pulled.layers.iter().map(|l| l.diff_id.clone()).collect(),
+            size: pulled.layers.iter().map(|l| l.size).sum(),
+            created: now(),
+        };
+        let _layers = self.layer_changes.lock();
+        // A layer removed while the pull ran is not in the image.
+        if let Some(gone) = record.layers.iter().find(|l| self.store.layer(l).is_none()) {
+            return Err(format!(
+                "cannot pull {reference}: layer {gone} was removed meanwhile: pull again"
+            ));
+        }
+        self.catalog
+            .put_image(&pulled.reference, &record)
+            .map_err(|e| e.to_string())?;
+        Ok(image_info(&pulled.reference, &record, pulled.fetched))
+    }
+
+    pub(super) fn image_ls(&self) -> Outcome<Vec<ImageInfo>> {
+        let images = self.catalog.images().map_err(|e| e.to_string())?;
+        Ok(images
+            .iter()
+            .map(|(r, record)| image_info(r, record, 0))
+            .collect())
+    }
+
+    /// Forgets the image `reference`; its layers stay for the workspaces
+    /// and images using them (`layerfs layer rm` removes one no longer used).
+    pub(super) fn image_rm(&self, reference: &str) -> Outcome<String> {
+        let full = self.image_name(reference)?;
+        let _layers = self.layer_changes.lock();
+        self.catalog
+            .remove_image(&full)
+            .map_err(|e| e.to_string())?;
+        Ok(full)
+    }
+
+    /// The full reference of an image the store has, given as the user
+    /// wrote it (`debian` for `docker.io/library/debian:latest`).
+    fn image_name(&self, reference: &str) -> Outcome<String> {
+        let full = layerfs_registry::normalize(reference)?;
+        match self.catalog.image(&full).map_err(|e| e.to_string())? {
+            Some(_) => Ok(full),
+            None => Err(format!("no image {full}: see `layerfs image ls`")),
+        }
+    }
+
+    /// The layers of the image `reference`, pulling it first if the store
+    /// lacks it. `None` when `reference` is no image reference at all.
+    pub(super) fn image_layers(
+        &self,
+        reference: &str,
+        registry: &RegistryOptions,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Outcome<Option<Vec<String>>> {
+        let Ok(full) = layerfs_registry::normalize(reference) else {
+            return Ok(None);
+        };
+        if let Some(image) = self.catalog.image(&full).map_err(|e| e.to_string())? {
+            if image.layers.iter().all(|l| self.store.layer(l).is_some()) {
+                return Ok(Some(image.layers));
+            }
+        }
+        Ok(Some(self.pull(reference, registry, progress)?.layers))
+    }
+
+    /// The images using `layer`.
+    pub(super) fn images_using(&self, layer: &LayerId) -> Outcome<Vec<String>> {
+        let images = self.catalog.images().map_err(|e| e.to_string())?;
+        Ok(images
+            .into_iter()
+            .filter(|(_, image)| image.layers.iter().any(|l| l == layer.as_str()))
+            .map(|(reference, _)| reference)
+            .collect())
+    }
+}
+
+fn image_info(reference: &str, record: &ImageRecord, fetched: usize) -> ImageInfo {
+    ImageInfo {
+        reference: reference.to_owned(),
+        digest: record.digest.clone(),
+        layers: record.layers.clone(),
+        size: record.size,
+        created: record.created,
+        fetched,
+    }
+}

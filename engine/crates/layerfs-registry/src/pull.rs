@@ -1,0 +1,467 @@
+//! `pull`: an image's manifest and config, then each layer the store lacks,
+//! [`PARALLEL_LAYERS`] at once.
+//!
+//! A layer's blob streams from the registry through a bounded channel to a
+//! thread that decompresses and unpacks it into the store's staging area,
+//! hashing the uncompressed tar on the way. `oci-client` checks the blob's
+//! digest as the stream ends (a mismatch is an error on the last read); the
+//! `diff_id` in the image's config is checked here. Only when both hold
+//! does the layer move into `layers/`; any failure leaves nothing of it. A
+//! pull cut short keeps the layers it finished, so the next pull fetches
+//! only the rest; a layer cut short is fetched again from its start.
+
+use std::io::{self, Read};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::{StreamExt, TryStreamExt};
+use layerfs_layers::{LayerId, Store};
+use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
+use oci_client::errors::OciDistributionError;
+use oci_client::manifest::{ImageIndexEntry, OciDescriptor, OciImageManifest};
+use oci_client::secrets::RegistryAuth;
+use oci_client::{Client, Reference};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use crate::{auth, reference, PullOptions, Transport, MAX_MANIFEST, PARALLEL_LAYERS};
+
+/// An image in the store.
+#[derive(Clone, Debug)]
+pub struct Pulled {
+    /// Its full reference (`docker.io/library/debian:latest`).
+    pub reference: String,
+    /// The digest of its manifest (the platform's, not the index's).
+    pub digest: String,
+    /// Its layers, bottom first.
+    pub layers: Vec<PulledLayer>,
+    /// How many of them were downloaded (the rest the store had).
+    pub fetched: usize,
+}
+
+#[derive(Clone, Debug)]
+pub struct PulledLayer {
+    /// The digest of the uncompressed tar, as the config names it.
+    pub diff_id: String,
+    /// The digest of the blob in the registry.
+    pub blob: String,
+    /// The blob's size in bytes.
+    pub size: u64,
+    pub layer: LayerId,
+}
+
+/// The part of an image config a pull reads.
+#[derive(Deserialize)]
+struct ImageConfig {
+    rootfs: RootFs,
+}
+
+#[derive(Deserialize)]
+struct RootFs {
+    diff_ids: Vec<String>,
+}
+
+/// Pulls `reference` into `store`. `have` answers which layer of the store
+/// holds a `diff_id` already; `progress` is told (bytes downloaded, bytes
+/// to download) as it goes.
+pub fn pull(
+    store: &Store,
+    reference: &str,
+    options: &PullOptions,
+    have: &(dyn Fn(&str) -> Option<LayerId> + Sync),
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Pulled, String> {
+    let image = reference::parse(reference)?;
+    let client = Client::new(client_config(options)?);
+    let auth = auth::credentials_for(image.resolve_registry());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the registry client: {e}"))?;
+    let registry = image.resolve_registry().to_owned();
+    let failed = |e: oci_client::errors::OciDistributionError| match e {
+        OciDistributionError::ImageManifestNotFoundError(m) if m.contains("platform") => {
+            match &options.platform {
+                Some(p) => format!("its index has no image for {p}"),
+                None => format!(
+                    "its index has no image for this host ({}/{}): choose one with --platform",
+                    std::env::consts::OS,
+                    host_arch()
+                ),
+            }
+        }
+        e => explain(&registry, &auth, e),
+    };
+    let (manifest, digest, config) = runtime
+        .block_on(client.pull_manifest_and_config(&image, &auth))
+        .map_err(failed)?;
+    if config.len() > MAX_MANIFEST {
+        return Err(format!(
+            "{reference}: its config is larger than {MAX_MANIFEST} bytes"
+        ));
+    }
+    let config: ImageConfig = serde_json::from_str(&config)
+        .map_err(|e| format!("{reference}: its config cannot be read: {e}"))?;
+    let diff_ids = config.rootfs.diff_ids;
+    check_manifest(reference, &manifest, &diff_ids)?;
+
+    let mut layers: Vec<Option<LayerId>> = diff_ids.iter().map(|d| have(d)).collect();
+    let wanted: Vec<usize> = (0..layers.len()).filter(|&i| layers[i].is_none()).collect();
+    let total: u64 = wanted
+        .iter()
+        .map(|&i| manifest.layers[i].size.max(0) as u64)
+        .sum();
+    let done = AtomicU64::new(0);
+    let fetched = std::thread::scope(|threads| {
+        runtime.block_on(async {
+            let downloads = futures_util::stream::iter(wanted.iter().copied())
+                .map(|i| {
+                    let (client, image, done) = (&client, &image, &done);
+                    let (descriptor, diff_id) = (&manifest.layers[i], &diff_ids[i]);
+                    async move {
+                        let layer =
+                            fetch_layer(threads, store, client, image, descriptor, diff_id, done)
+                                .await;
+                        (i, layer)
+                    }
+                })
+                .buffer_unordered(PARALLEL_LAYERS)
+                .collect::<Vec<_>>();
+            tokio::pin!(downloads);
+            let mut tick = tokio::time::interval(Duration::from_millis(200));
+            loop {
+                tokio::select! {
+                    finished = &mut downloads => break finished,
+                    _ = tick.tick() => progress(done.load(Relaxed), total),
+                }
+            }
+        })
+    });
+    progress(done.load(Relaxed), total);
+    for (i, layer) in fetched {
+        let layer = layer.map_err(|e| format!("layer {}: {e}", manifest.layers[i].digest))?;
+        layers[i] = Some(layer);
+    }
+    Ok(Pulled {
+        reference: image.whole(),
+        digest,
+        fetched: wanted.len(),
+        layers: layers
+            .into_iter()
+            .zip(&manifest.layers)
+            .zip(diff_ids)
+            .map(|((layer, blob), diff_id)| PulledLayer {
+                diff_id,
+                blob: blob.digest.clone(),
+                size: blob.size.max(0) as u64,
+                layer: layer.expect("every layer was had or fetched"),
+            })
+            .collect(),
+    })
+}
+
+/// A manifest the store can use: one `diff_id` per layer, each layer of a
+/// media type this pull can unpack.
+fn check_manifest(
+    reference: &str,
+    manifest: &OciImageManifest,
+    diff_ids: &[String],
+) -> Result<(), String> {
+    if manifest.layers.len() != diff_ids.len() {
+        return Err(format!(
+            "{reference}: its manifest has {} layers and its config {} diff_ids",
+            manifest.layers.len(),
+            diff_ids.len()
+        ));
+    }
+    for layer in &manifest.layers {
+        Compression::of(&layer.media_type)
+            .map_err(|e| format!("{reference}: layer {}: {e}", layer.digest))?;
+    }
+    Ok(())
+}
+
+/// Downloads one layer into the store: the blob streams to a thread that
+/// unpacks it, through a channel of a few chunks so memory stays bounded.
+async fn fetch_layer<'scope>(
+    threads: &'scope std::thread::Scope<'scope, '_>,
+    store: &'scope Store,
+    client: &Client,
+    image: &Reference,
+    descriptor: &OciDescriptor,
+    diff_id: &'scope str,
+    done: &AtomicU64,
+) -> Result<LayerId, String> {
+    let compression = Compression::of(&descriptor.media_type)?;
+    let mut stream = client
+        .pull_blob_stream(image, descriptor)
+        .await
+        .map_err(|e| e.to_string())?
+        .stream;
+    let (chunks, received) = tokio::sync::mpsc::channel::<io::Result<Bytes>>(16);
+    let (result_tx, result_rx) = tokio::sync::oneshot::channel();
+    threads.spawn(move || {
+        let blob = Chunks {
+            received,
+            current: Default::default(),
+        };
+        let _ = result_tx.send(unpack_layer(store, blob, compression, diff_id));
+    });
+    loop {
+        let chunk = stream.try_next().await;
+        let end = matches!(chunk, Ok(None) | Err(_));
+        let item = match chunk {
+            Ok(Some(bytes)) => {
+                done.fetch_add(bytes.len() as u64, Relaxed);
+                Ok(bytes)
+            }
+            Ok(None) => break,
+            Err(e) => Err(e),
+        };
+        // The unpacker stopped (it failed): its reason is the answer.
+        if chunks.send(item).await.is_err() || end {
+            break;
+        }
+    }
+    drop(chunks);
+    result_rx
+        .await
+        .map_err(|_| "the unpacking thread ended without an answer".to_owned())?
+        .map_err(|e| e.to_string())
+}
+
+/// How a layer's blob is compressed, from its media type.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Compression {
+    None,
+    Gzip,
+    Zstd,
+}
+
+impl Compression {
+    fn of(media_type: &str) -> Result<Compression, String> {
+        const LAYERS: [&str; 2] = [
+            "application/vnd.oci.image.layer.v1.tar",
+            "application/vnd.docker.image.rootfs.diff.tar",
+        ];
+        let Some(rest) = LAYERS.iter().find_map(|l| media_type.strip_prefix(l)) else {
+            return Err(format!(
+                "unknown media type {media_type:?}: not an image layer"
+            ));
+        };
+        match rest {
+            "" => Ok(Compression::None),
+            "+gzip" | ".gzip" => Ok(Compression::Gzip),
+            "+zstd" | ".zstd" => Ok(Compression::Zstd),
+            _ => Err(format!("unknown media type {media_type:?}")),
+        }
+    }
+}
+
+/// Decompresses and unpacks `blob`, then checks the uncompressed bytes
+/// against `diff_id` and reads the blob to its end, where the client checks
+/// its digest, before the store keeps the layer.
+fn unpack_layer(
+    store: &Store,
+    mut blob: Chunks,
+    compression: Compression,
+    diff_id: &str,
+) -> io::Result<LayerId> {
+    let imported =
+        store.import_tar_checked(|unpack| unpack_checked(unpack, &mut blob, compression, diff_id));
+    // Bytes that are not the blob's make a damaged archive first; the rest
+    // of the blob says whether that is the reason.
+    if imported.is_err() {
+        if let Err(e) = io::copy(&mut blob, &mut io::sink()) {
+            if is_digest_mismatch(&e) {
+                return Err(not_its_digest());
+            }
+        }
+    }
+    imported
+}
+
+fn unpack_checked(
+    unpack: layerfs_layers::Unpack<'_>,
+    blob: &mut Chunks,
+    compression: Compression,
+    diff_id: &str,
+) -> io::Result<()> {
+    let actual = {
+        let decoded: Box<dyn Read + '_> = match compression {
+            Compression::None => Box::new(&mut *blob),
+            Compression::Gzip => Box::new(flate2::read::GzDecoder::new(&mut *blob)),
+            Compression::Zstd => Box::new(
+                ruzstd::decoding::StreamingDecoder::new(&mut *blob).map_err(io::Error::other)?,
+            ),
+        };
+        let mut tar = Hashed {
+            inner: decoded,
+            hash: Sha256::new(),
+        };
+        unpack(&mut tar)?;
+        // The archive's end blocks and padding count in the diff_id.
+        io::copy(&mut tar, &mut io::sink())?;
+        format!("sha256:{}", hex(&tar.hash.finalize()))
+    };
+    // The rest of the blob, to its end, where its digest is checked.
+    io::copy(blob, &mut io::sink()).map_err(|e| match is_digest_mismatch(&e) {
+        true => not_its_digest(),
+        false => e,
+    })?;
+    if actual != diff_id {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "its uncompressed content is {actual}, not the diff_id {diff_id} its image names"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn not_its_digest() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        "the blob does not match its digest",
+    )
+}
+
+/// Whether the client's stream ended with a digest mismatch.
+fn is_digest_mismatch(e: &io::Error) -> bool {
+    let text = e.to_string().to_ascii_lowercase();
+    text.contains("digest")
+        && (text.contains("verif") || text.contains("mismatch") || text.contains("expected"))
+}
+
+/// A reader of the chunks a download sends.
+struct Chunks {
+    received: tokio::sync::mpsc::Receiver<io::Result<Bytes>>,
+    current: Bytes,
+}
+
+impl Read for Chunks {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.current.is_empty() {
+            match self.received.blocking_recv() {
+                None => return Ok(0),
+                Some(chunk) => self.current = chunk?,
+            }
+        }
+        let n = buf.len().min(self.current.len());
+        buf[..n].copy_from_slice(&self.current.split_to(n));
+        Ok(n)
+    }
+}
+
+/// A reader that hashes what is read through it.
+struct Hashed<R> {
+    inner: R,
+    hash: Sha256,
+}
+
+impl<R: Read> Read for Hashed<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hash.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The client's settings for `options`: plain HTTP only for the registries
+/// named, the platform asked for.
+fn client_config(options: &PullOptions) -> Result<ClientConfig, String> {
+    let Transport {
+        insecure,
+        no_tls_verify,
+        ca_file,
+    } = &options.transport;
+    let mut config = ClientConfig {
+        protocol: if insecure.is_empty() {
+            ClientProtocol::Https
+        } else {
+            ClientProtocol::HttpsExcept(insecure.clone())
+        },
+        accept_invalid_certificates: *no_tls_verify,
+        read_timeout: Some(Duration::from_secs(60)),
+        connect_timeout: Some(Duration::from_secs(10)),
+        ..ClientConfig::default()
+    };
+    if let Some(file) = ca_file {
+        let data = std::fs::read(file).map_err(|e| format!("{}: {e}", file.display()))?;
+        config.extra_root_certificates.push(Certificate {
+            encoding: CertificateEncoding::Pem,
+            data,
+        });
+    }
+    if let Some(platform) = &options.platform {
+        let wanted = parse_platform(platform)?;
+        config.platform_resolver = Some(Box::new(move |entries: &[ImageIndexEntry]| {
+            entries
+                .iter()
+                .find(|e| {
+                    e.platform.as_ref().is_some_and(|p| {
+                        p.os.to_string() == wanted.0
+                            && p.architecture.to_string() == wanted.1
+                            && (wanted.2.is_none() || p.variant == wanted.2)
+                    })
+                })
+                .map(|e| e.digest.clone())
+        }));
+    }
+    Ok(config)
+}
+
+/// The host's architecture as image indexes name it.
+fn host_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "x86" => "386",
+        other => other,
+    }
+}
+
+/// `os/arch[/variant]`.
+fn parse_platform(platform: &str) -> Result<(String, String, Option<String>), String> {
+    let mut parts = platform.split('/');
+    match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        (Some(os), Some(arch), variant, None) if !os.is_empty() && !arch.is_empty() => {
+            Ok((os.to_owned(), arch.to_owned(), variant.map(str::to_owned)))
+        }
+        _ => Err(format!(
+            "{platform:?} is not a platform: give os/arch[/variant], e.g. linux/arm64"
+        )),
+    }
+}
+
+/// The client's error in the user's terms.
+fn explain(
+    registry: &str,
+    auth: &RegistryAuth,
+    e: oci_client::errors::OciDistributionError,
+) -> String {
+    use OciDistributionError as E;
+    match e {
+        E::AuthenticationFailure(_) | E::UnauthorizedError { .. } => match auth {
+            RegistryAuth::Anonymous => {
+                format!("{registry} wants credentials: run `layerfs login {registry}`")
+            }
+            _ => format!(
+                "{registry} refused the stored credentials: run `layerfs login {registry}` again"
+            ),
+        },
+        E::RequestError(e)
+            if e.url().is_some_and(|u| u.scheme() == "https")
+                && (e.is_connect() || e.is_request()) =>
+        {
+            format!("{registry}: cannot reach it over HTTPS ({e}); if it serves plain HTTP, add --insecure-registry {registry}")
+        }
+        e => format!("{registry}: {e}"),
+    }
+}
