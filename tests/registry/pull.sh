@@ -8,7 +8,8 @@
 # two-platform index gives the host's platform or the one asked for; a
 # blob corrupted in the registry's storage, an unknown media type and a
 # registry that wants credentials each fail in one line and leave no layer
-# and no image; credentials from podman's auth file are used.
+# and no image; `layerfs login` stores credentials in podman's auth file,
+# and the pull uses them.
 # Needs root, /dev/fuse, docker-registry, umoci, skopeo and htpasswd; says
 # SKIPPED without them (tests/skip.sh).
 # usage: tests/registry/pull.sh LAYERFS
@@ -206,7 +207,10 @@ auth=127.0.0.1:$port
 skopeo copy -q --dest-tls-verify=false --dest-creds tester:s3cret "oci:$t/oci:v1" "docker://$auth/private/img:v1"
 fails "layerfs login" "$layerfs" pull "$auth/private/img:v1" --insecure-registry "$auth"
 mkdir -p "$t/run/containers"
-printf '{"auths": {"%s": {"auth": "%s"}}}\n' "$auth" "$(printf tester:s3cret | base64)" >"$t/run/containers/auth.json"
+printf '{"auths": {"other.example": {"auth": "eDp5"}}}\n' >"$t/run/containers/auth.json"
+echo s3cret | "$layerfs" login "$auth" --username tester --password-stdin
+[[ $(stat -c %a "$t/run/containers/auth.json") == 600 ]] || fail "the auth file is not 0600"
+grep -q other.example "$t/run/containers/auth.json" || fail "login dropped another registry's entry"
 out=$("$layerfs" pull "$auth/private/img:v1" --insecure-registry "$auth")
 [[ $out == *"(2 layers, 0 downloaded)" ]] || fail "pull with credentials: $out"
 grep -q s3cret "$t/daemon.log" && fail "the password is in the daemon's log"

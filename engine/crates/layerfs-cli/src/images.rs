@@ -43,6 +43,18 @@ pub struct PullArgs {
     registry: RegistryArgs,
 }
 
+#[derive(clap::Args)]
+pub struct LoginArgs {
+    /// The registry, `host[:port]` (docker.io for Docker Hub).
+    registry: String,
+    /// The user name [default: asked for]
+    #[arg(long, short)]
+    username: Option<String>,
+    /// Read the password from standard input (one line) instead of asking.
+    #[arg(long)]
+    password_stdin: bool,
+}
+
 #[derive(clap::Subcommand)]
 pub enum ImageCommand {
     /// List the images pulled: reference, digest, layers, size.
@@ -53,6 +65,40 @@ pub enum ImageCommand {
         /// The reference it was pulled by.
         reference: String,
     },
+}
+
+/// Stores credentials for a registry in podman's auth file, where pulls
+/// (and podman) read them. They are checked at the next pull, not here.
+pub fn login(args: LoginArgs) -> Result<(), String> {
+    let read_line = |prompt: &str| -> Result<String, String> {
+        eprint!("{prompt}");
+        let mut line = String::new();
+        io::stdin()
+            .read_line(&mut line)
+            .map_err(|e| e.to_string())?;
+        Ok(line.trim_end_matches(['\n', '\r']).to_owned())
+    };
+    let user = match args.username {
+        Some(user) => user,
+        None if args.password_stdin => return Err("give --username with --password-stdin".into()),
+        None => read_line("Username: ")?,
+    };
+    let password = if args.password_stdin {
+        read_line("")?
+    } else {
+        rpassword::prompt_password("Password: ")
+            .map_err(|e| format!("cannot read the password: {e}"))?
+    };
+    if user.is_empty() || password.is_empty() {
+        return Err("a user name and a password are needed".into());
+    }
+    let file = layerfs_registry::store_credentials(&args.registry, &user, &password)?;
+    println!(
+        "credentials for {} stored in {}",
+        args.registry,
+        file.display()
+    );
+    Ok(())
 }
 
 impl Client {

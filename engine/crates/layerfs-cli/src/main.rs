@@ -57,6 +57,10 @@ enum Command {
     /// digests before it is kept. Credentials come from podman's and
     /// Docker's auth files.
     Pull(images::PullArgs),
+    /// Store credentials for a registry in podman's auth file
+    /// ($REGISTRY_AUTH_FILE, or $XDG_RUNTIME_DIR/containers/auth.json, mode
+    /// 0600), where `pull` reads them (and Docker's config.json too).
+    Login(images::LoginArgs),
     /// Images pulled: list, remove.
     #[command(subcommand)]
     Image(images::ImageCommand),
@@ -120,6 +124,7 @@ fn main() -> ExitCode {
         Command::Layer(command) => client.layer(command),
         Command::Create(args) => client.create(args),
         Command::Pull(args) => client.pull(args),
+        Command::Login(args) => images::login(args),
         Command::Image(command) => client.image(command),
         Command::Mount(args) => client.mount(args),
         Command::Unmount(args) => client.unmount(args),

@@ -33,6 +33,66 @@ fn auth_files() -> Vec<PathBuf> {
     files
 }
 
+/// Where `layerfs login` stores credentials: podman's auth file.
+pub fn login_file() -> Result<PathBuf, String> {
+    if let Some(file) = std::env::var_os("REGISTRY_AUTH_FILE") {
+        return Ok(file.into());
+    }
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(dir) => Ok(PathBuf::from(dir).join("containers/auth.json")),
+        None => Err(
+            "neither REGISTRY_AUTH_FILE nor XDG_RUNTIME_DIR is set: no auth file to store to"
+                .into(),
+        ),
+    }
+}
+
+/// Stores `user` and `password` for `registry` in [`login_file`] (made
+/// 0600, other registries' entries kept), replacing the file in one rename.
+pub fn store_credentials(registry: &str, user: &str, password: &str) -> Result<PathBuf, String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = login_file()?;
+    let shown = |e: std::io::Error| format!("{}: {e}", file.display());
+    let mut all: serde_json::Value = match std::fs::read(&file) {
+        Ok(text) => serde_json::from_slice(&text)
+            .map_err(|e| format!("{}: not an auth file: {e}", file.display()))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => serde_json::json!({}),
+        Err(e) => return Err(shown(e)),
+    };
+    let encoded = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+    let Some(object) = all.as_object_mut() else {
+        return Err(format!("{}: not an auth file", file.display()));
+    };
+    let auths = object
+        .entry("auths")
+        .or_insert_with(|| serde_json::json!({}));
+    let Some(auths) = auths.as_object_mut() else {
+        return Err(format!(
+            "{}: its \"auths\" is not an object",
+            file.display()
+        ));
+    };
+    auths.insert(registry.to_owned(), serde_json::json!({ "auth": encoded }));
+    if let Some(dir) = file.parent() {
+        std::fs::create_dir_all(dir).map_err(shown)?;
+    }
+    let staged = file.with_extension("json.new");
+    let mut out = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&staged)
+        .map_err(shown)?;
+    let text = serde_json::to_vec_pretty(&all).map_err(|e| e.to_string())?;
+    out.write_all(&text)
+        .and_then(|()| out.sync_all())
+        .map_err(shown)?;
+    std::fs::rename(&staged, &file).map_err(shown)?;
+    Ok(file)
+}
+
 /// The credentials stored for `registry` (`host[:port]`), or anonymous.
 pub fn credentials_for(registry: &str) -> RegistryAuth {
     // Docker Hub is stored under its old v1 address too.

@@ -10,7 +10,7 @@ mod auth;
 mod pull;
 mod reference;
 
-pub use auth::credentials_for;
+pub use auth::{credentials_for, login_file, store_credentials};
 pub use pull::{pull, Pulled, PulledLayer};
 pub use reference::normalize;
 
