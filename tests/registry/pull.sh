@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `layerfs pull` against a real registry (Debian's docker-registry on
+# `layerfs pull` and `push` against a real registry (Debian's docker-registry on
 # 127.0.0.1), with umoci and skopeo as the independent tools: an image of
 # two layers (a whiteout, an opaque directory, a hard link, a symlink, a
 # user. xattr, a setuid file of uid 1000) built by umoci and copied in by
@@ -9,7 +9,10 @@
 # blob corrupted in the registry's storage, an unknown media type and a
 # registry that wants credentials each fail in one line and leave no layer
 # and no image; `layerfs login` stores credentials in podman's auth file,
-# and the pull uses them.
+# and the pull uses them. A workspace of the pulled image with a commit
+# (deletions, an opaque directory, a hard link, a FIFO) is pushed, and
+# `umoci unpack` of what skopeo copies back is the tree the workspace
+# shows; a second push uploads nothing.
 # Needs root, /dev/fuse, docker-registry, umoci, skopeo and htpasswd; says
 # SKIPPED without them (tests/skip.sh).
 # usage: tests/registry/pull.sh LAYERFS
@@ -214,4 +217,36 @@ grep -q other.example "$t/run/containers/auth.json" || fail "login dropped anoth
 out=$("$layerfs" pull "$auth/private/img:v1" --insecure-registry "$auth")
 [[ $out == *"(2 layers, 0 downloaded)" ]] || fail "pull with credentials: $out"
 grep -q s3cret "$t/daemon.log" && fail "the password is in the daemon's log"
-echo "registry pulls: ok"
+
+step "push: a workspace of the pulled image and a commit with deletions; umoci unpacks what the workspace shows"
+"$layerfs" create p --from "$plain/test/img:v1"
+mkdir "$t/p"
+"$layerfs" mount p "$t/p" --fuse >/dev/null
+rm "$t/p/etc/hello" "$t/p/etc/sym"
+rm -rf "$t/p/opaque"
+echo changed >"$t/p/etc/keep"
+mkdir -p "$t/p/usr/bin"
+echo tool >"$t/p/usr/bin/tool"
+chmod 755 "$t/p/usr/bin/tool"
+ln "$t/p/usr/bin/tool" "$t/p/usr/bin/tool2"
+mkfifo "$t/p/fifo"
+fails "commit p" "$layerfs" push p "$plain/test/pushed:v1" --insecure-registry "$plain"
+"$layerfs" commit p -m "tools, fewer files" >/dev/null
+out=$("$layerfs" push p "$plain/test/pushed:v1" --insecure-registry "$plain")
+[[ $out == "$plain/test/pushed:v1 sha256:"*"(3 layers, 1 uploaded)" ]] || fail "push said: $out"
+"$here/tree.py" "$t/p" >"$t/workspace.tree"
+skopeo copy -q --src-tls-verify=false "docker://$plain/test/pushed:v1" "oci:$t/back:v1"
+umoci unpack --image "$t/back:v1" "$t/back-bundle" >/dev/null
+"$here/tree.py" "$t/back-bundle/rootfs" >"$t/back.tree"
+diff -u "$t/workspace.tree" "$t/back.tree" || fail "umoci's unpack of the pushed image differs from the workspace"
+skopeo inspect --tls-verify=false "docker://$plain/test/pushed:v1" >"$t/inspect.json"
+python3 - "$t/inspect.json" "$out" <<-'PY'
+	import json, sys
+	seen = json.load(open(sys.argv[1]))
+	assert len(seen["Layers"]) == 3, seen["Layers"]
+	assert seen["Digest"] in sys.argv[2], (seen["Digest"], sys.argv[2])
+	PY
+out=$("$layerfs" push p "$plain/test/pushed:v2" --insecure-registry "$plain")
+[[ $out == *"(3 layers, 0 uploaded)" ]] || fail "a second push uploaded: $out"
+"$layerfs" unmount p >/dev/null
+echo "registry pulls and pushes: ok"

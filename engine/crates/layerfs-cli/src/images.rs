@@ -1,9 +1,9 @@
-//! The image commands: `pull`, `image ls`, `image rm`, and the registry
-//! options `create --from REF` shares with `pull`.
+//! The image commands: `pull`, `push`, `login`, `image ls`, `image rm`,
+//! and the registry options `create --from REF` shares with them.
 
 use std::io::{self, Write};
 
-use layerfs_daemon::protocol::{ImageInfo, RegistryOptions, Request};
+use layerfs_daemon::protocol::{ImageInfo, PushInfo, RegistryOptions, Request};
 
 use crate::workspaces::{human, Client};
 
@@ -39,6 +39,16 @@ pub struct PullArgs {
     /// `[registry/]repository[:tag|@sha256:...]`; Docker Hub's defaults
     /// apply (`debian` is docker.io/library/debian:latest).
     reference: String,
+    #[command(flatten)]
+    registry: RegistryArgs,
+}
+
+#[derive(clap::Args)]
+pub struct PushArgs {
+    /// Workspaces (with no changes of their own: commit first) and layers,
+    /// bottom first, then the image reference to push them as.
+    #[arg(required = true, num_args = 2.., value_name = "WORKSPACE|LAYER... REF")]
+    sources: Vec<String>,
     #[command(flatten)]
     registry: RegistryArgs,
 }
@@ -114,6 +124,22 @@ impl Client {
                 image.digest,
                 image.layers.len(),
                 image.fetched
+            );
+        }
+        Ok(())
+    }
+
+    pub fn push(&self, mut args: PushArgs) -> Result<(), String> {
+        let reference = args.sources.pop().expect("clap asks for two or more");
+        let request = Request::Push {
+            sources: args.sources,
+            reference,
+            registry: args.registry.into(),
+        };
+        if let Some(pushed) = self.call::<PushInfo>(request)? {
+            println!(
+                "{} {} ({} layers, {} uploaded)",
+                pushed.reference, pushed.digest, pushed.layers, pushed.uploaded
             );
         }
         Ok(())

@@ -57,6 +57,10 @@ enum Command {
     /// digests before it is kept. Credentials come from podman's and
     /// Docker's auth files.
     Pull(images::PullArgs),
+    /// Push workspaces' layers (commit first) and layers as an image: only
+    /// blobs the registry lacks are uploaded; a layer pulled from it, or
+    /// pushed before, uploads nothing.
+    Push(images::PushArgs),
     /// Store credentials for a registry in podman's auth file
     /// ($REGISTRY_AUTH_FILE, or $XDG_RUNTIME_DIR/containers/auth.json, mode
     /// 0600), where `pull` reads them (and Docker's config.json too).
@@ -125,6 +129,7 @@ fn main() -> ExitCode {
         Command::Create(args) => client.create(args),
         Command::Pull(args) => client.pull(args),
         Command::Login(args) => images::login(args),
+        Command::Push(args) => client.push(args),
         Command::Image(command) => client.image(command),
         Command::Mount(args) => client.mount(args),
         Command::Unmount(args) => client.unmount(args),

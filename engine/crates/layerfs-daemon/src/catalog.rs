@@ -6,6 +6,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use layerfs_layers::redb_file::RedbFile;
+use layerfs_registry::BlobInfo;
 use redb::{ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
@@ -16,6 +17,8 @@ const SETTINGS: TableDefinition<&str, u64> = TableDefinition::new("settings");
 const IMAGES: TableDefinition<&str, &[u8]> = TableDefinition::new("images");
 /// The layer holding each uncompressed layer digest (an image's `diff_id`).
 const DIFF_IDS: TableDefinition<&str, &str> = TableDefinition::new("diff_ids");
+/// The registry blobs each layer is known as (pulled as, or pushed as).
+const LAYER_BLOBS: TableDefinition<&str, &[u8]> = TableDefinition::new("layer_blobs");
 const NFS_PORT: &str = "nfs_port";
 
 /// A workspace: what it was made from and where it is mounted.
@@ -110,6 +113,7 @@ impl Catalog {
             txn.open_table(SETTINGS)?;
             txn.open_table(IMAGES)?;
             txn.open_table(DIFF_IDS)?;
+            txn.open_table(LAYER_BLOBS)?;
             Ok(())
         })?;
         Ok(catalog)
@@ -166,6 +170,29 @@ impl Catalog {
     pub fn remove_image(&self, reference: &str) -> io::Result<()> {
         self.write(|txn| {
             txn.open_table(IMAGES)?.remove(reference)?;
+            Ok(())
+        })
+    }
+
+    /// The registry blobs `layer` is known as.
+    pub fn layer_blobs(&self, layer: &str) -> io::Result<Vec<BlobInfo>> {
+        match self.get(LAYER_BLOBS, layer)? {
+            Some(blobs) => decode(&blobs),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// Adds `blob` to those `layer` is known as.
+    pub fn add_layer_blob(&self, layer: &str, blob: &BlobInfo) -> io::Result<()> {
+        let mut blobs = self.layer_blobs(layer)?;
+        if blobs.contains(blob) {
+            return Ok(());
+        }
+        blobs.push(blob.clone());
+        let bytes = serde_json::to_vec(&blobs)?;
+        self.write(|txn| {
+            txn.open_table(LAYER_BLOBS)?
+                .insert(layer, bytes.as_slice())?;
             Ok(())
         })
     }

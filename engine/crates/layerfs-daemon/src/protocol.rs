@@ -75,6 +75,15 @@ pub enum Request {
         #[serde(default)]
         registry: RegistryOptions,
     },
+    /// Pushes layers (or a workspace's layers) as an image.
+    Push {
+        /// Workspaces (committed, no changes of their own) and layers,
+        /// bottom first.
+        sources: Vec<String>,
+        reference: String,
+        #[serde(default)]
+        registry: RegistryOptions,
+    },
     ImageLs,
     ImageRm {
         reference: String,
@@ -93,6 +102,17 @@ pub struct RegistryOptions {
     /// Accept any certificate.
     #[serde(default)]
     pub no_tls_verify: bool,
+}
+
+/// What a push did.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PushInfo {
+    pub reference: String,
+    /// The digest of the manifest pushed.
+    pub digest: String,
+    pub layers: usize,
+    /// Of its layers, how many were uploaded (the registry had the rest).
+    pub uploaded: usize,
 }
 
 /// An image in the store.

@@ -16,6 +16,7 @@ pub use digest::tree_digest;
 pub use stack::{Change, ChangeKind, ResetDone, StackFs, ENTRY_CHARGE, IN_USE, STATE_IN_UPPER};
 pub use store::{remove_tree, LayerId, Progress, Store, Unpack};
 pub use workspace::Workspace;
+pub use xattrs::{kept_xattrs, Xattrs};
 
 /// The prefix of a whiteout file's name.
 pub const WHITEOUT_PREFIX: &str = ".wh.";

@@ -10,7 +10,7 @@ use std::path::Path;
 use rustix::io::Errno;
 
 /// A name and its value.
-pub(crate) type Xattrs = Vec<(OsString, Vec<u8>)>;
+pub type Xattrs = Vec<(OsString, Vec<u8>)>;
 
 /// Whether a layer keeps the extended attribute `name`: `user.`, POSIX
 /// ACLs, and as root `trusted.` and file capabilities. overlayfs' own
@@ -81,4 +81,10 @@ fn list(on: On<'_>, buf: &mut [u8]) -> rustix::io::Result<usize> {
         On::Fd(fd) => rustix::fs::flistxattr(fd, buf),
         On::Path(path) => rustix::fs::llistxattr(path, buf),
     }
+}
+
+/// The extended attributes of `path` (not following a symlink) that a layer
+/// keeps, sorted by name: what a layer's file carries into an image.
+pub fn kept_xattrs(path: &Path) -> io::Result<Xattrs> {
+    read(On::Path(path), |n| keeps(n, true))
 }

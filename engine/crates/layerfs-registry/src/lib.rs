@@ -7,11 +7,15 @@
 //! checked before the layer is kept), and how many download at once.
 
 mod auth;
+mod blob;
 mod pull;
+mod push;
 mod reference;
 
 pub use auth::{credentials_for, login_file, store_credentials};
+pub use blob::{write_layer_blob, BlobInfo, LAYER_GZIP};
 pub use pull::{pull, Pulled, PulledLayer};
+pub use push::{push, PushLayer, Pushed};
 pub use reference::normalize;
 
 use std::path::PathBuf;
@@ -40,3 +44,7 @@ pub const MAX_MANIFEST: usize = 4 * 1024 * 1024;
 
 /// Layers downloaded at once, as podman does.
 pub const PARALLEL_LAYERS: usize = 3;
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

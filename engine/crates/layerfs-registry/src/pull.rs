@@ -32,6 +32,8 @@ use crate::{auth, reference, PullOptions, Transport, MAX_MANIFEST, PARALLEL_LAYE
 pub struct Pulled {
     /// Its full reference (`docker.io/library/debian:latest`).
     pub reference: String,
+    /// `registry/repository` it came from.
+    pub repository: String,
     /// The digest of its manifest (the platform's, not the index's).
     pub digest: String,
     /// Its layers, bottom first.
@@ -48,6 +50,7 @@ pub struct PulledLayer {
     pub blob: String,
     /// The blob's size in bytes.
     pub size: u64,
+    pub media_type: String,
     pub layer: LayerId,
 }
 
@@ -73,7 +76,10 @@ pub fn pull(
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<Pulled, String> {
     let image = reference::parse(reference)?;
-    let client = Client::new(client_config(options)?);
+    let client = Client::new(client_config(
+        &options.transport,
+        options.platform.as_deref(),
+    )?);
     let auth = auth::credentials_for(image.resolve_registry());
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -145,6 +151,7 @@ pub fn pull(
     }
     Ok(Pulled {
         reference: image.whole(),
+        repository: crate::push::repository_of(&image),
         digest,
         fetched: wanted.len(),
         layers: layers
@@ -155,6 +162,7 @@ pub fn pull(
                 diff_id,
                 blob: blob.digest.clone(),
                 size: blob.size.max(0) as u64,
+                media_type: blob.media_type.clone(),
                 layer: layer.expect("every layer was had or fetched"),
             })
             .collect(),
@@ -303,7 +311,7 @@ fn unpack_checked(
         unpack(&mut tar)?;
         // The archive's end blocks and padding count in the diff_id.
         io::copy(&mut tar, &mut io::sink())?;
-        format!("sha256:{}", hex(&tar.hash.finalize()))
+        format!("sha256:{}", crate::hex(&tar.hash.finalize()))
     };
     // The rest of the blob, to its end, where its digest is checked.
     io::copy(blob, &mut io::sink()).map_err(|e| match is_digest_mismatch(&e) {
@@ -369,18 +377,17 @@ impl<R: Read> Read for Hashed<R> {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// The client's settings for `options`: plain HTTP only for the registries
-/// named, the platform asked for.
-fn client_config(options: &PullOptions) -> Result<ClientConfig, String> {
+/// The client's settings: plain HTTP only for the registries named, the
+/// platform asked for.
+pub(crate) fn client_config(
+    transport: &Transport,
+    platform: Option<&str>,
+) -> Result<ClientConfig, String> {
     let Transport {
         insecure,
         no_tls_verify,
         ca_file,
-    } = &options.transport;
+    } = transport;
     let mut config = ClientConfig {
         protocol: if insecure.is_empty() {
             ClientProtocol::Https
@@ -399,7 +406,7 @@ fn client_config(options: &PullOptions) -> Result<ClientConfig, String> {
             data,
         });
     }
-    if let Some(platform) = &options.platform {
+    if let Some(platform) = platform {
         let wanted = parse_platform(platform)?;
         config.platform_resolver = Some(Box::new(move |entries: &[ImageIndexEntry]| {
             entries
@@ -418,7 +425,7 @@ fn client_config(options: &PullOptions) -> Result<ClientConfig, String> {
 }
 
 /// The host's architecture as image indexes name it.
-fn host_arch() -> &'static str {
+pub(crate) fn host_arch() -> &'static str {
     match std::env::consts::ARCH {
         "x86_64" => "amd64",
         "aarch64" => "arm64",
@@ -441,7 +448,7 @@ fn parse_platform(platform: &str) -> Result<(String, String, Option<String>), St
 }
 
 /// The client's error in the user's terms.
-fn explain(
+pub(crate) fn explain(
     registry: &str,
     auth: &RegistryAuth,
     e: oci_client::errors::OciDistributionError,

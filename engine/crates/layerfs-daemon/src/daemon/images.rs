@@ -1,12 +1,12 @@
-//! Images from registries: pull, list, remove, and resolving an image
-//! reference given to `create --from`.
+//! Images from registries: pull, push, list, remove, and resolving an
+//! image reference given to `create --from`.
 
 use layerfs_layers::LayerId;
-use layerfs_registry::{PullOptions, Transport};
+use layerfs_registry::{BlobInfo, PullOptions, PushLayer, Transport};
 
 use super::{now, Daemon, Outcome};
 use crate::catalog::ImageRecord;
-use crate::protocol::{ImageInfo, Progress, RegistryOptions};
+use crate::protocol::{ImageInfo, Progress, PushInfo, RegistryOptions};
 
 impl Daemon {
     /// Pulls `reference`. Only the layers the store lacks are downloaded,
@@ -20,11 +20,7 @@ impl Daemon {
     ) -> Outcome<ImageInfo> {
         let options = PullOptions {
             platform: registry.platform.clone(),
-            transport: Transport {
-                insecure: registry.insecure.clone(),
-                no_tls_verify: registry.no_tls_verify,
-                ca_file: std::env::var_os("LAYERFS_REGISTRY_CA").map(Into::into),
-            },
+            transport: self.transport(registry),
         };
         let have = |diff_id: &str| -> Option<LayerId> {
             let layer = self.catalog.layer_of_diff_id(diff_id).ok()??;
@@ -46,6 +42,18 @@ impl Daemon {
             size: pulled.layers.iter().map(|l| l.size).sum(),
             created: now(),
         };
+        for l in &pulled.layers {
+            let blob = BlobInfo {
+                digest: l.blob.clone(),
+                size: l.size,
+                media_type: l.media_type.clone(),
+                diff_id: l.diff_id.clone(),
+                repository: Some(pulled.repository.clone()),
+            };
+            self.catalog
+                .add_layer_blob(l.layer.as_str(), &blob)
+                .map_err(|e| e.to_string())?;
+        }
         let _layers = self.layer_changes.lock();
         // A layer removed while the pull ran is not in the image.
         if let Some(gone) = record.layers.iter().find(|l| self.store.layer(l).is_none()) {
@@ -57,6 +65,83 @@ impl Daemon {
             .put_image(&pulled.reference, &record)
             .map_err(|e| e.to_string())?;
         Ok(image_info(&pulled.reference, &record, pulled.fetched))
+    }
+
+    /// Pushes `sources` (workspaces with no changes of their own, and
+    /// layers, bottom first) as the image `reference`.
+    pub(super) fn push(
+        &self,
+        sources: &[String],
+        reference: &str,
+        registry: &RegistryOptions,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Outcome<PushInfo> {
+        if sources.is_empty() {
+            return Err("nothing to push: name a workspace or layers".into());
+        }
+        let mut layers = Vec::new();
+        for source in sources {
+            match self.catalog.workspace(source).map_err(|e| e.to_string())? {
+                Some(record) => {
+                    let changes = self.diff(source)?;
+                    if !changes.is_empty() {
+                        return Err(format!(
+                            "workspace {source} has {} changes not committed: `layerfs commit {source}` first",
+                            changes.len()
+                        ));
+                    }
+                    for id in &record.layers {
+                        layers.push(self.find_layer(id)?);
+                    }
+                }
+                None => layers.push(self.find_layer(source)?),
+            }
+        }
+        let mut to_push = Vec::new();
+        for layer in &layers {
+            to_push.push(PushLayer {
+                dir: self.store.layer_dir(layer),
+                known: self
+                    .catalog
+                    .layer_blobs(layer.as_str())
+                    .map_err(|e| e.to_string())?,
+                comment: self
+                    .catalog
+                    .note(layer.as_str())
+                    .map_err(|e| e.to_string())?
+                    .message,
+            });
+        }
+        let transport = self.transport(registry);
+        let staging = self.root.join("staging");
+        let pushed = layerfs_registry::push(
+            reference,
+            &to_push,
+            &staging,
+            &transport,
+            &mut |done, total| progress(Progress { done, total }),
+        )
+        .map_err(|e| format!("cannot push {reference}: {e}"))?;
+        for (layer, (blob, _)) in layers.iter().zip(&pushed.layers) {
+            self.catalog
+                .add_layer_blob(layer.as_str(), blob)
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(PushInfo {
+            reference: pushed.reference,
+            digest: pushed.digest,
+            layers: pushed.layers.len(),
+            uploaded: pushed.layers.iter().filter(|(_, up)| *up).count(),
+        })
+    }
+
+    /// How to reach registries, from a request's options.
+    fn transport(&self, registry: &RegistryOptions) -> Transport {
+        Transport {
+            insecure: registry.insecure.clone(),
+            no_tls_verify: registry.no_tls_verify,
+            ca_file: std::env::var_os("LAYERFS_REGISTRY_CA").map(Into::into),
+        }
     }
 
     pub(super) fn image_ls(&self) -> Outcome<Vec<ImageInfo>> {

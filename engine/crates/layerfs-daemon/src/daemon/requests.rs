@@ -42,6 +42,11 @@ impl Daemon {
                 reference,
                 registry,
             } => reply(self.pull(&reference, &registry, progress)),
+            Request::Push {
+                sources,
+                reference,
+                registry,
+            } => reply(self.push(&sources, &reference, &registry, progress)),
             Request::ImageLs => reply(self.image_ls()),
             Request::ImageRm { reference } => reply(self.image_rm(&reference)),
         };
@@ -105,7 +110,7 @@ impl Daemon {
 
     /// The layer an id names, or the one layer it is a prefix of (at least
     /// 4 characters).
-    fn find_layer(&self, id: &str) -> Outcome<LayerId> {
+    pub(super) fn find_layer(&self, id: &str) -> Outcome<LayerId> {
         if let Some(layer) = self.store.layer(id) {
             return Ok(layer);
         }
@@ -402,7 +407,7 @@ impl Daemon {
     }
 
     /// What the workspace changed over its layers, mounted or not.
-    fn diff(&self, name: &str) -> Outcome<Vec<DiffEntry>> {
+    pub(super) fn diff(&self, name: &str) -> Outcome<Vec<DiffEntry>> {
         let mut open = self.open.lock();
         let record = self.record(name)?;
         let o = self.ensure_open(&mut open, name)?;

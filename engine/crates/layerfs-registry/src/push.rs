@@ -1,0 +1,238 @@
+//! `push`: layers of the store as an OCI image in a registry.
+//!
+//! For each layer, a blob the registry already has is used as it is: the
+//! one it was pulled as, or the one an earlier push made (the store
+//! remembers both). Only a layer with neither is written as a blob (in the
+//! store's staging area, deterministically: see [`crate::blob`]) and
+//! uploaded, streamed from the file. Then the config (its `diff_ids`, and a
+//! history entry per layer with its commit message) and the manifest.
+
+use std::path::{Path, PathBuf};
+
+use futures_util::StreamExt;
+use oci_client::client::Client;
+use oci_client::manifest::{OciDescriptor, OciImageManifest, OciManifest};
+use oci_client::secrets::RegistryAuth;
+use oci_client::{Reference, RegistryOperation};
+use sha2::{Digest, Sha256};
+
+use crate::blob::{write_layer_blob, BlobInfo};
+use crate::pull::{client_config, explain, host_arch};
+use crate::{auth, reference, Transport};
+
+/// A layer to push: where it is, the blobs it is known by, and what its
+/// history entry says.
+pub struct PushLayer {
+    pub dir: PathBuf,
+    pub known: Vec<BlobInfo>,
+    pub comment: Option<String>,
+}
+
+/// What a push did.
+#[derive(Clone, Debug)]
+pub struct Pushed {
+    pub reference: String,
+    /// The digest of the manifest.
+    pub digest: String,
+    /// The blob of each layer, bottom first, and whether it was uploaded.
+    pub layers: Vec<(BlobInfo, bool)>,
+}
+
+/// Pushes `layers` (bottom first) as the image `reference`; blobs are made
+/// in `staging`. `progress` is told (layers done, layers).
+pub fn push(
+    reference: &str,
+    layers: &[PushLayer],
+    staging: &Path,
+    transport: &Transport,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Pushed, String> {
+    let image = reference::parse(reference)?;
+    let registry = image.resolve_registry().to_owned();
+    let client = Client::new(client_config(transport, None)?);
+    let auth = auth::credentials_for(&registry);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the registry client: {e}"))?;
+    let failed = |e| explain(&registry, &auth, e);
+    runtime
+        .block_on(client.auth(&image, &auth, RegistryOperation::Push))
+        .map_err(failed)?;
+    let mut pushed = Vec::new();
+    for (i, layer) in layers.iter().enumerate() {
+        progress(i as u64, layers.len() as u64);
+        let found = runtime
+            .block_on(already_there(&client, &image, &layer.known))
+            .map_err(failed)?;
+        let entry = match found {
+            Some(blob) => (blob, false),
+            None => (
+                upload_layer(
+                    &runtime, &client, &image, &auth, &layer.dir, staging, &registry,
+                )?,
+                true,
+            ),
+        };
+        pushed.push((
+            BlobInfo {
+                repository: Some(repository_of(&image)),
+                ..entry.0
+            },
+            entry.1,
+        ));
+    }
+    let config = image_config(&pushed, layers);
+    let config_digest = format!("sha256:{}", crate::hex(&Sha256::digest(&config)));
+    let config_size = config.len() as i64;
+    runtime
+        .block_on(client.push_blob(&image, config, &config_digest))
+        .map_err(failed)?;
+    let manifest = OciImageManifest {
+        schema_version: 2,
+        media_type: Some(oci_client::manifest::OCI_IMAGE_MEDIA_TYPE.to_owned()),
+        config: OciDescriptor {
+            media_type: oci_client::manifest::IMAGE_CONFIG_MEDIA_TYPE.to_owned(),
+            digest: config_digest,
+            size: config_size,
+            ..OciDescriptor::default()
+        },
+        layers: pushed
+            .iter()
+            .map(|(blob, _)| OciDescriptor {
+                media_type: blob.media_type.clone(),
+                digest: blob.digest.clone(),
+                size: blob.size as i64,
+                ..OciDescriptor::default()
+            })
+            .collect(),
+        ..OciImageManifest::default()
+    };
+    let manifest = OciManifest::Image(manifest);
+    let bytes = serde_json::to_vec(&manifest).map_err(|e| e.to_string())?;
+    let digest = format!("sha256:{}", crate::hex(&Sha256::digest(&bytes)));
+    runtime
+        .block_on(client.push_manifest_raw(
+            &image,
+            bytes::Bytes::from(bytes),
+            http::HeaderValue::from_static(oci_client::manifest::OCI_IMAGE_MEDIA_TYPE),
+        ))
+        .map_err(failed)?;
+    progress(layers.len() as u64, layers.len() as u64);
+    Ok(Pushed {
+        reference: image.whole(),
+        digest,
+        layers: pushed,
+    })
+}
+
+/// `registry/repository` of `image`.
+pub(crate) fn repository_of(image: &Reference) -> String {
+    format!("{}/{}", image.resolve_registry(), image.repository())
+}
+
+/// One of `known` the repository of `image` has, or can mount from another
+/// repository of its registry without an upload.
+async fn already_there(
+    client: &Client,
+    image: &Reference,
+    known: &[BlobInfo],
+) -> oci_client::errors::Result<Option<BlobInfo>> {
+    for blob in known {
+        if client.blob_exists(image, &blob.digest).await? {
+            return Ok(Some(blob.clone()));
+        }
+    }
+    let registry = image.resolve_registry();
+    for blob in known {
+        let Some(from) = &blob.repository else {
+            continue;
+        };
+        let Some(repository) = from
+            .strip_prefix(registry)
+            .and_then(|r| r.strip_prefix('/'))
+        else {
+            continue;
+        };
+        let source = Reference::with_tag(
+            registry.to_owned(),
+            repository.to_owned(),
+            "latest".to_owned(),
+        );
+        // A registry that cannot mount it says so; then it is uploaded.
+        if client
+            .mount_blob(image, &source, &blob.digest)
+            .await
+            .is_ok()
+        {
+            return Ok(Some(blob.clone()));
+        }
+    }
+    Ok(None)
+}
+
+/// Writes the layer at `dir` as a blob in `staging` and uploads it,
+/// streamed from the file; the file is removed either way.
+fn upload_layer(
+    runtime: &tokio::runtime::Runtime,
+    client: &Client,
+    image: &Reference,
+    auth: &RegistryAuth,
+    dir: &Path,
+    staging: &Path,
+    registry: &str,
+) -> Result<BlobInfo, String> {
+    let file = staging.join(format!(
+        "blob-{}-{}",
+        std::process::id(),
+        dir.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    ));
+    let result = (|| {
+        let blob = write_layer_blob(dir, &file)
+            .map_err(|e| format!("cannot make the blob of {}: {e}", dir.display()))?;
+        let opened = std::fs::File::open(&file).map_err(|e| e.to_string())?;
+        let chunks = futures_util::stream::unfold(opened, |mut f| async move {
+            use std::io::Read;
+            let mut buf = vec![0; 1 << 20];
+            match f.read(&mut buf) {
+                Ok(0) => None,
+                Ok(n) => {
+                    buf.truncate(n);
+                    Some((Ok(bytes::Bytes::from(buf)), f))
+                }
+                Err(e) => Some((Err(oci_client::errors::OciDistributionError::IoError(e)), f)),
+            }
+        })
+        .boxed();
+        runtime
+            .block_on(client.push_blob_stream(image, chunks, &blob.digest, Some(blob.size)))
+            .map_err(|e| explain(registry, auth, e))?;
+        Ok(blob)
+    })();
+    let _ = std::fs::remove_file(&file);
+    result
+}
+
+/// The image config: the layers' `diff_ids`, and a history entry for each.
+fn image_config(pushed: &[(BlobInfo, bool)], layers: &[PushLayer]) -> Vec<u8> {
+    let history: Vec<serde_json::Value> = layers
+        .iter()
+        .map(|l| match &l.comment {
+            Some(c) => serde_json::json!({ "created_by": "layerfs", "comment": c }),
+            None => serde_json::json!({ "created_by": "layerfs" }),
+        })
+        .collect();
+    let config = serde_json::json!({
+        "architecture": host_arch(),
+        "os": "linux",
+        "config": {},
+        "rootfs": {
+            "type": "layers",
+            "diff_ids": pushed.iter().map(|(b, _)| b.diff_id.clone()).collect::<Vec<_>>(),
+        },
+        "history": history,
+    });
+    serde_json::to_vec(&config).expect("a JSON value serialises")
+}
