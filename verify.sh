@@ -137,6 +137,8 @@ check "pjdfstest flat" tests/fuse/pjdfstest.sh target/release/layerfs flat no-pa
 check "pjdfstest stack" tests/fuse/pjdfstest.sh target/release/layerfs stack
 echo "-- starting and stopping the door"
 check "FUSE door" tests/fuse/door.sh target/release/layerfs
+echo "-- extended attributes and file capabilities through the door"
+check "FUSE extended attributes" tests/fuse/xattrs.sh target/release/layerfs
 echo "-- the workspace daemon through FUSE: import, create, mount, commit, kill -9, restart"
 check "daemon through FUSE" tests/daemon/fuse.sh target/release/layerfs
 echo "-- images from a registry: docker-registry on 127.0.0.1, umoci and skopeo to compare"

@@ -26,7 +26,7 @@ use layerfs_vfs::access::permits;
 use layerfs_vfs::hostdir;
 use layerfs_vfs::{
     Allocate, Attr, Caller, Create, Error, FileId, FileKind, Filesystem, NewEntry, SetAttr,
-    SetTime, Stability,
+    SetTime, Stability, XattrFlags,
 };
 use rustix::fs::{Gid, Uid};
 
@@ -46,7 +46,46 @@ pub struct Door {
     /// to it (see [`crate::opens`]).
     passthrough: bool,
     opens: Arc<OpenFiles<BackingId>>,
+    /// Whether the filesystem keeps extended attributes: asked once, as
+    /// a filesystem without them is answered ENOSYS, which the kernel
+    /// remembers for the mount (no request per write for the
+    /// security.capability it looks for).
+    xattrs: bool,
+    no_caps: Arc<NoCaps>,
 }
+
+/// The inodes known to have no `security.capability`. The kernel looks for
+/// one before every write through the door (FUSE superblocks are not
+/// `SB_NOSEC`); an inode here is answered at once. Only an answer that none
+/// exists is kept, and any change of an attribute, or a reset of the
+/// workspace, forgets them all: a wrong "none" would let a write keep a
+/// binary's capabilities.
+#[derive(Default)]
+pub struct NoCaps(parking_lot::Mutex<std::collections::HashSet<u64>>);
+
+impl NoCaps {
+    /// Bounds the set; past it, it starts over.
+    const MAX: usize = 1 << 16;
+
+    fn has_none(&self, ino: INodeNo) -> bool {
+        self.0.lock().contains(&ino.0)
+    }
+
+    fn found_none(&self, ino: INodeNo) {
+        let mut set = self.0.lock();
+        if set.len() >= Self::MAX {
+            set.clear();
+        }
+        set.insert(ino.0);
+    }
+
+    /// Forgets every inode.
+    pub fn forget(&self) {
+        self.0.lock().clear();
+    }
+}
+
+const CAPABILITY: &[u8] = b"security.capability";
 
 thread_local! {
     /// Each FUSE thread reads into one buffer for its life.
@@ -65,6 +104,16 @@ fn done<T>(reply: ReplyEmpty, result: layerfs_vfs::Result<T>) {
     }
 }
 
+/// An attribute's value or name list: its size when asked (`size` 0), else
+/// the bytes if they fit.
+fn xattr_reply(reply: ReplyXattr, bytes: &[u8], size: u32) {
+    match size {
+        0 => reply.size(bytes.len() as u32),
+        n if bytes.len() <= n as usize => reply.data(bytes),
+        _ => reply.error(Errno::ERANGE),
+    }
+}
+
 fn name_bytes(name: &OsStr) -> &[u8] {
     name.as_bytes()
 }
@@ -72,7 +121,10 @@ fn name_bytes(name: &OsStr) -> &[u8] {
 impl Door {
     pub fn new(fs: Arc<dyn Filesystem>, caching: Caching, passthrough: bool) -> Door {
         let inos = Inos::new(fs.root());
+        let xattrs = !matches!(fs.listxattr(fs.root()), Err(Error::NotSupp));
         Door {
+            xattrs,
+            no_caps: Arc::default(),
             fs,
             inos,
             caching,
@@ -80,6 +132,12 @@ impl Door {
             passthrough,
             opens: Arc::default(),
         }
+    }
+
+    /// The inodes known to have no file capabilities, for the mount's owner
+    /// to forget when it changes files behind the door (a reset).
+    pub fn no_caps(&self) -> Arc<NoCaps> {
+        self.no_caps.clone()
     }
 
     /// The door's open files, for the mount's owner to ask about.
@@ -724,40 +782,69 @@ impl fuser::Filesystem for Door {
         reply.error(Errno::ENOTTY)
     }
 
-    // Extended attributes are not kept. ENOSYS tells the kernel so once for
-    // the mount: it answers every later xattr call with EOPNOTSUPP itself.
-    // Anything else costs a request on each write, where the kernel looks
-    // for a security.capability to clear.
-    fn getxattr(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _name: &OsStr,
-        _size: u32,
-        reply: ReplyXattr,
-    ) {
-        reply.error(Errno::ENOSYS)
+    // Extended attributes, as overlayfs keeps them (the stack copies a file
+    // up to change them). The kernel has checked the caller's right to the
+    // name's namespace (`default_permissions`, CAP_SYS_ADMIN for trusted.).
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        if !self.xattrs {
+            return reply.error(Errno::ENOSYS);
+        }
+        let capability = name_bytes(name) == CAPABILITY;
+        if capability && self.no_caps.has_none(ino) {
+            return reply.error(Errno::ENODATA);
+        }
+        match self.fs.getxattr(self.id(ino), name_bytes(name)) {
+            Ok(value) => xattr_reply(reply, &value, size),
+            Err(Error::NoData) if capability => {
+                self.no_caps.found_none(ino);
+                reply.error(Errno::ENODATA)
+            }
+            Err(e) => reply.error(errno(e)),
+        }
     }
 
-    fn listxattr(&self, _req: &Request, _ino: INodeNo, _size: u32, reply: ReplyXattr) {
-        reply.error(Errno::ENOSYS)
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        if !self.xattrs {
+            return reply.error(Errno::ENOSYS);
+        }
+        match self.fs.listxattr(self.id(ino)) {
+            Ok(names) => xattr_reply(reply, &names, size),
+            Err(e) => reply.error(errno(e)),
+        }
     }
 
     fn setxattr(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        _name: &OsStr,
-        _value: &[u8],
-        _flags: i32,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        reply.error(Errno::ENOSYS)
+        if !self.xattrs {
+            return reply.error(Errno::ENOSYS);
+        }
+        let flags = match flags {
+            0 => XattrFlags::Either,
+            libc::XATTR_CREATE => XattrFlags::Create,
+            libc::XATTR_REPLACE => XattrFlags::Replace,
+            _ => return reply.error(Errno::EINVAL),
+        };
+        let set = self.fs.setxattr(self.id(ino), name_bytes(name), value, flags);
+        // After the change: a "none" found while it ran is forgotten too.
+        self.no_caps.forget();
+        done(reply, set)
     }
 
-    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::ENOSYS)
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        if !self.xattrs {
+            return reply.error(Errno::ENOSYS);
+        }
+        let removed = self.fs.removexattr(self.id(ino), name_bytes(name));
+        self.no_caps.forget();
+        done(reply, removed)
     }
 
     fn create(

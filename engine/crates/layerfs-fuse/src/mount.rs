@@ -51,6 +51,7 @@ pub struct Mounted {
     mountpoint: PathBuf,
     opens: Arc<OpenFiles<BackingId>>,
     inos: Inos,
+    no_caps: Arc<crate::door::NoCaps>,
 }
 
 /// Mounts `fs` at `mountpoint` and serves it on background threads.
@@ -90,6 +91,7 @@ pub fn mount(fs: Arc<dyn Filesystem>, mountpoint: &Path, options: &Options) -> i
     let inos = Inos::new(fs.root());
     let door = Door::new(fs, options.caching, options.passthrough);
     let opens = door.open_files();
+    let no_caps = door.no_caps();
     let session = fuser::spawn_mount(door, &mountpoint, &config).map_err(|e| {
         io::Error::new(
             e.kind(),
@@ -101,6 +103,7 @@ pub fn mount(fs: Arc<dyn Filesystem>, mountpoint: &Path, options: &Options) -> i
         mountpoint,
         opens,
         inos,
+        no_caps,
     })
 }
 
@@ -160,6 +163,7 @@ impl Mounted {
         let Some(session) = &self.session else {
             return;
         };
+        self.no_caps.forget();
         let notifier = session.notifier();
         for (dir, name) in names {
             let _ = notifier.inval_entry(self.inos.ino(*dir), std::ffi::OsStr::from_bytes(name));

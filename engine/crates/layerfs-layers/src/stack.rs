@@ -32,6 +32,7 @@ mod ops;
 mod quota;
 mod reset;
 mod whiteouts;
+mod xattrs;
 
 use caches::{Caches, LinkIndex, Listing};
 pub use diff::{Change, ChangeKind};

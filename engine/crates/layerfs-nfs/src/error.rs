@@ -58,6 +58,8 @@ pub fn status(e: impl Into<Error>) -> nfsstat3 {
             Fs::Stale => nfsstat3::NFS3ERR_STALE,
             Fs::NotSync => nfsstat3::NFS3ERR_NOT_SYNC,
             Fs::NotSupp => nfsstat3::NFS3ERR_NOTSUPP,
+            // NFSv3 has no extended attributes: never asked for.
+            Fs::NoData | Fs::Range => nfsstat3::NFS3ERR_IO,
         },
     }
 }

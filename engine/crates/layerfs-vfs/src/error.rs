@@ -28,6 +28,11 @@ pub enum Error {
     /// A guarded change whose guard no longer matches the file's ctime.
     NotSync,
     NotSupp,
+    /// No such extended attribute.
+    NoData,
+    /// An extended attribute's value, or the list of their names, is larger
+    /// than the caller's buffer.
+    Range,
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -55,6 +60,8 @@ impl Error {
             Errno::DQUOT => Error::DQuot,
             Errno::STALE => Error::Stale,
             Errno::NOTSUP | Errno::NOSYS => Error::NotSupp,
+            Errno::NODATA => Error::NoData,
+            Errno::RANGE => Error::Range,
             _ => Error::Io,
         }
     }
@@ -83,6 +90,8 @@ impl Error {
             // A change raced another one; trying again may succeed.
             Error::NotSync => Errno::AGAIN,
             Error::NotSupp => Errno::OPNOTSUPP,
+            Error::NoData => Errno::NODATA,
+            Error::Range => Errno::RANGE,
         };
         e.raw_os_error()
     }

@@ -377,4 +377,43 @@ pub trait Filesystem: Send + Sync {
     ) -> Result<DirPage>;
 
     fn fsstat(&self, id: FileId) -> Result<FsStat>;
+
+    /// The value of `id`'s extended attribute `name`. Attributes reach
+    /// users through the FUSE door (NFSv3 has none); the kernel has checked
+    /// the caller's right to the name's namespace. A filesystem without
+    /// them answers `NotSupp`.
+    fn getxattr(&self, id: FileId, name: &[u8]) -> Result<Vec<u8>> {
+        let _ = (id, name);
+        Err(Error::NotSupp)
+    }
+
+    /// The names of `id`'s extended attributes, each followed by a NUL.
+    fn listxattr(&self, id: FileId) -> Result<Vec<u8>> {
+        let _ = id;
+        Err(Error::NotSupp)
+    }
+
+    /// Sets `id`'s extended attribute `name` (as setxattr(2), `flags`
+    /// XATTR_CREATE or XATTR_REPLACE).
+    fn setxattr(&self, id: FileId, name: &[u8], value: &[u8], flags: XattrFlags) -> Result<()> {
+        let _ = (id, name, value, flags);
+        Err(Error::NotSupp)
+    }
+
+    fn removexattr(&self, id: FileId, name: &[u8]) -> Result<()> {
+        let _ = (id, name);
+        Err(Error::NotSupp)
+    }
+}
+
+/// How a [`Filesystem::setxattr`] treats an existing or missing name.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum XattrFlags {
+    /// Create or replace.
+    #[default]
+    Either,
+    /// Fail with `Exist` if the name exists (XATTR_CREATE).
+    Create,
+    /// Fail with `NoData` if it does not (XATTR_REPLACE).
+    Replace,
 }

@@ -19,7 +19,7 @@ pub use attr::{Attr, Change, FileKind, SetAttr, SetTime, Timestamp, WccAttr};
 pub use error::{Error, Result};
 pub use fs::{
     Allocate, Create, DirEntry, DirPage, Filesystem, FsStat, Name, NewEntry, ReadSource, Stability,
-    READS_AT_HAND,
+    XattrFlags, READS_AT_HAND,
 };
 pub use local::LocalFs;
 

@@ -21,6 +21,7 @@ use super::inodes::Origin;
 use super::merge::{Found, Layers, UPPER};
 use super::quota::ENTRY_CHARGE;
 use super::whiteouts::mark_opaque;
+use super::xattrs;
 use super::StackFs;
 
 /// A name in the work directory, removed when dropped unless it was renamed
@@ -91,6 +92,10 @@ impl StackFs {
         let tmp = &staged.name;
         let work = self.work.as_fd();
         rustix::fs::mkdirat(work, tmp, Mode::from_raw_mode(0o700))?;
+        xattrs::copy(
+            &xattrs::path_in(found.parent.as_fd(), found.name.as_bytes()),
+            &xattrs::path_in(work, tmp.to_bytes()),
+        )?;
         copy_owner_mode_times(&layers.all[UPPER].host, work, tmp, &found.host)?;
         let name = hostdir::cstr(&node.name)?;
         keeping_times(&layers.all[UPPER].host, parent.as_fd(), || {
@@ -174,6 +179,10 @@ impl StackFs {
                 copy_owner_mode_times(host, work, tmp, &found.host)?;
             }
         }
+        xattrs::copy(
+            &xattrs::path_in(found.parent.as_fd(), src_name.as_bytes()),
+            &xattrs::path_in(work, tmp.to_bytes()),
+        )?;
         self.keep_identity(layers, &host.stats.at(work, tmp)?, found)?;
         keeping_times(host, parent, || {
             Ok(rustix::fs::renameat(work, tmp, parent, name)?)

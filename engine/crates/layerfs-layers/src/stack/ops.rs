@@ -9,6 +9,7 @@ use layerfs_vfs::hostdir::{
     self, check_name, check_setattr, creatable, cstr, exclusive_times, may_change_entries,
     may_rename, name_cookie, removable, sticky_allows,
 };
+use layerfs_vfs::XattrFlags;
 use layerfs_vfs::{
     Allocate, Attr, Change, Create, DirPage, Error, FileId, FileKind, Filesystem, FsStat, NewEntry,
     ReadSource, Result, SetAttr, Stability, Timestamp, READS_AT_HAND,
@@ -913,6 +914,22 @@ impl Filesystem for StackFs {
 
     fn fsstat(&self, _id: FileId) -> Result<FsStat> {
         hostdir::fsstat(self.current().all[UPPER].root.as_fd())
+    }
+
+    fn getxattr(&self, id: FileId, name: &[u8]) -> Result<Vec<u8>> {
+        self.get_xattr(id, name)
+    }
+
+    fn listxattr(&self, id: FileId) -> Result<Vec<u8>> {
+        self.list_xattrs(id)
+    }
+
+    fn setxattr(&self, id: FileId, name: &[u8], value: &[u8], flags: XattrFlags) -> Result<()> {
+        self.change_xattr(id, name, Some((value, flags)))
+    }
+
+    fn removexattr(&self, id: FileId, name: &[u8]) -> Result<()> {
+        self.change_xattr(id, name, None)
     }
 }
 

@@ -1,0 +1,135 @@
+//! Extended attributes of a workspace's files, as kernel overlayfs keeps
+//! them: read from the file's top instance, set on its upper copy (a
+//! copy-up first, which brings the lower file's attributes along), hidden
+//! with the file by a whiteout.
+//!
+//! The host calls go through `/proc/self/fd/DIR/NAME`: the kernel has no
+//! `*xattrat` calls before 6.13, and a symlink or device cannot be opened
+//! to be read.
+
+use std::ffi::{CString, OsStr};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::unix::ffi::OsStrExt;
+
+use layerfs_vfs::XattrFlags;
+use layerfs_vfs::{Error, FileId, Result};
+
+use super::merge::{Found, UPPER};
+use super::StackFs;
+use crate::xattrs::{self, On, Xattrs};
+
+/// The largest value or name list: the kernel's own limit.
+const XATTR_MAX: usize = 64 * 1024;
+
+/// The names a workspace serves: `user.`, `trusted.` (overlayfs' own
+/// `trusted.overlay.` aside) and file capabilities. POSIX ACLs are not
+/// served: the door does not have the kernel enforce them.
+pub(super) fn serves(name: &[u8]) -> bool {
+    !name.starts_with(b"system.") && xattrs::keeps(name, true)
+}
+
+/// The host path of `name` in the directory `dir`, not followed.
+pub(super) fn path_in(dir: BorrowedFd<'_>, name: &[u8]) -> CString {
+    let mut path = format!("/proc/self/fd/{}/", dir.as_raw_fd()).into_bytes();
+    path.extend_from_slice(name);
+    CString::new(path).unwrap_or_default()
+}
+
+fn path_of(found: &Found) -> CString {
+    path_in(found.parent.as_fd(), found.name.as_bytes())
+}
+
+/// Copies the attributes a workspace serves from `from` to `to` (both host
+/// paths, not followed): a copy-up keeps them.
+pub(super) fn copy(from: &CString, to: &CString) -> Result<()> {
+    let kept: Xattrs = xattrs::read(
+        On::Path(std::path::Path::new(OsStr::from_bytes(from.as_bytes()))),
+        serves,
+    )?;
+    for (name, value) in kept {
+        match rustix::fs::lsetxattr(
+            to.as_c_str(),
+            name.as_os_str(),
+            &value,
+            rustix::fs::XattrFlags::empty(),
+        ) {
+            Ok(()) => {}
+            // A user. attribute on a symlink of an image made elsewhere.
+            Err(rustix::io::Errno::PERM) if name.as_bytes().starts_with(b"user.") => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+impl StackFs {
+    pub(super) fn get_xattr(&self, id: FileId, name: &[u8]) -> Result<Vec<u8>> {
+        if !serves(name) {
+            return Err(Error::NoData);
+        }
+        let found = self.found(&self.current(), id)?;
+        let mut value = vec![0u8; XATTR_MAX];
+        let n = rustix::fs::lgetxattr(
+            path_of(&found).as_c_str(),
+            OsStr::from_bytes(name),
+            &mut value[..],
+        )?;
+        value.truncate(n);
+        Ok(value)
+    }
+
+    pub(super) fn list_xattrs(&self, id: FileId) -> Result<Vec<u8>> {
+        let found = self.found(&self.current(), id)?;
+        let path = path_of(&found);
+        let mut all = vec![0u8; XATTR_MAX];
+        let n = rustix::fs::llistxattr(path.as_c_str(), &mut all[..])?;
+        let mut names = Vec::new();
+        for name in all[..n]
+            .split(|&b| b == 0)
+            .filter(|n| !n.is_empty() && serves(n))
+        {
+            names.extend_from_slice(name);
+            names.push(0);
+        }
+        Ok(names)
+    }
+
+    /// Sets or removes (`value` `None`) attribute `name` on the upper copy
+    /// of `id`, copied up first.
+    pub(super) fn change_xattr(
+        &self,
+        id: FileId,
+        name: &[u8],
+        value: Option<(&[u8], XattrFlags)>,
+    ) -> Result<()> {
+        if !serves(name) {
+            return Err(Error::NotSupp);
+        }
+        let layers = self.layers.read();
+        let _ns = self.lock_ns();
+        let before = self.found(&layers, id)?;
+        if before.layer != UPPER {
+            if value.is_none() && self.get_xattr(id, name).is_err() {
+                return Err(Error::NoData);
+            }
+            self.copy_up(&layers, id)?;
+        }
+        let found = self.found(&layers, id)?;
+        let path = path_of(&found);
+        let name = OsStr::from_bytes(name);
+        match value {
+            Some((value, flags)) => {
+                let flags = match flags {
+                    XattrFlags::Either => rustix::fs::XattrFlags::empty(),
+                    XattrFlags::Create => rustix::fs::XattrFlags::CREATE,
+                    XattrFlags::Replace => rustix::fs::XattrFlags::REPLACE,
+                };
+                rustix::fs::lsetxattr(path.as_c_str(), name, value, flags)?
+            }
+            None => rustix::fs::lremovexattr(path.as_c_str(), name)?,
+        }
+        // Its ctime moved.
+        self.dropped_file(id);
+        Ok(())
+    }
+}

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Extended attributes through the FUSE door over a layered workspace, as
+# kernel overlayfs keeps them: a lower file's user. attribute reads, a set
+# copies the file up with the attributes it had (the layer keeps its own),
+# a remove takes one away from the workspace only, a whiteout hides them
+# with the file, system. names are not served. A file capability
+# (security.capability) in a layer shows as getcap would read it, and a
+# write by a user who is not root takes it away, as Linux does, while the
+# layer keeps it; the door answers the kernel's look for one before each
+# write from memory (at most one host call for 2,000 writes).
+# Needs root and /dev/fuse; says SKIPPED without them (tests/skip.sh).
+# usage: tests/fuse/xattrs.sh LAYERFS
+set -euo pipefail
+layerfs=$(realpath "$1")
+source "$(dirname "$0")/../skip.sh"
+if [[ ! -c /dev/fuse || $(id -u) != 0 ]]; then
+	skip_or_fail "FUSE extended attributes" "need root and /dev/fuse"
+	exit 0
+fi
+t=$(mktemp -d /tmp/layerfs-xattrs.XXXXXX)
+chmod 755 "$t"
+cleanup() {
+	pkill -f -- "serve --fuse $t/" || true
+	sleep 0.2
+	for m in $(awk -v t="$t/" 'index($2, t) == 1 {print $2}' /proc/mounts); do umount -l "$m"; done
+	rm -rf "$t"
+}
+trap cleanup EXIT
+step() { printf '== %s\n' "$*"; }
+fail() { echo "FAILED: $*"; exit 1; }
+mounted() { awk -v m="$1" '$2 == m {f=1} END {exit !f}' /proc/mounts; }
+py() { python3 -c "import os, sys; $1" "${@:2}"; }
+
+mkdir -p "$t/lower/d" "$t/upper" "$t/m"
+echo data >"$t/lower/d/f"
+echo tool >"$t/lower/d/tool"
+echo gone >"$t/lower/d/gone"
+chmod 666 "$t/lower/d/tool"
+py "os.setxattr(sys.argv[1], 'user.origin', b'layer')" "$t/lower/d/f"
+py "os.setxattr(sys.argv[1], 'user.origin', b'layer')" "$t/lower/d/gone"
+py "os.setxattr(sys.argv[1], 'user.dir', b'd')" "$t/lower/d"
+# cap_net_raw+ep as setcap writes it (VFS_CAP_REVISION_2).
+cap='\x01\x00\x00\x02\x00\x20\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00'
+py "os.setxattr(sys.argv[1], 'security.capability', b'$cap')" "$t/lower/d/tool"
+for pass in "" --no-passthrough; do
+	step "served ${pass:-with passthrough}"
+	rm -rf "$t/upper" && mkdir "$t/upper"
+	"$layerfs" serve --fuse "$t/m" --allow-other --layer "$t/lower" --upper "$t/upper" $pass >"$t/serve.log" 2>&1 &
+	server=$!
+	for _ in $(seq 100); do mounted "$t/m" && break; sleep 0.1; done
+	mounted "$t/m" || fail "not mounted: $(cat "$t/serve.log")"
+	m=$t/m/d
+	[[ $(py "print(os.getxattr(sys.argv[1], 'user.origin').decode())" "$m/f") == layer ]] || fail "a lower file's attribute"
+	[[ $(py "print(os.getxattr(sys.argv[1], 'user.dir').decode())" "$m") == d ]] || fail "a lower directory's attribute"
+	py "os.setxattr(sys.argv[1], 'user.added', b'new')" "$m/f"
+	[[ $(py "print(sorted(os.listxattr(sys.argv[1])))" "$m/f") == "['user.added', 'user.origin']" ]] || fail "list after a set"
+	[[ $(py "print(sorted(os.listxattr(sys.argv[1])))" "$t/upper/d/f") == "['user.added', 'user.origin']" ]] || fail "the copy-up lost attributes"
+	[[ $(py "print(sorted(os.listxattr(sys.argv[1])))" "$t/lower/d/f") == "['user.origin']" ]] || fail "the layer changed"
+	py "os.removexattr(sys.argv[1], 'user.origin')" "$m/f"
+	[[ $(py "print(os.listxattr(sys.argv[1]))" "$m/f") == "['user.added']" ]] || fail "remove"
+	py "
+try:
+    os.getxattr(sys.argv[1], 'user.origin'); sys.exit(1)
+except OSError as e:
+    sys.exit(0 if e.errno == 61 else 2)" "$m/f" || fail "a removed attribute is not ENODATA"
+	rm "$m/gone"
+	echo again >"$m/gone"
+	[[ $(py "print(os.listxattr(sys.argv[1]))" "$m/gone") == "[]" ]] || fail "a whiteout did not hide the old file's attributes"
+	py "
+try:
+    os.setxattr(sys.argv[1], 'system.layerfs', b'x'); sys.exit(1)
+except OSError as e:
+    sys.exit(0 if e.errno in (95, 22) else 2)" "$m/f" || fail "a system. name was served"
+	[[ $(py "print(os.getxattr(sys.argv[1], 'security.capability').hex())" "$m/tool") == 0100000200200000* ]] ||
+		fail "the file capability does not show"
+	setpriv --reuid=65534 --regid=65534 --clear-groups sh -c "echo more >>$m/tool" || fail "the user could not write tool"
+	py "
+try:
+    os.getxattr(sys.argv[1], 'security.capability'); sys.exit(1)
+except OSError as e:
+    sys.exit(0 if e.errno == 61 else 2)" "$m/tool" || fail "a user's write kept the file capability"
+	py "os.getxattr(sys.argv[1], 'security.capability')" "$t/lower/d/tool" || fail "the layer lost its capability"
+	if [[ $pass == --no-passthrough ]]; then
+		pid=$(pgrep -f -- "serve --fuse $t/m")
+		timeout 30 strace -f -c -e trace=lgetxattr -p "$pid" -o "$t/strace" 2>/dev/null &
+		tracer=$!
+		sleep 1
+		py "
+f = open(sys.argv[1], 'ab')
+for i in range(2000):
+    f.write(b'x'); f.flush()" "$m/f"
+		sleep 0.5
+		pkill -INT -f "strace -f -c -e trace=lgetxattr" || true
+		wait $tracer || true
+		calls=$(awk '$NF == "lgetxattr" {print $4}' "$t/strace")
+		[[ ${calls:-0} -le 1 ]] || fail "2,000 writes asked the host for attributes $calls times"
+		echo "   2,000 writes through the door: ${calls:-0} host lookups of security.capability"
+	fi
+	fusermount3 -u "$t/m"
+	wait $server || true
+done
+echo "FUSE extended attributes: ok"
