@@ -12,7 +12,10 @@
 # and the pull uses them. A workspace of the pulled image with a commit
 # (deletions, an opaque directory, a hard link, a FIFO) is pushed, and
 # `umoci unpack` of what skopeo copies back is the tree the workspace
-# shows; a second push uploads nothing.
+# shows; a second push uploads nothing. Through a relay that slows the
+# registry down: `ls`, `create` and `mount` answer while a pull runs; a
+# registry gone mid-layer and a daemon killed -9 mid-pull leave no layer,
+# and the next pull finishes.
 # Needs root, /dev/fuse, docker-registry, umoci, skopeo and htpasswd; says
 # SKIPPED without them (tests/skip.sh).
 # usage: tests/registry/pull.sh LAYERFS
@@ -245,4 +248,76 @@ python3 - "$t/inspect.json" "$out" <<-'PY'
 out=$("$layerfs" push p "$plain/test/pushed:v2" --insecure-registry "$plain")
 [[ $out == *"(3 layers, 0 uploaded)" ]] || fail "a second push uploaded: $out"
 "$layerfs" unmount p >/dev/null
+step "a slow pull: other requests answer beside it; the registry gone mid-layer; the daemon killed mid-pull"
+cd "$t"
+umoci unpack --image oci:v1 big >/dev/null
+head -c 24M /dev/urandom >big/rootfs/blob
+umoci repack --image oci:big big
+skopeo copy -q --dest-tls-verify=false oci:oci:big "docker://$plain/test/big:v1"
+cd - >/dev/null
+rm -rf "$t/big" "$t/oci"
+slow_port=$(free_port)
+slow=127.0.0.1:$slow_port
+start_slow() { # 4 MB/s: the 24 MiB layer takes about six seconds
+	"$here/throttle.py" "$slow_port" "${plain#*:}" 4000000 &
+	throttle=$!
+	registries+=($throttle)
+	for _ in $(seq 50); do
+		python3 -c "import socket; socket.create_connection(('127.0.0.1', $slow_port), 0.1)" 2>/dev/null && return
+		sleep 0.1
+	done
+	fail "the throttling relay did not start"
+}
+# forget_big: the big image and its own layer out of the store, to be pulled again.
+forget_big() {
+	local top
+	top=$("$layerfs" image ls --json | python3 -c '
+import json, sys
+for i in json.load(sys.stdin)["data"]:
+    if "/test/big:" in i["reference"]: print(i["layers"][-1])')
+	"$layerfs" image rm "$slow/test/big:v1" >/dev/null
+	"$layerfs" layer rm "$top" >/dev/null
+}
+layers_before=$("$layerfs" layer ls --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["data"]))')
+start_slow
+"$layerfs" pull "$slow/test/big:v1" --insecure-registry "$slow" >"$t/slow.out" 2>&1 &
+puller=$!
+sleep 2
+kill -0 $puller 2>/dev/null || fail "the slow pull was not slow: $(cat "$t/slow.out")"
+ms() { local s=$(date +%s%N); timeout 10 "$@" >/dev/null || fail "$* did not answer beside a pull"; echo $((($(date +%s%N) - s) / 1000000)); }
+echo "   beside the pull: ls $(ms "$layerfs" ls) ms, image ls $(ms "$layerfs" image ls) ms," \
+	"create $(ms "$layerfs" create beside --from "$plain/test/img:v1") ms," \
+	"mount $(mkdir -p "$t/beside"; ms "$layerfs" mount beside "$t/beside" --fuse) ms"
+kill -0 $puller 2>/dev/null || fail "the pull ended before the other requests were answered"
+wait $puller || fail "the slow pull failed: $(cat "$t/slow.out")"
+grep -q "(3 layers, 1 downloaded)" "$t/slow.out" || fail "slow pull: $(cat "$t/slow.out")"
+"$layerfs" unmount beside >/dev/null
+
+forget_big
+"$layerfs" pull "$slow/test/big:v1" --insecure-registry "$slow" >"$t/slow.out" 2>&1 &
+puller=$!
+sleep 2
+kill $throttle
+wait $puller && fail "a pull whose registry went away succeeded"
+[[ $(wc -l <"$t/slow.out") == 1 ]] || fail "more than one line: $(cat "$t/slow.out")"
+echo "   registry gone mid-layer: $(cat "$t/slow.out")"
+no_new_layers "$layers_before"
+start_slow
+out=$("$layerfs" pull "$slow/test/big:v1" --insecure-registry "$slow")
+[[ $out == *"(3 layers, 1 downloaded)" ]] || fail "the pull after the registry came back: $out"
+
+forget_big
+"$layerfs" pull "$slow/test/big:v1" --insecure-registry "$slow" >"$t/slow.out" 2>&1 &
+puller=$!
+sleep 2
+[[ -n $(ls "$t/store/staging") ]] || fail "nothing staged two seconds into the pull"
+kill -9 "$daemon"
+wait "$daemon" || true
+wait $puller && fail "a pull whose daemon was killed succeeded"
+coproc DAEMON { exec "$layerfs" daemon 2>>"$t/daemon.log"; }
+daemon=$DAEMON_PID
+read -r -t 30 ready <&"${DAEMON[0]}" || fail "the daemon did not start again"
+no_new_layers "$layers_before"
+out=$("$layerfs" pull "$slow/test/big:v1" --insecure-registry "$slow")
+[[ $out == *"(3 layers, 1 downloaded)" ]] || fail "the pull after the daemon's restart: $out"
 echo "registry pulls and pushes: ok"

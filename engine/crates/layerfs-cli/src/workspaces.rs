@@ -58,8 +58,9 @@ pub struct CreateArgs {
     name: String,
     /// A layer id (or its first 4+ characters), a workspace whose layers
     /// (commits included, changes not yet committed excluded) to start
-    /// from, or an image reference (pulled if the store lacks it); repeat
-    /// for more, bottom first. None: an empty workspace.
+    /// from, or an image reference (pulled if the store lacks it; a name of
+    /// hex digits only is read as a layer id); repeat for more, bottom
+    /// first. None: an empty workspace.
     #[arg(long, value_name = "LAYER|WORKSPACE|IMAGE")]
     from: Vec<String>,
     #[command(flatten)]

@@ -832,7 +832,9 @@ impl fuser::Filesystem for Door {
             libc::XATTR_REPLACE => XattrFlags::Replace,
             _ => return reply.error(Errno::EINVAL),
         };
-        let set = self.fs.setxattr(self.id(ino), name_bytes(name), value, flags);
+        let set = self
+            .fs
+            .setxattr(self.id(ino), name_bytes(name), value, flags);
         // After the change: a "none" found while it ran is forgotten too.
         self.no_caps.forget();
         done(reply, set)

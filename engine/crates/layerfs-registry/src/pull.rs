@@ -354,7 +354,11 @@ impl Read for Chunks {
         while self.current.is_empty() {
             match self.received.blocking_recv() {
                 None => return Ok(0),
-                Some(chunk) => self.current = chunk?,
+                Some(Ok(chunk)) => self.current = chunk,
+                Some(Err(e)) => {
+                    let why = format!("the download broke off: {e}");
+                    return Err(io::Error::new(e.kind(), why));
+                }
             }
         }
         let n = buf.len().min(self.current.len());

@@ -170,7 +170,7 @@ impl Daemon {
                 .workspace(source)
                 .map_err(|e| e.to_string())?
                 .is_some()
-                || self.find_layer(source).is_ok();
+                || looks_like_layer_id(source);
             if !known {
                 if let Some(layers) = self.image_layers(source, registry, progress)? {
                     images.insert(source.clone(), layers);
@@ -589,4 +589,11 @@ fn workspace_path(path: &str) -> Outcome<Vec<Vec<u8>>> {
         return Err(format!("{path}: a path inside the workspace, without `..`"));
     }
     Ok(names)
+}
+
+/// Whether `source` is read as a layer id (or its first characters): hex
+/// digits only. Such a name is never pulled; an image named so is given in
+/// full (`docker.io/library/NAME`).
+fn looks_like_layer_id(source: &str) -> bool {
+    !source.is_empty() && source.bytes().all(|b| b.is_ascii_hexdigit())
 }
