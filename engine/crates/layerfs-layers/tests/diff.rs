@@ -235,3 +235,75 @@ fn a_reset_throws_away_the_changes_under_a_path_or_all_of_them() {
         layerfs_vfs::Error::Inval
     );
 }
+
+fn xattr_names(fs: &StackFs, id: FileId) -> Vec<String> {
+    let list = fs.listxattr(id).unwrap();
+    list.split(|&b| b == 0)
+        .filter(|n| !n.is_empty())
+        .map(|n| String::from_utf8(n.to_vec()).unwrap())
+        .collect()
+}
+
+/// Extended attributes as overlayfs keeps them: read from the layer, set
+/// and removed on a copy-up that brings the layer's along (the layer keeps
+/// its own), hidden with a whiteout, not served in `system.`, and a change
+/// of them is a change `diff` names.
+#[test]
+fn extended_attributes_copy_up_and_show_in_the_diff() {
+    use layerfs_vfs::{Error, XattrFlags};
+    let t = tempfile::tempdir().unwrap();
+    let lower = t.path().join("lower");
+    layer(&lower);
+    let set = |p: &str, n: &str, v: &[u8]| {
+        rustix::fs::lsetxattr(&lower.join(p), n, v, rustix::fs::XattrFlags::empty()).unwrap()
+    };
+    set("a", "user.origin", b"layer");
+    set("same", "user.origin", b"layer");
+    set("d", "user.dir", b"d");
+    let fs = StackFs::open(
+        &[lower.clone()],
+        &t.path().join("upper"),
+        &t.path().join("state"),
+    )
+    .unwrap();
+    let a = id(&fs, "a");
+    assert_eq!(fs.getxattr(a, b"user.origin").unwrap(), b"layer");
+    assert_eq!(fs.getxattr(id(&fs, "d"), b"user.dir").unwrap(), b"d");
+    assert_eq!(fs.getxattr(a, b"user.none"), Err(Error::NoData));
+    assert_eq!(
+        fs.getxattr(a, b"system.posix_acl_access"),
+        Err(Error::NoData)
+    );
+    assert_eq!(
+        fs.setxattr(a, b"system.posix_acl_access", b"x", XattrFlags::Either),
+        Err(Error::NotSupp)
+    );
+    assert!(lines(&fs).is_empty(), "reading attributes changed nothing");
+
+    fs.setxattr(a, b"user.added", b"new", XattrFlags::Create)
+        .unwrap();
+    assert_eq!(
+        fs.setxattr(a, b"user.added", b"again", XattrFlags::Create),
+        Err(Error::Exist)
+    );
+    assert_eq!(xattr_names(&fs, a), ["user.origin", "user.added"]);
+    assert_eq!(lines(&fs), ["C /a (xattrs)"]);
+    let mut buf = [0u8; 64];
+    let n = rustix::fs::lgetxattr(&lower.join("a"), "user.added", &mut buf[..]);
+    assert!(n.is_err(), "the layer's file changed");
+
+    fs.removexattr(id(&fs, "same"), b"user.origin").unwrap();
+    assert_eq!(xattr_names(&fs, id(&fs, "same")), Vec::<String>::new());
+    assert_eq!(
+        fs.removexattr(id(&fs, "same"), b"user.origin"),
+        Err(Error::NoData)
+    );
+    assert_eq!(lines(&fs), ["C /a (xattrs)", "C /same (xattrs)"]);
+
+    // A whiteout hides the old file with its attributes.
+    let w = who();
+    fs.remove(&w, ROOT, b"a").unwrap();
+    fs.create(&w, ROOT, b"a", Create::Unchecked(SetAttr::default()))
+        .unwrap();
+    assert_eq!(xattr_names(&fs, id(&fs, "a")), Vec::<String>::new());
+}

@@ -93,8 +93,10 @@ impl StackFs {
         let work = self.work.as_fd();
         rustix::fs::mkdirat(work, tmp, Mode::from_raw_mode(0o700))?;
         xattrs::copy(
-            &xattrs::path_in(found.parent.as_fd(), found.name.as_bytes()),
-            &xattrs::path_in(work, tmp.to_bytes()),
+            found.parent.as_fd(),
+            found.name.as_bytes(),
+            work,
+            tmp.to_bytes(),
         )?;
         copy_owner_mode_times(&layers.all[UPPER].host, work, tmp, &found.host)?;
         let name = hostdir::cstr(&node.name)?;
@@ -180,8 +182,10 @@ impl StackFs {
             }
         }
         xattrs::copy(
-            &xattrs::path_in(found.parent.as_fd(), src_name.as_bytes()),
-            &xattrs::path_in(work, tmp.to_bytes()),
+            found.parent.as_fd(),
+            src_name.as_bytes(),
+            work,
+            tmp.to_bytes(),
         )?;
         self.keep_identity(layers, &host.stats.at(work, tmp)?, found)?;
         keeping_times(host, parent, || {

@@ -20,6 +20,7 @@ use layerfs_vfs::{Attr, FileKind, Result};
 use super::commit::is_client_debris;
 use super::merge::{Found, Layers, Part, UPPER};
 use super::whiteouts::{named, Named};
+use super::xattrs;
 use super::StackFs;
 
 /// How a path changed.
@@ -31,7 +32,8 @@ pub enum ChangeKind {
 }
 
 /// One path the workspace changed, from its root (`/etc/passwd`), and for
-/// a change what differs: `type`, `data`, `mode`, `owner`, `times`.
+/// a change what differs: `type`, `data`, `mode`, `owner`, `times`,
+/// `xattrs`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Change {
     pub path: Vec<u8>,
@@ -221,6 +223,11 @@ fn differences(
     }
     if mine.mtime != theirs.mtime {
         what.push("times");
+    }
+    if xattrs::served(upper, name.as_bytes())?
+        != xattrs::served(below.parent.as_fd(), below.name.as_bytes())?
+    {
+        what.push("xattrs");
     }
     Ok(what)
 }

@@ -39,20 +39,25 @@ fn path_of(found: &Found) -> CString {
     path_in(found.parent.as_fd(), found.name.as_bytes())
 }
 
-/// Copies the attributes a workspace serves from `from` to `to` (both host
-/// paths, not followed): a copy-up keeps them.
-pub(super) fn copy(from: &CString, to: &CString) -> Result<()> {
-    let kept: Xattrs = xattrs::read(
-        On::Path(std::path::Path::new(OsStr::from_bytes(from.as_bytes()))),
-        serves,
-    )?;
-    for (name, value) in kept {
-        match rustix::fs::lsetxattr(
-            to.as_c_str(),
-            name.as_os_str(),
-            &value,
-            rustix::fs::XattrFlags::empty(),
-        ) {
+/// The attributes a workspace serves of `name` in `dir`, sorted by name.
+pub(super) fn served(dir: BorrowedFd<'_>, name: &[u8]) -> Result<Xattrs> {
+    let path = path_in(dir, name);
+    let path = std::path::Path::new(OsStr::from_bytes(path.as_bytes()));
+    Ok(xattrs::read(On::Path(path), serves)?)
+}
+
+/// Copies the attributes a workspace serves of `from_name` in `from` to
+/// `to_name` in `to`: a copy-up keeps them.
+pub(super) fn copy(
+    from: BorrowedFd<'_>,
+    from_name: &[u8],
+    to: BorrowedFd<'_>,
+    to_name: &[u8],
+) -> Result<()> {
+    let to = path_in(to, to_name);
+    for (name, value) in served(from, from_name)? {
+        let flags = rustix::fs::XattrFlags::empty();
+        match rustix::fs::lsetxattr(to.as_c_str(), name.as_os_str(), &value, flags) {
             Ok(()) => {}
             // A user. attribute on a symlink of an image made elsewhere.
             Err(rustix::io::Errno::PERM) if name.as_bytes().starts_with(b"user.") => {}
