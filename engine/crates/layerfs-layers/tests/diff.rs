@@ -255,13 +255,13 @@ fn extended_attributes_copy_up_and_show_in_the_diff() {
     let lower = t.path().join("lower");
     layer(&lower);
     let set = |p: &str, n: &str, v: &[u8]| {
-        rustix::fs::lsetxattr(&lower.join(p), n, v, rustix::fs::XattrFlags::empty()).unwrap()
+        rustix::fs::lsetxattr(lower.join(p), n, v, rustix::fs::XattrFlags::empty()).unwrap()
     };
     set("a", "user.origin", b"layer");
     set("same", "user.origin", b"layer");
     set("d", "user.dir", b"d");
     let fs = StackFs::open(
-        &[lower.clone()],
+        std::slice::from_ref(&lower),
         &t.path().join("upper"),
         &t.path().join("state"),
     )
@@ -289,7 +289,7 @@ fn extended_attributes_copy_up_and_show_in_the_diff() {
     assert_eq!(xattr_names(&fs, a), ["user.origin", "user.added"]);
     assert_eq!(lines(&fs), ["C /a (xattrs)"]);
     let mut buf = [0u8; 64];
-    let n = rustix::fs::lgetxattr(&lower.join("a"), "user.added", &mut buf[..]);
+    let n = rustix::fs::lgetxattr(lower.join("a"), "user.added", &mut buf[..]);
     assert!(n.is_err(), "the layer's file changed");
 
     fs.removexattr(id(&fs, "same"), b"user.origin").unwrap();
