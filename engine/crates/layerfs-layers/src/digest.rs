@@ -169,7 +169,13 @@ impl Walk<'_> {
     }
 }
 
-fn open<P: rustix::path::Arg>(dir: impl AsFd, name: P, kind: OFlags) -> io::Result<OwnedFd> {
+/// Opens `name` in `dir` for reading, never through a symlink; `kind` adds
+/// `DIRECTORY` where a directory is wanted.
+pub(crate) fn open<P: rustix::path::Arg>(
+    dir: impl AsFd,
+    name: P,
+    kind: OFlags,
+) -> io::Result<OwnedFd> {
     Ok(rustix::fs::openat(
         dir,
         name,

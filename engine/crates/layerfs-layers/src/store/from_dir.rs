@@ -8,10 +8,11 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{AtFlags, FileType, Mode, OFlags, Stat, Timespec};
+use rustix::fs::{AtFlags, FileType, OFlags, Stat, Timespec};
 
 use super::writer::{Body, LayerWriter, Meta, Refused};
 use super::Copied;
+use crate::digest::open;
 use crate::xattrs::{self, On};
 
 /// Copies the tree under `src` into `layer`, telling `copied` the file bytes.
@@ -154,15 +155,6 @@ fn names(dir: &OwnedFd) -> io::Result<Vec<std::ffi::CString>> {
         }
     }
     Ok(names)
-}
-
-fn open<P: rustix::path::Arg>(dir: impl AsFd, name: P, kind: OFlags) -> io::Result<OwnedFd> {
-    Ok(rustix::fs::openat(
-        dir,
-        name,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | kind,
-        Mode::empty(),
-    )?)
 }
 
 fn put(
