@@ -6,7 +6,8 @@
 # skopeo is pulled, and a workspace made from it shows through FUSE the
 # tree `umoci unpack` gives, extended attributes included. A second pull downloads nothing; a
 # two-platform index gives the host's platform or the one asked for; a
-# blob corrupted in the registry's storage, an unknown media type and a
+# blob corrupted in the registry's storage, a diff_id that is not the
+# layer's, an unknown media type and a
 # registry that wants credentials each fail in one line and leave no layer
 # and no image; `layerfs login` stores credentials in podman's auth file,
 # and the pull uses them. A workspace of the pulled image with a commit
@@ -193,6 +194,14 @@ open(sys.argv[1], 'wb').write(b)" "$data"
 fails "does not match its digest" "$layerfs" pull "$plain/test/corrupt:v1" --insecure-registry "$plain"
 no_new_layers "$layers"
 "$layerfs" image ls | grep -q corrupt && fail "an image was recorded after a failed pull"
+# A config whose diff_id is not the layer's, a layer of an unknown type.
+"$here/one_layer.py" "$t/wrongdiff" wrong-diff application/vnd.oci.image.layer.v1.tar+gzip
+"$here/one_layer.py" "$t/unknown" right application/vnd.example.thing
+skopeo copy -q --dest-tls-verify=false "oci:$t/wrongdiff:v1" "docker://$plain/test/wrongdiff:v1"
+skopeo copy -q --dest-tls-verify=false "oci:$t/unknown:v1" "docker://$plain/test/unknown:v1"
+fails "not the diff_id" "$layerfs" pull "$plain/test/wrongdiff:v1" --insecure-registry "$plain"
+fails "unknown media type" "$layerfs" pull "$plain/test/unknown:v1" --insecure-registry "$plain"
+no_new_layers "$layers"
 # A registry reached over HTTPS when it speaks HTTP: said, not hung.
 fails "--insecure-registry" "$layerfs" pull "$plain/test/img:v1"
 # No such image.

@@ -107,10 +107,10 @@ pub fn pull(
             "{reference}: its config is larger than {MAX_MANIFEST} bytes"
         ));
     }
-    let config: ImageConfig = serde_json::from_str(&config)
-        .map_err(|e| format!("{reference}: its config cannot be read: {e}"))?;
+    let config: ImageConfig =
+        serde_json::from_str(&config).map_err(|e| format!("its config cannot be read: {e}"))?;
     let diff_ids = config.rootfs.diff_ids;
-    check_manifest(reference, &manifest, &diff_ids)?;
+    check_manifest(&manifest, &diff_ids)?;
 
     let mut layers: Vec<Option<LayerId>> = diff_ids.iter().map(|d| have(d)).collect();
     let wanted: Vec<usize> = (0..layers.len()).filter(|&i| layers[i].is_none()).collect();
@@ -171,21 +171,16 @@ pub fn pull(
 
 /// A manifest the store can use: one `diff_id` per layer, each layer of a
 /// media type this pull can unpack.
-fn check_manifest(
-    reference: &str,
-    manifest: &OciImageManifest,
-    diff_ids: &[String],
-) -> Result<(), String> {
+fn check_manifest(manifest: &OciImageManifest, diff_ids: &[String]) -> Result<(), String> {
     if manifest.layers.len() != diff_ids.len() {
         return Err(format!(
-            "{reference}: its manifest has {} layers and its config {} diff_ids",
+            "its manifest has {} layers and its config {} diff_ids",
             manifest.layers.len(),
             diff_ids.len()
         ));
     }
     for layer in &manifest.layers {
-        Compression::of(&layer.media_type)
-            .map_err(|e| format!("{reference}: layer {}: {e}", layer.digest))?;
+        Compression::of(&layer.media_type).map_err(|e| format!("layer {}: {e}", layer.digest))?;
     }
     Ok(())
 }
