@@ -17,14 +17,16 @@
 # registry down: `ls`, `create` and `mount` answer while a pull runs; a
 # registry gone mid-layer and a daemon killed -9 mid-pull leave no layer,
 # and the next pull finishes.
-# Needs root, /dev/fuse, docker-registry, umoci, skopeo and htpasswd; says
+# Over HTTPS, a registry whose certificate a CA of the test's own signed is
+# refused until the daemon is given the CA (LAYERFS_REGISTRY_CA).
+# Needs root, /dev/fuse, docker-registry, umoci, skopeo, htpasswd and openssl; says
 # SKIPPED without them (tests/skip.sh).
 # usage: tests/registry/pull.sh LAYERFS
 set -euo pipefail
 layerfs=$(realpath "$1")
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/../skip.sh"
-for tool in docker-registry umoci skopeo htpasswd; do
+for tool in docker-registry umoci skopeo htpasswd openssl; do
 	if ! command -v $tool >/dev/null; then
 		skip_or_fail "pulls from a registry" "$tool is not installed"
 		exit 0
@@ -329,4 +331,32 @@ read -r -t 30 ready <&"${DAEMON[0]}" || fail "the daemon did not start again"
 no_new_layers "$layers_before"
 out=$("$layerfs" pull "$slow/test/big:v1" --insecure-registry "$slow")
 [[ $out == *"(3 layers, 1 downloaded)" ]] || fail "the pull after the daemon's restart: $out"
+step "HTTPS with a CA of the test's own and basic auth: refused until the daemon trusts the CA"
+mkdir "$t/tls"
+(
+	cd "$t/tls"
+	openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 -subj "/CN=layerfs test CA" 2>/dev/null
+	openssl req -newkey rsa:2048 -nodes -keyout reg.key -out reg.csr -subj "/CN=127.0.0.1" 2>/dev/null
+	printf 'subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n' >ext
+	openssl x509 -req -in reg.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out reg.pem -days 2 -extfile ext 2>/dev/null
+)
+start_registry tls "  tls:
+    certificate: $t/tls/reg.pem
+    key: $t/tls/reg.key
+auth:
+  htpasswd:
+    realm: layerfs-test
+    path: $t/htpasswd"
+secure=127.0.0.1:$port
+skopeo copy -q --dest-tls-verify=false --dest-creds tester:s3cret \
+	"docker://$plain/test/img:v1" "docker://$secure/private/img:v1" --src-tls-verify=false
+echo s3cret | "$layerfs" login "$secure" --username tester --password-stdin >/dev/null
+fails "LAYERFS_REGISTRY_CA" "$layerfs" pull "$secure/private/img:v1"
+kill "$daemon"
+wait "$daemon" || true
+coproc DAEMON { LAYERFS_REGISTRY_CA=$t/tls/ca.pem exec "$layerfs" daemon 2>>"$t/daemon.log"; }
+daemon=$DAEMON_PID
+read -r -t 30 ready <&"${DAEMON[0]}" || fail "the daemon did not start with a CA"
+out=$("$layerfs" pull "$secure/private/img:v1")
+[[ $out == "$secure/private/img:v1 sha256:"*"(2 layers, 0 downloaded)" ]] || fail "pull over HTTPS: $out"
 echo "registry pulls and pushes: ok"

@@ -433,6 +433,19 @@ pub(crate) fn host_arch() -> &'static str {
     }
 }
 
+/// An error and its causes, innermost last: a client's own message ("error
+/// sending request") hides why.
+fn causes(e: &dyn std::error::Error) -> String {
+    let mut all = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        all.push_str(": ");
+        all.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    all
+}
+
 /// `os/arch[/variant]`.
 fn parse_platform(platform: &str) -> Result<(String, String, Option<String>), String> {
     let mut parts = platform.split('/');
@@ -466,7 +479,18 @@ pub(crate) fn explain(
             if e.url().is_some_and(|u| u.scheme() == "https")
                 && (e.is_connect() || e.is_request()) =>
         {
-            format!("{registry}: cannot reach it over HTTPS ({e}); if it serves plain HTTP, add --insecure-registry {registry}")
+            let causes = causes(&e);
+            if causes.contains("certificate") || causes.contains("UnknownIssuer") {
+                format!(
+                    "{registry}: its TLS certificate is not trusted ({causes}): name its CA's PEM \
+                     file in LAYERFS_REGISTRY_CA for the daemon, or give --tls-verify=false"
+                )
+            } else {
+                format!(
+                    "{registry}: cannot reach it over HTTPS ({causes}); if it serves plain \
+                     HTTP, add --insecure-registry {registry}"
+                )
+            }
         }
         e => format!("{registry}: {e}"),
     }
