@@ -16,7 +16,8 @@
 # shows; a second push uploads nothing. Through a relay that slows the
 # registry down: `ls`, `create` and `mount` answer while a pull runs; a
 # registry gone mid-layer and a daemon killed -9 mid-pull leave no layer,
-# and the next pull finishes.
+# and the next pull finishes. A store on a 20 MiB tmpfs fills during a
+# pull: one line, no half layer, and the daemon pulls a smaller image next.
 # Over HTTPS, a registry whose certificate a CA of the test's own signed is
 # refused until the daemon is given the CA (LAYERFS_REGISTRY_CA).
 # Needs root, /dev/fuse, docker-registry, umoci, skopeo, htpasswd and openssl; says
@@ -331,6 +332,26 @@ read -r -t 30 ready <&"${DAEMON[0]}" || fail "the daemon did not start again"
 no_new_layers "$layers_before"
 out=$("$layerfs" pull "$slow/test/big:v1" --insecure-registry "$slow")
 [[ $out == *"(3 layers, 1 downloaded)" ]] || fail "the pull after the daemon's restart: $out"
+step "a disk that fills during a pull: one line, no half layer, the daemon goes on"
+mkdir "$t/small" "$t/run-small"
+chmod 700 "$t/run-small"
+mount -t tmpfs -o size=20m tmpfs "$t/small"
+small() { LAYERFS_STORE=$t/small/store XDG_RUNTIME_DIR=$t/run-small "$layerfs" "$@"; }
+small daemon >"$t/small.ready" 2>>"$t/small.log" &
+small_daemon=$!
+for _ in $(seq 300); do grep -q ready "$t/small.ready" && break; sleep 0.1; done
+grep -q ready "$t/small.ready" || fail "the daemon on a small store did not start"
+fails "No space left on device" small pull "$plain/test/big:v1" --insecure-registry "$plain"
+# The layers that finished stay (the next pull needs them); the one cut
+# short is nowhere.
+[[ -z $(ls "$t/small/store/staging") ]] || fail "a full disk left staging: $(ls "$t/small/store/staging")"
+[[ -z $(find "$t/small/store/layers" -name blob) ]] || fail "a full disk left half a layer"
+small image ls | grep -q big && fail "an image was recorded on a full disk"
+small pull "$plain/test/img:v1" --insecure-registry "$plain" >/dev/null || fail "a smaller pull after the full disk failed"
+kill "$small_daemon"
+wait "$small_daemon" || true
+umount "$t/small"
+
 step "HTTPS with a CA of the test's own and basic auth: refused until the daemon trusts the CA"
 mkdir "$t/tls"
 (
