@@ -337,7 +337,7 @@ mkdir "$t/small" "$t/run-small"
 chmod 700 "$t/run-small"
 mount -t tmpfs -o size=20m tmpfs "$t/small"
 small() { LAYERFS_STORE=$t/small/store XDG_RUNTIME_DIR=$t/run-small "$layerfs" "$@"; }
-small daemon >"$t/small.ready" 2>>"$t/small.log" &
+LAYERFS_STORE=$t/small/store XDG_RUNTIME_DIR=$t/run-small "$layerfs" daemon >"$t/small.ready" 2>>"$t/small.log" &
 small_daemon=$!
 for _ in $(seq 300); do grep -q ready "$t/small.ready" && break; sleep 0.1; done
 grep -q ready "$t/small.ready" || fail "the daemon on a small store did not start"
