@@ -469,6 +469,10 @@ fn a_user_keeps_fifos_and_xattrs_and_is_told_why_a_device_is_refused() {
             .output()
             .is_err()
         {
+            assert!(
+                !layerfs_testkit::mounts_required(),
+                "imports as a user: LAYERFS_REQUIRE_MOUNTS=1 and setpriv is missing"
+            );
             return layerfs_testkit::skipped("imports as a user", "setpriv is missing");
         }
         let out = std::process::Command::new("setpriv")
