@@ -7,8 +7,9 @@
 # tree `umoci unpack` gives, extended attributes included. A second pull downloads nothing; a
 # two-platform index gives the host's platform or the one asked for; a
 # blob corrupted in the registry's storage, a diff_id that is not the
-# layer's, an unknown media type and a
-# registry that wants credentials each fail in one line and leave no layer
+# layer's, an unknown media type, a manifest over 4 MiB and a
+# registry that wants credentials each fail in one line (and with --json,
+# a kind a script can match) and leave no layer
 # and no image; `layerfs login` stores credentials in podman's auth file,
 # and the pull uses them. A workspace of the pulled image with a commit
 # (deletions, an opaque directory, a hard link, a FIFO) is pushed, and
@@ -87,7 +88,7 @@ fails() {
 	echo "   $err"
 }
 no_new_layers() {
-	[[ $("$layerfs" layer ls --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["data"]))') == "$1" ]] ||
+	[[ $("$layerfs" layer ls --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))') == "$1" ]] ||
 		fail "the store holds $("$layerfs" layer ls) after a failed pull"
 	[[ -z $(ls "$t/store/staging") ]] || fail "staging holds $(ls "$t/store/staging")"
 }
@@ -177,7 +178,7 @@ fi
 out=$("$layerfs" pull "$plain/test/multi:v1" --insecure-registry "$plain" --platform linux/arm64)
 [[ $out != *"sha256:$amd "* ]] || fail "--platform linux/arm64 gave the amd64 image: $out"
 fails "linux/s390x" "$layerfs" pull "$plain/test/multi:v1" --insecure-registry "$plain" --platform linux/s390x 
-layers=$("$layerfs" layer ls --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["data"]))')
+layers=$("$layerfs" layer ls --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')
 
 step "bad input: each a one-line error, no layer and no image left"
 # A blob whose bytes are not its digest.
@@ -204,7 +205,23 @@ skopeo copy -q --dest-tls-verify=false "oci:$t/wrongdiff:v1" "docker://$plain/te
 skopeo copy -q --dest-tls-verify=false "oci:$t/unknown:v1" "docker://$plain/test/unknown:v1"
 fails "not the diff_id" "$layerfs" pull "$plain/test/wrongdiff:v1" --insecure-registry "$plain"
 fails "unknown media type" "$layerfs" pull "$plain/test/unknown:v1" --insecure-registry "$plain"
+# A manifest larger than 4 MiB, from a registry of the test's own (registry:2
+# will not serve one).
+huge_port=$(free_port)
+"$here/huge_manifest.py" "$huge_port" &
+registries+=($!)
+for _ in $(seq 50); do
+	curl -s "http://127.0.0.1:$huge_port/v2/" >/dev/null 2>&1 && break
+	sleep 0.1
+done
+fails "larger than 4194304 bytes" "$layerfs" pull "127.0.0.1:$huge_port/test/huge:v1" --insecure-registry "127.0.0.1:$huge_port"
 no_new_layers "$layers"
+# Scripts see each failure's kind.
+kind_of() { "$layerfs" --json "$@" 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["error"]["kind"])'; }
+[[ $(kind_of pull "$plain/test/corrupt:v1" --insecure-registry "$plain") == registry ]] || fail "a corrupt blob is not of kind registry"
+[[ $(kind_of pull "$plain/test/multi:v1" --insecure-registry "$plain" --platform linux/s390x) == invalid ]] ||
+	fail "a platform the index lacks is not of kind invalid"
+[[ $(kind_of image rm "$plain/test/none:v1") == not_found ]] || fail "image rm of no image is not of kind not_found"
 # A registry reached over HTTPS when it speaks HTTP: said, not hung.
 fails "--insecure-registry" "$layerfs" pull "$plain/test/img:v1"
 # No such image.
@@ -219,6 +236,8 @@ start_registry auth "auth:
 auth=127.0.0.1:$port
 skopeo copy -q --dest-tls-verify=false --dest-creds tester:s3cret "oci:$t/oci:v1" "docker://$auth/private/img:v1"
 fails "layerfs login" "$layerfs" pull "$auth/private/img:v1" --insecure-registry "$auth"
+[[ $(kind_of pull "$auth/private/img:v1" --insecure-registry "$auth") == unauthorized ]] ||
+	fail "a 401 is not of kind unauthorized"
 mkdir -p "$t/run/containers"
 printf '{"auths": {"other.example": {"auth": "eDp5"}}}\n' >"$t/run/containers/auth.json"
 echo s3cret | "$layerfs" login "$auth" --username tester --password-stdin
@@ -285,12 +304,12 @@ forget_big() {
 	local top
 	top=$("$layerfs" image ls --json | python3 -c '
 import json, sys
-for i in json.load(sys.stdin)["data"]:
+for i in json.load(sys.stdin):
     if "/test/big:" in i["reference"]: print(i["layers"][-1])')
 	"$layerfs" image rm "$slow/test/big:v1" >/dev/null
 	"$layerfs" layer rm "$top" >/dev/null
 }
-layers_before=$("$layerfs" layer ls --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["data"]))')
+layers_before=$("$layerfs" layer ls --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')
 start_slow
 "$layerfs" pull "$slow/test/big:v1" --insecure-registry "$slow" >"$t/slow.out" 2>&1 &
 puller=$!
@@ -342,6 +361,8 @@ small_daemon=$!
 for _ in $(seq 300); do grep -q ready "$t/small.ready" && break; sleep 0.1; done
 grep -q ready "$t/small.ready" || fail "the daemon on a small store did not start"
 fails "No space left on device" small pull "$plain/test/big:v1" --insecure-registry "$plain"
+[[ $(LAYERFS_STORE=$t/small/store XDG_RUNTIME_DIR=$t/run-small kind_of pull "$plain/test/big:v1" --insecure-registry "$plain") == no_space ]] ||
+	fail "a full store is not of kind no_space"
 # The layers that finished stay (the next pull needs them); the one cut
 # short is nowhere.
 [[ -z $(ls "$t/small/store/staging") ]] || fail "a full disk left staging: $(ls "$t/small/store/staging")"

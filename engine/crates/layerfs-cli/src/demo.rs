@@ -6,7 +6,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use layerfs_daemon::protocol::{Reply, Request};
+use layerfs_daemon::protocol::{ControlError, Request, Response};
 
 use crate::interrupted;
 use crate::workspaces::daemon_server_config;
@@ -59,13 +59,11 @@ fn run(base: &Path, args: DemoArgs) -> Result<(), String> {
     let socket =
         layerfs_daemon::paths::control_socket(&store.canonicalize().map_err(|e| e.to_string())?)
             .map_err(|e| e.to_string())?;
-    let ask = |request: Request| -> Result<Reply, String> {
+    let ask = |request: Request| -> Result<Response, String> {
         let reply = layerfs_daemon::control::call(&socket, &request).map_err(|e| e.to_string())?;
-        match reply.ok {
-            true => Ok(reply),
-            false => Err(reply.error.unwrap_or_default()),
-        }
+        Result::<Response, ControlError>::from(reply).map_err(|e| e.message)
     };
+    let unexpected = |r: Response| format!("the daemon answered {r:?}");
     let deadline = Instant::now() + Duration::from_secs(20);
     while ask(Request::Ls).is_err() {
         if daemon.is_finished() {
@@ -80,10 +78,12 @@ fn run(base: &Path, args: DemoArgs) -> Result<(), String> {
     }
     let mut ids = Vec::new();
     for layer in [&base_layer, &tools_layer] {
-        let reply = ask(Request::LayerImport {
+        match ask(Request::LayerImport {
             source: layer.clone(),
-        })?;
-        ids.push(reply.data["id"].as_str().unwrap_or_default().to_string());
+        })? {
+            Response::Layer(layer) => ids.push(layer.id),
+            other => return Err(unexpected(other)),
+        }
     }
     ask(Request::Create {
         name: "demo".into(),
@@ -91,15 +91,15 @@ fn run(base: &Path, args: DemoArgs) -> Result<(), String> {
         size: None,
         registry: Default::default(),
     })?;
-    let mounted = ask(Request::Mount {
+    let door = match ask(Request::Mount {
         name: "demo".into(),
         path: mountpoint.clone(),
         door: None,
-    })?;
-    let door = mounted.data["mount"]["door"]
-        .as_str()
-        .unwrap_or("?")
-        .to_string();
+    })? {
+        Response::Workspace(w) => w.mount.map(|m| m.door.to_string()),
+        other => return Err(unexpected(other)),
+    }
+    .unwrap_or_else(|| "?".into());
     let (m, s) = (mountpoint.display(), store.display());
     let l = command_name();
     println!(

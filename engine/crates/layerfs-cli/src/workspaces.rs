@@ -7,10 +7,9 @@ use std::time::Duration;
 
 use layerfs_daemon::catalog::Door;
 use layerfs_daemon::protocol::{
-    DiffEntry, LayerInfo, Progress, Reply, Request, Stats, WorkspaceInfo,
+    Answer, DiffEntry, LayerInfo, Progress, Reply, Request, Stats, WorkspaceInfo,
 };
 use layerfs_rpc::{Admission, ServerConfig};
-use serde::de::DeserializeOwned;
 
 use crate::interrupted;
 
@@ -230,9 +229,10 @@ impl Client {
         }
     }
 
-    /// Sends `request`; prints the answer as JSON with --json, or hands it
-    /// back for printing.
-    pub(crate) fn call<T: DeserializeOwned>(&self, request: Request) -> Result<Option<T>, String> {
+    /// Sends `request`; with --json prints its result (or `{"error":
+    /// {"kind", "message"}}`) as JSON, else hands the result back for
+    /// printing.
+    pub(crate) fn call<T: Answer>(&self, request: Request) -> Result<Option<T>, String> {
         let store = self.store_path()?;
         let no_daemon = || {
             format!(
@@ -254,19 +254,23 @@ impl Client {
                     _ => format!("cannot talk to the daemon at {}: {e}", socket.display()),
                 })?;
         drop(bar);
+        let response = match reply {
+            Reply::Ok(response) => response,
+            Reply::Error(e) => {
+                if self.json {
+                    print_json(&serde_json::json!({ "error": e }))?;
+                }
+                return Err(e.message);
+            }
+        };
         if self.json {
-            let text = serde_json::to_string_pretty(&reply).map_err(|e| e.to_string())?;
-            println!("{text}");
-        }
-        if !reply.ok {
-            return Err(reply.error.unwrap_or_else(|| "the daemon refused".into()));
-        }
-        if self.json {
+            let mut value = serde_json::to_value(&response).map_err(|e| e.to_string())?;
+            print_json(&value["data"].take())?;
             return Ok(None);
         }
-        serde_json::from_value(reply.data)
+        T::from_response(response)
             .map(Some)
-            .map_err(|e| format!("cannot read the daemon's answer: {e}"))
+            .ok_or_else(|| "the daemon answered with something else: is it another version?".into())
     }
 
     pub fn layer(&self, command: LayerCommand) -> Result<(), String> {
@@ -513,6 +517,12 @@ impl Drop for ProgressShown {
             bar.finish_and_clear();
         }
     }
+}
+
+fn print_json(value: &serde_json::Value) -> Result<(), String> {
+    let text = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
+    println!("{text}");
+    Ok(())
 }
 
 fn print_layers(layers: &[LayerInfo]) {

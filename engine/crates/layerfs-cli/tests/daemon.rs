@@ -216,7 +216,7 @@ fn layers_come_from_directories_and_tarballs_and_commits() {
     let out = d.run(&["--json", "ls"]);
     assert!(out.status.success());
     let reply: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let child = &reply["data"]
+    let child = &reply
         .as_array()
         .unwrap()
         .iter()
@@ -231,6 +231,23 @@ fn layers_come_from_directories_and_tarballs_and_commits() {
     let layers = d.ok(&["layer", "ls"]);
     assert!(layers.contains("nothing yet"), "{layers}");
     d.fails(&["rm", "w"], "were made from w");
+    // --json gives a refusal's kind to scripts.
+    for (args, kind) in [
+        (&["--json", "rm", "w"][..], "in_use"),
+        (&["--json", "rm", "nothing-here"], "not_found"),
+        (&["--json", "create", "child", "--from", "w"], "exists"),
+        (&["--json", "create", ".bad", "--from", "w"], "invalid"),
+    ] {
+        let out = d.run(args);
+        assert!(!out.status.success(), "{args:?}");
+        let reply: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(reply["error"]["kind"], kind, "{args:?}: {reply}");
+        let message = reply["error"]["message"].as_str().unwrap();
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(message),
+            "{args:?}: the same message on stderr"
+        );
+    }
     d.ok(&["rm", "--force", "w"]);
 }
 
@@ -380,7 +397,7 @@ fn a_commit_cut_short_by_a_crash_is_recorded_at_the_next_start() {
     assert!(first.starts_with("layerfs daemon ready"), "{first}");
     let out = layerfs(&store, runtime.path(), &["--json", "ls"]);
     let reply: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let layers = reply["data"][0]["layers"].as_array().unwrap().clone();
+    let layers = reply[0]["layers"].as_array().unwrap().clone();
     assert_eq!(layers.len(), 1, "{reply}");
     let id = layers[0].as_str().unwrap();
     let kept = store.join("layers").join(id).join("made-before-the-crash");

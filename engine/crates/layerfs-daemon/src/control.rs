@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::protocol::{
-    read_message, write_message, Answer, Progress, Reply, Request, MAX_MESSAGE, MAX_REPLY,
+    read_message, write_message, ControlError, ErrorKind, Message, Progress, Reply, Request,
+    MAX_MESSAGE, MAX_REPLY,
 };
 
 /// Answers one request; long ones tell the `Progress` callback as they go.
@@ -56,8 +57,8 @@ pub fn spawn(
                 let Ok(stream) = stream else { continue };
                 if clients.fetch_add(1, Ordering::AcqRel) >= MAX_CLIENTS {
                     clients.fetch_sub(1, Ordering::AcqRel);
-                    let _ =
-                        write_message(&mut &stream, &Reply::error("the daemon is busy: try again"));
+                    let busy = ControlError::new(ErrorKind::Busy, "the daemon is busy: try again");
+                    let _ = write_message(&mut &stream, &Reply::Error(busy));
                     continue;
                 }
                 let (handle, clients) = (handle.clone(), clients.clone());
@@ -86,7 +87,10 @@ fn serve_client(stream: UnixStream, handle: &Handler) {
         Ok(uid) => {
             tracing::warn!(uid, "control client refused: not this daemon's user");
             let why = format!("uid {uid} may not control the daemon of uid {own}");
-            let _ = write_message(&mut &stream, &Reply::error(why));
+            let _ = write_message(
+                &mut &stream,
+                &Reply::Error(ControlError::new(ErrorKind::Denied, why)),
+            );
             linger_for_reading(&stream);
             return;
         }
@@ -103,7 +107,7 @@ fn serve_client(stream: UnixStream, handle: &Handler) {
             Ok(None) => return,
             Err(e) => {
                 // Past a bad frame the stream cannot be followed: answer, close.
-                let _ = write_message(&mut &stream, &Reply::error(format!("bad request: {e}")));
+                let _ = write_message(&mut &stream, &Reply::Error(bad_request(e)));
                 return;
             }
         };
@@ -112,17 +116,21 @@ fn serve_client(stream: UnixStream, handle: &Handler) {
         let mut progress = |p: Progress| {
             if last.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY) {
                 last = Some(std::time::Instant::now());
-                let _ = write_message(&mut &stream, &Answer::Progress { progress: p });
+                let _ = write_message(&mut &stream, &Message::Progress { progress: p });
             }
         };
         let reply = match serde_json::from_slice::<Request>(&line) {
             Ok(request) => handle(request, &mut progress),
-            Err(e) => Reply::error(format!("bad request: {e}")),
+            Err(e) => Reply::Error(bad_request(e)),
         };
         if write_message(&mut &stream, &reply).is_err() {
             return;
         }
     }
+}
+
+fn bad_request(e: impl std::fmt::Display) -> ControlError {
+    ControlError::new(ErrorKind::BadRequest, format!("bad request: {e}"))
 }
 
 /// Lets a refused client read its answer: closing a Unix socket with its
@@ -175,8 +183,8 @@ pub fn call_with_progress(
             )
         })?;
         match serde_json::from_slice(&line) {
-            Ok(Answer::Progress { progress: p }) => progress(p),
-            Ok(Answer::Reply(reply)) => return Ok(reply),
+            Ok(Message::Progress { progress: p }) => progress(p),
+            Ok(Message::Reply(reply)) => return Ok(reply),
             Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e)),
         }
     }
@@ -185,6 +193,7 @@ pub fn call_with_progress(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::Response;
 
     #[test]
     fn only_the_daemons_user_and_root_are_admitted() {
@@ -204,12 +213,12 @@ mod tests {
             for done in 1..=1000 {
                 progress(Progress { done, total: 1000 });
             }
-            Reply::ok(format!("{request:?}"))
+            Reply::Ok(Response::Removed(format!("{request:?}")))
         });
         spawn(listener, handler).unwrap();
         let mut seen = Vec::new();
         let reply = call_with_progress(&socket, &Request::Ls, &mut |p| seen.push(p)).unwrap();
-        assert_eq!(reply, Reply::ok("Ls"));
+        assert_eq!(reply, Reply::Ok(Response::Removed("Ls".into())));
         assert_eq!(
             seen.first(),
             Some(&Progress {
@@ -219,6 +228,19 @@ mod tests {
         );
         assert!(seen.len() < 100, "{} progress lines", seen.len());
         // Without a progress callback the reply is the same.
-        assert_eq!(call(&socket, &Request::Ls).unwrap(), Reply::ok("Ls"));
+        assert_eq!(
+            call(&socket, &Request::Ls).unwrap(),
+            Reply::Ok(Response::Removed("Ls".into()))
+        );
+        // A line that is no request is answered with its kind.
+        let stream = UnixStream::connect(&socket).unwrap();
+        write_message(&mut &stream, &serde_json::json!({"op": "no_such"})).unwrap();
+        let line = read_message(&mut BufReader::new(&stream), MAX_REPLY)
+            .unwrap()
+            .unwrap();
+        match serde_json::from_slice::<Reply>(&line).unwrap() {
+            Reply::Error(e) => assert_eq!(e.kind, ErrorKind::BadRequest, "{e}"),
+            other => panic!("{other:?}"),
+        }
     }
 }

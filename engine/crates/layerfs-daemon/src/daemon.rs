@@ -20,7 +20,7 @@ use parking_lot::Mutex;
 
 use crate::catalog::{Catalog, Door, WorkspaceRecord};
 use crate::mounting;
-use crate::protocol::Progress;
+use crate::protocol::{ControlError, ErrorKind, Progress};
 
 pub struct DaemonConfig {
     pub store: PathBuf,
@@ -52,7 +52,9 @@ pub fn run(config: DaemonConfig, stop: Receiver<()>) -> Result<(), String> {
     let listener = crate::control::bind(&socket).map_err(|e| e.to_string())?;
     let daemon = Arc::new(Daemon::open(&root).map_err(|e| format!("{}: {e}", root.display()))?);
     daemon.export_recorded_nfs_mounts();
-    let server = daemon.listen(config.nfs_port, config.server)?;
+    let server = daemon
+        .listen(config.nfs_port, config.server)
+        .map_err(|e| e.message)?;
     let port = server.local_addr().port();
     *daemon.server.lock() = Some(server);
     daemon.mount_recorded();
@@ -163,7 +165,32 @@ struct Daemon {
 mod images;
 mod requests;
 
-type Outcome<T> = Result<T, String>;
+type Outcome<T> = Result<T, ControlError>;
+
+fn invalid(message: impl Into<String>) -> ControlError {
+    ControlError::new(ErrorKind::Invalid, message)
+}
+
+fn not_found(message: impl Into<String>) -> ControlError {
+    ControlError::new(ErrorKind::NotFound, message)
+}
+
+fn in_use(message: impl Into<String>) -> ControlError {
+    ControlError::new(ErrorKind::InUse, message)
+}
+
+/// A host failure, `context: error`, with the kind its errno says.
+fn host_error(context: impl std::fmt::Display, e: io::Error) -> ControlError {
+    ControlError::new(io_kind(&e), format!("{context}: {e}"))
+}
+
+fn io_kind(e: &io::Error) -> ErrorKind {
+    match e.kind() {
+        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded => ErrorKind::NoSpace,
+        io::ErrorKind::PermissionDenied => ErrorKind::Denied,
+        _ => ErrorKind::Failed,
+    }
+}
 
 fn now() -> u64 {
     SystemTime::now()
@@ -182,10 +209,10 @@ fn check_name(name: &str) -> Outcome<()> {
     if ok {
         Ok(())
     } else {
-        Err(format!(
+        Err(invalid(format!(
             "{name:?}: a workspace name is 1 to 64 letters, digits, '.', '_' or '-', \
              not starting with '.' or '-'"
-        ))
+        )))
     }
 }
 
@@ -302,7 +329,8 @@ impl Daemon {
                     return Err(format!(
                         "{e}: the store's NFS port {} is taken by another program",
                         addr.port()
-                    ))
+                    )
+                    .into())
                 }
             }
         };
@@ -325,7 +353,7 @@ impl Daemon {
         self.catalog
             .workspace(name)
             .map_err(|e| e.to_string())?
-            .ok_or_else(|| format!("no workspace {name:?}: see `layerfs ls`"))
+            .ok_or_else(|| not_found(format!("no workspace {name:?}: see `layerfs ls`")))
     }
 
     /// Opens workspace `name` if it is not open yet.
@@ -374,7 +402,7 @@ impl Daemon {
         self.exports
             .add(export)
             .map(|_| ())
-            .map_err(|e| e.to_string())
+            .map_err(|e| ControlError::from(e.to_string()))
     }
 
     /// Before the server listens: every workspace recorded as mounted over
@@ -394,7 +422,7 @@ impl Daemon {
                 .and_then(|o| self.add_export(&name, &record, &o.workspace));
             if let Err(e) = result {
                 tracing::error!(workspace = %name, "cannot serve again: {e}");
-                self.problems.lock().insert(name, e);
+                self.problems.lock().insert(name, e.message);
             }
         }
     }
@@ -416,7 +444,7 @@ impl Daemon {
             let result = match mount.door {
                 Door::Nfs if mounting::is_mountpoint(&mount.path) => Ok(()),
                 Door::Nfs => mounting::mount_nfs(self.port(), &format!("/{name}"), &mount.path)
-                    .map_err(|e| e.to_string()),
+                    .map_err(|e| ControlError::new(io_kind(&e), e.to_string())),
                 Door::Fuse => self.mount_fuse(&mut open, &name, &mount.path),
             };
             match result {
@@ -425,7 +453,7 @@ impl Daemon {
                 }
                 Err(e) => {
                     tracing::error!(workspace = %name, "cannot mount again: {e}");
-                    self.problems.lock().insert(name, e);
+                    self.problems.lock().insert(name, e.message);
                 }
             }
         }
@@ -454,7 +482,7 @@ impl Daemon {
 
     #[cfg(not(target_os = "linux"))]
     fn mount_fuse(&self, _: &mut HashMap<String, Open>, _: &str, _: &Path) -> Outcome<()> {
-        Err("FUSE mounts are for Linux: mount with --nfs".into())
+        Err(invalid("FUSE mounts are for Linux: mount with --nfs"))
     }
 
     /// A FUSE mount taken away from outside (`umount`) is noted for `ls`.

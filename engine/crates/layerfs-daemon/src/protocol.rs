@@ -131,31 +131,152 @@ pub struct ImageInfo {
     pub fetched: usize,
 }
 
-/// A reply: `ok` with its data, or the error to show the user.
+/// What the daemon answers a request: its [`Response`], or why not.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Reply {
-    pub ok: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    #[serde(default)]
-    pub data: serde_json::Value,
+#[serde(rename_all = "snake_case")]
+pub enum Reply {
+    Ok(Response),
+    Error(ControlError),
 }
 
-impl Reply {
-    pub fn ok(data: impl Serialize) -> Reply {
-        Reply {
-            ok: true,
-            error: None,
-            data: serde_json::to_value(data).unwrap_or_default(),
+impl From<Result<Response, ControlError>> for Reply {
+    fn from(outcome: Result<Response, ControlError>) -> Reply {
+        match outcome {
+            Ok(response) => Reply::Ok(response),
+            Err(e) => Reply::Error(e),
         }
     }
+}
 
-    pub fn error(message: impl Into<String>) -> Reply {
-        Reply {
-            ok: false,
-            error: Some(message.into()),
-            data: serde_json::Value::Null,
+impl From<Reply> for Result<Response, ControlError> {
+    fn from(reply: Reply) -> Self {
+        match reply {
+            Reply::Ok(response) => Ok(response),
+            Reply::Error(e) => Err(e),
         }
+    }
+}
+
+/// What a request gives back, one variant per kind of answer; `--json`
+/// prints its `data`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "data", rename_all = "snake_case")]
+pub enum Response {
+    /// A layer imported or committed.
+    Layer(LayerInfo),
+    Layers(Vec<LayerInfo>),
+    /// A workspace created, mounted, unmounted or limited.
+    Workspace(WorkspaceInfo),
+    Workspaces(Vec<WorkspaceInfo>),
+    /// The name or id of what a removal took away.
+    Removed(String),
+    Diff(Vec<DiffEntry>),
+    /// How many names a reset changed.
+    Reset(usize),
+    Stats(Stats),
+    /// An image pulled.
+    Image(ImageInfo),
+    Images(Vec<ImageInfo>),
+    Pushed(PushInfo),
+}
+
+/// A value one variant of [`Response`] carries: what a caller expects of
+/// a request, and takes out of its reply.
+pub trait Answer: Sized {
+    fn from_response(response: Response) -> Option<Self>;
+}
+
+macro_rules! answers {
+    ($($variant:ident => $t:ty),* $(,)?) => {$(
+        impl Answer for $t {
+            fn from_response(response: Response) -> Option<Self> {
+                match response {
+                    Response::$variant(value) => Some(value),
+                    _ => None,
+                }
+            }
+        }
+    )*};
+}
+
+answers! {
+    Layer => LayerInfo,
+    Layers => Vec<LayerInfo>,
+    Workspace => WorkspaceInfo,
+    Workspaces => Vec<WorkspaceInfo>,
+    Removed => String,
+    Diff => Vec<DiffEntry>,
+    Reset => usize,
+    Stats => Stats,
+    Image => ImageInfo,
+    Images => Vec<ImageInfo>,
+    Pushed => PushInfo,
+}
+
+/// Why a request was refused or failed: a kind a program can match on,
+/// and a one-line message for the user.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ControlError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+/// The kinds of [`ControlError`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// The request could not be read.
+    BadRequest,
+    /// An argument is malformed: a name, a path, a size, a reference.
+    Invalid,
+    /// No workspace, layer or image of that name.
+    NotFound,
+    /// The name is taken.
+    Exists,
+    /// What it names is in use: mounted, under a workspace or an image,
+    /// or (to push) holding changes not committed.
+    InUse,
+    /// Too many clients at once: try again.
+    Busy,
+    /// Not allowed to this user (another uid, a device as non-root).
+    Denied,
+    /// The registry wants credentials: `layerfs login`.
+    Unauthorized,
+    /// The registry failed, refused, or sent what does not verify.
+    Registry,
+    /// The store's filesystem, or a workspace's size limit, is full.
+    NoSpace,
+    /// The store, the host or a mount failed.
+    Failed,
+}
+
+impl ControlError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> ControlError {
+        ControlError {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for ControlError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ControlError {}
+
+/// A failure with only a message is the store's or the host's.
+impl From<String> for ControlError {
+    fn from(message: String) -> ControlError {
+        ControlError::new(ErrorKind::Failed, message)
+    }
+}
+
+impl From<&str> for ControlError {
+    fn from(message: &str) -> ControlError {
+        ControlError::new(ErrorKind::Failed, message)
     }
 }
 
@@ -169,7 +290,7 @@ pub struct Progress {
 /// What the daemon sends: progress, or the reply that ends the request.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
-pub enum Answer {
+pub enum Message {
     Progress { progress: Progress },
     Reply(Reply),
 }

@@ -8,12 +8,15 @@
 
 mod auth;
 mod blob;
+mod error;
+mod manifest;
 mod pull;
 mod push;
 mod reference;
 
 pub use auth::{credentials_for, login_file, store_credentials};
 pub use blob::{write_layer_blob, BlobInfo, LAYER_GZIP};
+pub use error::{Error, ErrorKind};
 pub use pull::{pull, Pulled, PulledLayer};
 pub use push::{push, PushLayer, Pushed};
 pub use reference::normalize;

@@ -19,13 +19,13 @@ use futures_util::{StreamExt, TryStreamExt};
 use layerfs_layers::{LayerId, Store};
 use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
 use oci_client::errors::OciDistributionError;
-use oci_client::manifest::{ImageIndexEntry, OciDescriptor, OciImageManifest};
+use oci_client::manifest::{OciDescriptor, OciImageManifest};
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use crate::{auth, reference, PullOptions, Transport, MAX_MANIFEST, PARALLEL_LAYERS};
+use crate::{auth, manifest, reference, Error, ErrorKind, PullOptions, Transport, PARALLEL_LAYERS};
 
 /// An image in the store.
 #[derive(Clone, Debug)]
@@ -74,41 +74,36 @@ pub fn pull(
     options: &PullOptions,
     have: &(dyn Fn(&str) -> Option<LayerId> + Sync),
     progress: &mut dyn FnMut(u64, u64),
-) -> Result<Pulled, String> {
-    let image = reference::parse(reference)?;
-    let client = Client::new(client_config(
-        &options.transport,
-        options.platform.as_deref(),
-    )?);
+) -> Result<Pulled, Error> {
+    let image = reference::parse(reference).map_err(Error::invalid)?;
+    let client = Client::new(client_config(&options.transport).map_err(Error::invalid)?);
+    let choose = manifest::chooser(options.platform.as_deref())?;
     let auth = auth::credentials_for(image.resolve_registry());
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| format!("cannot start the registry client: {e}"))?;
+        .map_err(|e| {
+            Error::new(
+                ErrorKind::Store,
+                format!("cannot start the registry client: {e}"),
+            )
+        })?;
     let registry = image.resolve_registry().to_owned();
-    let failed = |e: oci_client::errors::OciDistributionError| match e {
-        OciDistributionError::ImageManifestNotFoundError(m) if m.contains("platform") => {
-            match &options.platform {
-                Some(p) => format!("its index has no image for {p}"),
-                None => format!(
-                    "its index has no image for this host ({}/{}): choose one with --platform",
-                    std::env::consts::OS,
-                    host_arch()
-                ),
-            }
-        }
-        e => explain(&registry, &auth, e),
-    };
-    let (manifest, digest, config) = runtime
-        .block_on(client.pull_manifest_and_config(&image, &auth))
-        .map_err(failed)?;
-    if config.len() > MAX_MANIFEST {
-        return Err(format!(
-            "{reference}: its config is larger than {MAX_MANIFEST} bytes"
-        ));
-    }
+    let failed = |e| explain(&registry, &auth, e);
+    let manifest::Fetched {
+        manifest,
+        digest,
+        config,
+    } = runtime.block_on(manifest::fetch(
+        &client,
+        &image,
+        &auth,
+        &choose,
+        options.platform.as_deref(),
+        &failed,
+    ))?;
     let config: ImageConfig =
-        serde_json::from_str(&config).map_err(|e| format!("its config cannot be read: {e}"))?;
+        serde_json::from_slice(&config).map_err(|e| format!("its config cannot be read: {e}"))?;
     let diff_ids = config.rootfs.diff_ids;
     check_manifest(&manifest, &diff_ids)?;
 
@@ -146,7 +141,7 @@ pub fn pull(
     });
     progress(done.load(Relaxed), total);
     for (i, layer) in fetched {
-        let layer = layer.map_err(|e| format!("layer {}: {e}", manifest.layers[i].digest))?;
+        let layer = layer.map_err(|e| e.of(format_args!("layer {}", manifest.layers[i].digest)))?;
         layers[i] = Some(layer);
     }
     Ok(Pulled {
@@ -195,7 +190,7 @@ async fn fetch_layer<'scope>(
     descriptor: &OciDescriptor,
     diff_id: &'scope str,
     done: &AtomicU64,
-) -> Result<LayerId, String> {
+) -> Result<LayerId, Error> {
     let compression = Compression::of(&descriptor.media_type)?;
     let mut stream = client
         .pull_blob_stream(image, descriptor)
@@ -230,8 +225,13 @@ async fn fetch_layer<'scope>(
     drop(chunks);
     result_rx
         .await
-        .map_err(|_| "the unpacking thread ended without an answer".to_owned())?
-        .map_err(|e| e.to_string())
+        .map_err(|_| {
+            Error::new(
+                ErrorKind::Store,
+                "the unpacking thread ended without an answer",
+            )
+        })?
+        .map_err(Error::unpacking)
 }
 
 /// How a layer's blob is compressed, from its media type.
@@ -376,12 +376,8 @@ impl<R: Read> Read for Hashed<R> {
     }
 }
 
-/// The client's settings: plain HTTP only for the registries named, the
-/// platform asked for.
-pub(crate) fn client_config(
-    transport: &Transport,
-    platform: Option<&str>,
-) -> Result<ClientConfig, String> {
+/// The client's settings: plain HTTP only for the registries named.
+pub(crate) fn client_config(transport: &Transport) -> Result<ClientConfig, String> {
     let Transport {
         insecure,
         no_tls_verify,
@@ -404,21 +400,6 @@ pub(crate) fn client_config(
             encoding: CertificateEncoding::Pem,
             data,
         });
-    }
-    if let Some(platform) = platform {
-        let wanted = parse_platform(platform)?;
-        config.platform_resolver = Some(Box::new(move |entries: &[ImageIndexEntry]| {
-            entries
-                .iter()
-                .find(|e| {
-                    e.platform.as_ref().is_some_and(|p| {
-                        p.os.to_string() == wanted.0
-                            && p.architecture.to_string() == wanted.1
-                            && (wanted.2.is_none() || p.variant == wanted.2)
-                    })
-                })
-                .map(|e| e.digest.clone())
-        }));
     }
     Ok(config)
 }
@@ -446,35 +427,27 @@ fn causes(e: &dyn std::error::Error) -> String {
     all
 }
 
-/// `os/arch[/variant]`.
-fn parse_platform(platform: &str) -> Result<(String, String, Option<String>), String> {
-    let mut parts = platform.split('/');
-    match (parts.next(), parts.next(), parts.next(), parts.next()) {
-        (Some(os), Some(arch), variant, None) if !os.is_empty() && !arch.is_empty() => {
-            Ok((os.to_owned(), arch.to_owned(), variant.map(str::to_owned)))
-        }
-        _ => Err(format!(
-            "{platform:?} is not a platform: give os/arch[/variant], e.g. linux/arm64"
-        )),
-    }
-}
-
 /// The client's error in the user's terms.
 pub(crate) fn explain(
     registry: &str,
     auth: &RegistryAuth,
     e: oci_client::errors::OciDistributionError,
-) -> String {
+) -> Error {
     use OciDistributionError as E;
-    match e {
-        E::AuthenticationFailure(_) | E::UnauthorizedError { .. } => match auth {
-            RegistryAuth::Anonymous => {
-                format!("{registry} wants credentials: run `layerfs login {registry}`")
-            }
-            _ => format!(
-                "{registry} refused the stored credentials: run `layerfs login {registry}` again"
-            ),
-        },
+    let message = match e {
+        E::AuthenticationFailure(_) | E::UnauthorizedError { .. } => {
+            return Error::new(
+                ErrorKind::Unauthorized,
+                match auth {
+                    RegistryAuth::Anonymous => {
+                        format!("{registry} wants credentials: run `layerfs login {registry}`")
+                    }
+                    _ => format!(
+                        "{registry} refused the stored credentials: run `layerfs login {registry}` again"
+                    ),
+                },
+            )
+        }
         E::RequestError(e)
             if e.url().is_some_and(|u| u.scheme() == "https")
                 && (e.is_connect() || e.is_request()) =>
@@ -493,5 +466,6 @@ pub(crate) fn explain(
             }
         }
         e => format!("{registry}: {e}"),
-    }
+    };
+    Error::new(ErrorKind::Registry, message)
 }

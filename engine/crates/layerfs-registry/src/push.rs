@@ -18,7 +18,7 @@ use sha2::{Digest, Sha256};
 
 use crate::blob::{write_layer_blob, BlobInfo};
 use crate::pull::{client_config, explain, host_arch};
-use crate::{auth, reference, Transport};
+use crate::{auth, reference, Error, ErrorKind, Transport};
 
 /// A layer to push: where it is, the blobs it is known by, and what its
 /// history entry says.
@@ -46,15 +46,20 @@ pub fn push(
     staging: &Path,
     transport: &Transport,
     progress: &mut dyn FnMut(u64, u64),
-) -> Result<Pushed, String> {
-    let image = reference::parse(reference)?;
+) -> Result<Pushed, Error> {
+    let image = reference::parse(reference).map_err(Error::invalid)?;
     let registry = image.resolve_registry().to_owned();
-    let client = Client::new(client_config(transport, None)?);
+    let client = Client::new(client_config(transport).map_err(Error::invalid)?);
     let auth = auth::credentials_for(&registry);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| format!("cannot start the registry client: {e}"))?;
+        .map_err(|e| {
+            Error::new(
+                ErrorKind::Store,
+                format!("cannot start the registry client: {e}"),
+            )
+        })?;
     let failed = |e| explain(&registry, &auth, e);
     runtime
         .block_on(client.auth(&image, &auth, RegistryOperation::Push))
@@ -181,7 +186,7 @@ fn upload_layer(
     dir: &Path,
     staging: &Path,
     registry: &str,
-) -> Result<BlobInfo, String> {
+) -> Result<BlobInfo, Error> {
     let file = staging.join(format!(
         "blob-{}-{}",
         std::process::id(),
@@ -190,9 +195,18 @@ fn upload_layer(
             .unwrap_or_default()
     ));
     let result = (|| {
-        let blob = write_layer_blob(dir, &file)
-            .map_err(|e| format!("cannot make the blob of {}: {e}", dir.display()))?;
-        let opened = std::fs::File::open(&file).map_err(|e| e.to_string())?;
+        let store_error = |e: std::io::Error| {
+            let kind = match e.kind() {
+                std::io::ErrorKind::StorageFull => ErrorKind::NoSpace,
+                _ => ErrorKind::Store,
+            };
+            Error::new(
+                kind,
+                format!("cannot make the blob of {}: {e}", dir.display()),
+            )
+        };
+        let blob = write_layer_blob(dir, &file).map_err(store_error)?;
+        let opened = std::fs::File::open(&file).map_err(store_error)?;
         let chunks = futures_util::stream::unfold(opened, |mut f| async move {
             use std::io::Read;
             let mut buf = vec![0; 1 << 20];

@@ -4,9 +4,9 @@
 use layerfs_layers::LayerId;
 use layerfs_registry::{BlobInfo, PullOptions, PushLayer, Transport};
 
-use super::{now, Daemon, Outcome};
+use super::{in_use, invalid, not_found, now, Daemon, Outcome};
 use crate::catalog::ImageRecord;
-use crate::protocol::{ImageInfo, Progress, PushInfo, RegistryOptions};
+use crate::protocol::{ControlError, ErrorKind, ImageInfo, Progress, PushInfo, RegistryOptions};
 
 impl Daemon {
     /// Pulls `reference`. Only the layers the store lacks are downloaded,
@@ -33,7 +33,7 @@ impl Daemon {
             &have,
             &mut |done, total| progress(Progress { done, total }),
         )
-        .map_err(|e| format!("cannot pull {reference}: {e}"))?;
+        .map_err(|e| registry_error(format_args!("cannot pull {reference}"), e))?;
         let record = ImageRecord {
             digest: pulled.digest.clone(),
             layers: pulled.layers.iter().map(|l| l.layer.to_string()).collect(),
@@ -59,7 +59,8 @@ impl Daemon {
         if let Some(gone) = record.layers.iter().find(|l| self.store.layer(l).is_none()) {
             return Err(format!(
                 "cannot pull {reference}: layer {gone} was removed meanwhile: pull again"
-            ));
+            )
+            .into());
         }
         self.catalog
             .put_image(&pulled.reference, &record)
@@ -77,7 +78,7 @@ impl Daemon {
         progress: &mut dyn FnMut(Progress),
     ) -> Outcome<PushInfo> {
         if sources.is_empty() {
-            return Err("nothing to push: name a workspace or layers".into());
+            return Err(invalid("nothing to push: name a workspace or layers"));
         }
         let mut layers = Vec::new();
         for source in sources {
@@ -85,10 +86,10 @@ impl Daemon {
                 Some(record) => {
                     let changes = self.diff(source)?;
                     if !changes.is_empty() {
-                        return Err(format!(
+                        return Err(in_use(format!(
                             "workspace {source} has {} changes not committed: `layerfs commit {source}` first",
                             changes.len()
-                        ));
+                        )));
                     }
                     for id in &record.layers {
                         layers.push(self.find_layer(id)?);
@@ -121,7 +122,7 @@ impl Daemon {
             &transport,
             &mut |done, total| progress(Progress { done, total }),
         )
-        .map_err(|e| format!("cannot push {reference}: {e}"))?;
+        .map_err(|e| registry_error(format_args!("cannot push {reference}"), e))?;
         for (layer, (blob, _)) in layers.iter().zip(&pushed.layers) {
             self.catalog
                 .add_layer_blob(layer.as_str(), blob)
@@ -166,10 +167,12 @@ impl Daemon {
     /// The full reference of an image the store has, given as the user
     /// wrote it (`debian` for `docker.io/library/debian:latest`).
     fn image_name(&self, reference: &str) -> Outcome<String> {
-        let full = layerfs_registry::normalize(reference)?;
+        let full = layerfs_registry::normalize(reference).map_err(invalid)?;
         match self.catalog.image(&full).map_err(|e| e.to_string())? {
             Some(_) => Ok(full),
-            None => Err(format!("no image {full}: see `layerfs image ls`")),
+            None => Err(not_found(format!(
+                "no image {full}: see `layerfs image ls`"
+            ))),
         }
     }
 
@@ -201,6 +204,19 @@ impl Daemon {
             .map(|(reference, _)| reference)
             .collect())
     }
+}
+
+/// A registry's error as the control protocol's: `context: message`.
+fn registry_error(context: impl std::fmt::Display, e: layerfs_registry::Error) -> ControlError {
+    use layerfs_registry::ErrorKind as R;
+    let kind = match e.kind {
+        R::Invalid => ErrorKind::Invalid,
+        R::Unauthorized => ErrorKind::Unauthorized,
+        R::Registry => ErrorKind::Registry,
+        R::NoSpace => ErrorKind::NoSpace,
+        R::Store => ErrorKind::Failed,
+    };
+    ControlError::new(kind, format!("{context}: {}", e.message))
 }
 
 fn image_info(reference: &str, record: &ImageRecord, fetched: usize) -> ImageInfo {

@@ -6,54 +6,67 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use layerfs_layers::{remove_tree, ChangeKind, LayerId, Workspace};
-use serde::Serialize;
 
-use super::{check_name, default_door, now, Daemon, Open, Outcome};
+use super::{
+    check_name, default_door, host_error, in_use, invalid, not_found, now, Daemon, Open, Outcome,
+};
 use crate::catalog::{Door, LayerNote, MountRecord, WorkspaceRecord};
 use crate::mounting;
 use crate::protocol::{
-    DiffEntry, LayerInfo, ProcedureFigures, Progress, RegistryOptions, Reply, Request, Stats,
-    WorkspaceInfo,
+    ControlError, DiffEntry, ErrorKind, LayerInfo, ProcedureFigures, Progress, RegistryOptions,
+    Reply, Request, Response, Stats, WorkspaceInfo,
 };
 
 impl Daemon {
     pub(super) fn handle(&self, request: Request, progress: &mut dyn FnMut(Progress)) -> Reply {
         tracing::debug!(?request, "control request");
-        let reply = match request {
-            Request::LayerImport { source } => reply(self.layer_import(&source, progress)),
-            Request::LayerLs => reply(self.layer_ls()),
-            Request::LayerRm { id } => reply(self.layer_rm(&id)),
+        let outcome = match request {
+            Request::LayerImport { source } => {
+                self.layer_import(&source, progress).map(Response::Layer)
+            }
+            Request::LayerLs => self.layer_ls().map(Response::Layers),
+            Request::LayerRm { id } => self.layer_rm(&id).map(Response::Removed),
             Request::Create {
                 name,
                 from,
                 size,
                 registry,
-            } => reply(self.create(&name, &from, size, &registry, progress)),
-            Request::SetSize { name, size } => reply(self.set_size(&name, size)),
-            Request::Mount { name, path, door } => reply(self.mount(&name, &path, door)),
-            Request::Unmount { target } => reply(self.unmount(&target)),
-            Request::Commit { name, message } => reply(self.commit(&name, message, progress)),
-            Request::Ls => reply(self.ls()),
-            Request::Rm { name, force } => reply(self.rm(&name, force)),
-            Request::Stats => reply(self.stats()),
-            Request::Diff { name } => reply(self.diff(&name)),
-            Request::Reset { name, paths } => reply(self.reset(&name, &paths)),
+            } => self
+                .create(&name, &from, size, &registry, progress)
+                .map(Response::Workspace),
+            Request::SetSize { name, size } => self.set_size(&name, size).map(Response::Workspace),
+            Request::Mount { name, path, door } => {
+                self.mount(&name, &path, door).map(Response::Workspace)
+            }
+            Request::Unmount { target } => self.unmount(&target).map(Response::Workspace),
+            Request::Commit { name, message } => {
+                self.commit(&name, message, progress).map(Response::Layer)
+            }
+            Request::Ls => self.ls().map(Response::Workspaces),
+            Request::Rm { name, force } => self.rm(&name, force).map(Response::Removed),
+            Request::Stats => self.stats().map(Response::Stats),
+            Request::Diff { name } => self.diff(&name).map(Response::Diff),
+            Request::Reset { name, paths } => self.reset(&name, &paths).map(Response::Reset),
             Request::Pull {
                 reference,
                 registry,
-            } => reply(self.pull(&reference, &registry, progress)),
+            } => self
+                .pull(&reference, &registry, progress)
+                .map(Response::Image),
             Request::Push {
                 sources,
                 reference,
                 registry,
-            } => reply(self.push(&sources, &reference, &registry, progress)),
-            Request::ImageLs => reply(self.image_ls()),
-            Request::ImageRm { reference } => reply(self.image_rm(&reference)),
+            } => self
+                .push(&sources, &reference, &registry, progress)
+                .map(Response::Pushed),
+            Request::ImageLs => self.image_ls().map(Response::Images),
+            Request::ImageRm { reference } => self.image_rm(&reference).map(Response::Removed),
         };
-        if let Some(e) = &reply.error {
-            tracing::info!("request refused: {e}");
+        if let Err(e) = &outcome {
+            tracing::info!(kind = ?e.kind, "request refused: {e}");
         }
-        reply
+        outcome.into()
     }
 
     fn layer_import(
@@ -62,7 +75,10 @@ impl Daemon {
         progress: &mut dyn FnMut(Progress),
     ) -> Outcome<LayerInfo> {
         if !source.is_absolute() {
-            return Err(format!("{}: give an absolute path", source.display()));
+            return Err(invalid(format!(
+                "{}: give an absolute path",
+                source.display()
+            )));
         }
         let _layers = self.layer_changes.lock();
         let id = self
@@ -70,7 +86,7 @@ impl Daemon {
             .import(source, &mut |done, total| {
                 progress(Progress { done, total })
             })
-            .map_err(|e| format!("cannot import {}: {e}", source.display()))?;
+            .map_err(|e| host_error(format_args!("cannot import {}", source.display()), e))?;
         let note = self.catalog.note(id.as_str()).map_err(|e| e.to_string())?;
         if note == LayerNote::default() {
             let note = LayerNote {
@@ -121,8 +137,10 @@ impl Daemon {
             .collect();
         match matching.len() {
             1 => Ok(matching.into_iter().next().expect("one")),
-            0 => Err(format!("no layer {id}: see `layerfs layer ls`")),
-            n => Err(format!("{id} names {n} layers: give more of the id")),
+            0 => Err(not_found(format!("no layer {id}: see `layerfs layer ls`"))),
+            n => Err(invalid(format!(
+                "{id} names {n} layers: give more of the id"
+            ))),
         }
     }
 
@@ -132,22 +150,22 @@ impl Daemon {
         let info = self.layer_info(&layer)?;
         let images = self.images_using(&layer)?;
         if !images.is_empty() {
-            return Err(format!(
+            return Err(in_use(format!(
                 "layer {layer} is part of image {}: `layerfs image rm` it first",
                 images.join(", ")
-            ));
+            )));
         }
         if !info.used_by.is_empty() {
             let plural = if info.used_by.len() == 1 { "" } else { "s" };
-            return Err(format!(
+            return Err(in_use(format!(
                 "layer {layer} is in use by workspace{plural} {}: remove {} first",
                 info.used_by.join(", "),
                 if plural.is_empty() { "it" } else { "them" }
-            ));
+            )));
         }
         self.store
             .remove(&layer)
-            .map_err(|e| format!("cannot remove layer {layer}: {e}"))?;
+            .map_err(|e| host_error(format_args!("cannot remove layer {layer}"), e))?;
         let _ = self.catalog.remove_note(layer.as_str());
         Ok(layer.to_string())
     }
@@ -185,7 +203,10 @@ impl Daemon {
             .map_err(|e| e.to_string())?
             .is_some()
         {
-            return Err(format!("workspace {name} already exists"));
+            return Err(ControlError::new(
+                ErrorKind::Exists,
+                format!("workspace {name} already exists"),
+            ));
         }
         let mut layers: Vec<LayerId> = Vec::new();
         let mut parent = None;
@@ -219,7 +240,7 @@ impl Daemon {
         // Made first, recorded second: a crash between leaves a directory
         // the next start removes.
         let made = Workspace::create(&self.workspace_dir(name), &dirs)
-            .map_err(|e| format!("cannot make workspace {name}: {e}"))?;
+            .map_err(|e| host_error(format_args!("cannot make workspace {name}"), e))?;
         drop(made);
         self.catalog
             .put_workspace(name, &record)
@@ -249,15 +270,18 @@ impl Daemon {
         let mut open = self.open.lock();
         let mut record = self.record(name)?;
         if let Some(m) = &record.mount {
-            return Err(format!(
+            return Err(in_use(format!(
                 "workspace {name} is already mounted on {} (unmount it first)",
                 m.path.display()
-            ));
+            )));
         }
         if !path.is_absolute() {
-            return Err(format!("{}: give an absolute path", path.display()));
+            return Err(invalid(format!(
+                "{}: give an absolute path",
+                path.display()
+            )));
         }
-        mounting::check_mountpoint(path).map_err(|e| e.to_string())?;
+        mounting::check_mountpoint(path).map_err(|e| invalid(e.to_string()))?;
         let door = door.unwrap_or_else(default_door);
         match door {
             Door::Nfs => {
@@ -265,7 +289,7 @@ impl Daemon {
                 self.add_export(name, &record, &o.workspace)?;
                 if let Err(e) = mounting::mount_nfs(self.port(), &format!("/{name}"), path) {
                     self.exports.remove(record.export_id);
-                    return Err(e.to_string());
+                    return Err(ControlError::new(super::io_kind(&e), e.to_string()));
                 }
             }
             Door::Fuse => self.mount_fuse(&mut open, name, path)?,
@@ -294,14 +318,18 @@ impl Daemon {
             .map_err(|e| e.to_string())?
             .into_iter()
             .find(|(_, r)| r.mount.as_ref().is_some_and(|m| m.path == path))
-            .ok_or_else(|| format!("{target}: no workspace of that name or mounted there"))
+            .ok_or_else(|| {
+                not_found(format!(
+                    "{target}: no workspace of that name or mounted there"
+                ))
+            })
     }
 
     fn unmount(&self, target: &str) -> Outcome<WorkspaceInfo> {
         let mut open = self.open.lock();
         let (name, mut record) = self.named_or_mounted_at(target)?;
         if record.mount.is_none() {
-            return Err(format!("workspace {name} is not mounted"));
+            return Err(invalid(format!("workspace {name} is not mounted")));
         }
         self.take_down(&mut open, &name, &record)?;
         record.mount = None;
@@ -359,14 +387,19 @@ impl Daemon {
         let committed = o
             .workspace
             .commit(&written)
-            .map_err(|e| format!("cannot commit {name}: {e}"))?;
+            .map_err(|e| host_error(format_args!("cannot commit {name}"), e))?;
         let _layers = self.layer_changes.lock();
         let layer = self
             .store
             .import_dir_with(&committed, &mut |done, total| {
                 progress(Progress { done, total })
             })
-            .map_err(|e| format!("committed {name}, but cannot add it to the store: {e}"))?;
+            .map_err(|e| {
+                host_error(
+                    format_args!("committed {name}, but cannot add it to the store"),
+                    e,
+                )
+            })?;
         record.layers.push(layer.to_string());
         self.catalog
             .put_workspace(name, &record)
@@ -513,16 +546,16 @@ impl Daemon {
             .collect();
         if !force {
             if let Some(m) = &record.mount {
-                return Err(format!(
+                return Err(in_use(format!(
                     "workspace {name} is mounted on {}: unmount it, or give --force",
                     m.path.display()
-                ));
+                )));
             }
             if !children.is_empty() {
-                return Err(format!(
+                return Err(in_use(format!(
                     "workspaces {} were made from {name}: remove them, or give --force",
                     children.join(", ")
-                ));
+                )));
             }
         }
         self.take_down(&mut open, name, &record)?;
@@ -570,13 +603,6 @@ impl Daemon {
     }
 }
 
-fn reply<T: Serialize>(outcome: Outcome<T>) -> Reply {
-    match outcome {
-        Ok(data) => Reply::ok(data),
-        Err(e) => Reply::error(e),
-    }
-}
-
 /// A path inside a workspace (`/etc/name` or `etc/name`) as its names;
 /// one that climbs out (`..`) is refused.
 fn workspace_path(path: &str) -> Outcome<Vec<Vec<u8>>> {
@@ -586,7 +612,9 @@ fn workspace_path(path: &str) -> Outcome<Vec<Vec<u8>>> {
         .map(|n| n.as_bytes().to_vec())
         .collect();
     if names.iter().any(|n| n == b"..") {
-        return Err(format!("{path}: a path inside the workspace, without `..`"));
+        return Err(invalid(format!(
+            "{path}: a path inside the workspace, without `..`"
+        )));
     }
     Ok(names)
 }

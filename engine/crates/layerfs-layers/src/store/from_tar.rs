@@ -60,7 +60,9 @@ pub(super) fn unpack(reader: impl Read, layer: &mut LayerWriter) -> io::Result<(
                 {
                     return Err(damaged(e));
                 }
-                return Err(refusal(&path, &format!("cannot be unpacked: {e}")));
+                // Its kind kept: a full disk stays a full disk.
+                let why = refusal(&path, &format!("cannot be unpacked: {e}"));
+                return Err(io::Error::new(e.kind(), why.to_string()));
             }
         }
     }
