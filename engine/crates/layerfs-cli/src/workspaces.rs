@@ -473,12 +473,19 @@ impl Client {
     }
 }
 
-/// A progress bar on the terminal for a request that takes a while;
-/// nothing when output is not a terminal or is JSON.
+/// Progress bars on the terminal for a request that takes a while (one
+/// per part, such as a layer of a pull, and one for the whole); nothing
+/// when output is not a terminal or is JSON.
 struct ProgressShown {
     enabled: bool,
     started: std::time::Instant,
-    bar: Option<indicatif::ProgressBar>,
+    bars: Option<Bars>,
+}
+
+struct Bars {
+    all: indicatif::MultiProgress,
+    parts: Vec<indicatif::ProgressBar>,
+    total: indicatif::ProgressBar,
 }
 
 /// A request quicker than this shows no bar.
@@ -489,32 +496,65 @@ impl ProgressShown {
         ProgressShown {
             enabled,
             started: std::time::Instant::now(),
-            bar: None,
+            bars: None,
         }
     }
 
     fn show(&mut self, p: Progress) {
-        if !self.enabled || (self.bar.is_none() && self.started.elapsed() < BAR_AFTER) {
+        if !self.enabled || (self.bars.is_none() && self.started.elapsed() < BAR_AFTER) {
             return;
         }
-        let bar = self.bar.get_or_insert_with(|| {
-            let bar = indicatif::ProgressBar::new(p.total);
-            if let Ok(style) = indicatif::ProgressStyle::with_template(
-                "[{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} {eta}",
-            ) {
-                bar.set_style(style.progress_chars("=> "));
+        let bars = self.bars.get_or_insert_with(|| {
+            let all = indicatif::MultiProgress::new();
+            let total = bar(
+                "{prefix:<13} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} {eta}",
+                p.total,
+            );
+            if !p.parts.is_empty() {
+                total.set_prefix("total");
             }
-            bar
+            let total = all.add(total);
+            Bars {
+                all,
+                parts: Vec::new(),
+                total,
+            }
         });
-        bar.set_length(p.total);
-        bar.set_position(p.done);
+        for (i, part) in p.parts.iter().enumerate() {
+            if i == bars.parts.len() {
+                let shown = bar("{prefix:<13} [{bar:40}] {bytes}/{total_bytes}", part.total);
+                shown.set_prefix(short_digest(&part.name));
+                bars.parts.push(bars.all.insert_before(&bars.total, shown));
+            }
+            bars.parts[i].set_length(part.total);
+            bars.parts[i].set_position(part.done);
+        }
+        bars.total.set_length(p.total);
+        bars.total.set_position(p.done);
     }
+}
+
+fn bar(template: &str, length: u64) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(length);
+    if let Ok(style) = indicatif::ProgressStyle::with_template(template) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar
+}
+
+/// `sha256:0123456789ab...` as `0123456789ab`, as registries' tools show it.
+fn short_digest(name: &str) -> String {
+    let hex = name.split_once(':').map_or(name, |(_, hex)| hex);
+    hex.chars().take(12).collect()
 }
 
 impl Drop for ProgressShown {
     fn drop(&mut self) {
-        if let Some(bar) = self.bar.take() {
-            bar.finish_and_clear();
+        if let Some(bars) = self.bars.take() {
+            for bar in bars.parts.iter().chain([&bars.total]) {
+                bar.finish_and_clear();
+            }
+            let _ = bars.all.clear();
         }
     }
 }
@@ -561,5 +601,10 @@ mod tests {
         assert_eq!(parse_size_or_none("none"), Ok(None));
         assert_eq!(human(64 << 20), "64.0M");
         assert_eq!(human(100), "100");
+        assert_eq!(
+            short_digest(&format!("sha256:{}", "ab".repeat(32))),
+            "abababababab"
+        );
+        assert_eq!(short_digest("layer"), "layer");
     }
 }

@@ -211,7 +211,7 @@ mod tests {
         let listener = UnixListener::bind(&socket).unwrap();
         let handler: Arc<Handler> = Arc::new(|request, progress| {
             for done in 1..=1000 {
-                progress(Progress { done, total: 1000 });
+                progress(Progress::of(done, 1000));
             }
             Reply::Ok(Response::Removed(format!("{request:?}")))
         });
@@ -219,13 +219,7 @@ mod tests {
         let mut seen = Vec::new();
         let reply = call_with_progress(&socket, &Request::Ls, &mut |p| seen.push(p)).unwrap();
         assert_eq!(reply, Reply::Ok(Response::Removed("Ls".into())));
-        assert_eq!(
-            seen.first(),
-            Some(&Progress {
-                done: 1,
-                total: 1000
-            })
-        );
+        assert_eq!(seen.first(), Some(&Progress::of(1, 1000)));
         assert!(seen.len() < 100, "{} progress lines", seen.len());
         // Without a progress callback the reply is the same.
         assert_eq!(

@@ -280,11 +280,33 @@ impl From<&str> for ControlError {
     }
 }
 
-/// How far a long request has got: bytes done of bytes in all.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+/// How far a long request has got: bytes done of bytes in all, and for a
+/// pull, of each layer it downloads.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Progress {
     pub done: u64,
     pub total: u64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parts: Vec<PartProgress>,
+}
+
+/// How far one part of a request (a layer of a pull) has got.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PartProgress {
+    pub name: String,
+    pub done: u64,
+    pub total: u64,
+}
+
+impl Progress {
+    /// Bytes done of bytes in all, in one part.
+    pub fn of(done: u64, total: u64) -> Progress {
+        Progress {
+            done,
+            total,
+            parts: Vec::new(),
+        }
+    }
 }
 
 /// What the daemon sends: progress, or the reply that ends the request.

@@ -17,7 +17,7 @@ mod reference;
 pub use auth::{credentials_for, login_file, store_credentials};
 pub use blob::{write_layer_blob, BlobInfo, LAYER_GZIP};
 pub use error::{Error, ErrorKind};
-pub use pull::{pull, Pulled, PulledLayer};
+pub use pull::{pull, LayerProgress, Pulled, PulledLayer};
 pub use push::{push, PushLayer, Pushed};
 pub use reference::normalize;
 

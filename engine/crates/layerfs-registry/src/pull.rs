@@ -65,15 +65,25 @@ struct RootFs {
     diff_ids: Vec<String>,
 }
 
+/// How far the download of one layer has got.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayerProgress {
+    /// The digest of its blob.
+    pub digest: String,
+    /// Bytes downloaded of `total`.
+    pub done: u64,
+    pub total: u64,
+}
+
 /// Pulls `reference` into `store`. `have` answers which layer of the store
-/// holds a `diff_id` already; `progress` is told (bytes downloaded, bytes
-/// to download) as it goes.
+/// holds a `diff_id` already; `progress` is told how far each layer to
+/// download has got, a few times a second.
 pub fn pull(
     store: &Store,
     reference: &str,
     options: &PullOptions,
     have: &(dyn Fn(&str) -> Option<LayerId> + Sync),
-    progress: &mut dyn FnMut(u64, u64),
+    progress: &mut dyn FnMut(&[LayerProgress]),
 ) -> Result<Pulled, Error> {
     let image = reference::parse(reference).map_err(Error::invalid)?;
     let client = Client::new(client_config(&options.transport).map_err(Error::invalid)?);
@@ -109,16 +119,24 @@ pub fn pull(
 
     let mut layers: Vec<Option<LayerId>> = diff_ids.iter().map(|d| have(d)).collect();
     let wanted: Vec<usize> = (0..layers.len()).filter(|&i| layers[i].is_none()).collect();
-    let total: u64 = wanted
-        .iter()
-        .map(|&i| manifest.layers[i].size.max(0) as u64)
-        .sum();
-    let done = AtomicU64::new(0);
+    let done: Vec<AtomicU64> = wanted.iter().map(|_| AtomicU64::new(0)).collect();
+    let report = |progress: &mut dyn FnMut(&[LayerProgress])| {
+        let now: Vec<LayerProgress> = wanted
+            .iter()
+            .zip(&done)
+            .map(|(&i, done)| LayerProgress {
+                digest: manifest.layers[i].digest.clone(),
+                done: done.load(Relaxed),
+                total: manifest.layers[i].size.max(0) as u64,
+            })
+            .collect();
+        progress(&now);
+    };
     let fetched = std::thread::scope(|threads| {
         runtime.block_on(async {
-            let downloads = futures_util::stream::iter(wanted.iter().copied())
-                .map(|i| {
-                    let (client, image, done) = (&client, &image, &done);
+            let downloads = futures_util::stream::iter(wanted.iter().copied().zip(&done))
+                .map(|(i, done)| {
+                    let (client, image) = (&client, &image);
                     let (descriptor, diff_id) = (&manifest.layers[i], &diff_ids[i]);
                     async move {
                         let layer =
@@ -134,12 +152,12 @@ pub fn pull(
             loop {
                 tokio::select! {
                     finished = &mut downloads => break finished,
-                    _ = tick.tick() => progress(done.load(Relaxed), total),
+                    _ = tick.tick() => report(progress),
                 }
             }
         })
     });
-    progress(done.load(Relaxed), total);
+    report(progress);
     for (i, layer) in fetched {
         let layer = layer.map_err(|e| e.of(format_args!("layer {}", manifest.layers[i].digest)))?;
         layers[i] = Some(layer);

@@ -6,7 +6,9 @@ use layerfs_registry::{BlobInfo, PullOptions, PushLayer, Transport};
 
 use super::{in_use, invalid, not_found, now, Daemon, Outcome};
 use crate::catalog::ImageRecord;
-use crate::protocol::{ControlError, ErrorKind, ImageInfo, Progress, PushInfo, RegistryOptions};
+use crate::protocol::{
+    ControlError, ErrorKind, ImageInfo, PartProgress, Progress, PushInfo, RegistryOptions,
+};
 
 impl Daemon {
     /// Pulls `reference`. Only the layers the store lacks are downloaded,
@@ -26,14 +28,22 @@ impl Daemon {
             let layer = self.catalog.layer_of_diff_id(diff_id).ok()??;
             self.store.layer(&layer)
         };
-        let pulled = layerfs_registry::pull(
-            &self.store,
-            reference,
-            &options,
-            &have,
-            &mut |done, total| progress(Progress { done, total }),
-        )
-        .map_err(|e| registry_error(format_args!("cannot pull {reference}"), e))?;
+        let pulled =
+            layerfs_registry::pull(&self.store, reference, &options, &have, &mut |layers| {
+                progress(Progress {
+                    done: layers.iter().map(|l| l.done).sum(),
+                    total: layers.iter().map(|l| l.total).sum(),
+                    parts: layers
+                        .iter()
+                        .map(|l| PartProgress {
+                            name: l.digest.clone(),
+                            done: l.done,
+                            total: l.total,
+                        })
+                        .collect(),
+                })
+            })
+            .map_err(|e| registry_error(format_args!("cannot pull {reference}"), e))?;
         let record = ImageRecord {
             digest: pulled.digest.clone(),
             layers: pulled.layers.iter().map(|l| l.layer.to_string()).collect(),
@@ -120,7 +130,7 @@ impl Daemon {
             &to_push,
             &staging,
             &transport,
-            &mut |done, total| progress(Progress { done, total }),
+            &mut |done, total| progress(Progress::of(done, total)),
         )
         .map_err(|e| registry_error(format_args!("cannot push {reference}"), e))?;
         for (layer, (blob, _)) in layers.iter().zip(&pushed.layers) {

@@ -84,7 +84,7 @@ impl Daemon {
         let id = self
             .store
             .import(source, &mut |done, total| {
-                progress(Progress { done, total })
+                progress(Progress::of(done, total))
             })
             .map_err(|e| host_error(format_args!("cannot import {}", source.display()), e))?;
         let note = self.catalog.note(id.as_str()).map_err(|e| e.to_string())?;
@@ -392,7 +392,7 @@ impl Daemon {
         let layer = self
             .store
             .import_dir_with(&committed, &mut |done, total| {
-                progress(Progress { done, total })
+                progress(Progress::of(done, total))
             })
             .map_err(|e| {
                 host_error(
