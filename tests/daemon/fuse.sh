@@ -2,7 +2,8 @@
 # The workspace daemon end to end through FUSE on this machine: import a
 # directory and an OCI tarball (its devices and FIFOs kept, the device
 # out of reach on the nodev mount), make a workspace on both, mount it, change
-# files, diff, reset while mounted, a size limit, a long import beside
+# files, diff, reset while mounted, a size limit, a long import and a
+# long commit of another workspace beside
 # other requests, commit (also while programs write: one moment), make a
 # second workspace from the commit and see the changes there; twenty more
 # mounts within their memory and threads; kill -9 the daemon under a
@@ -151,6 +152,23 @@ for _ in $(seq 200); do [[ -n $(ls "$LAYERFS_STORE/staging" 2>/dev/null) ]] && b
 "$layerfs" diff w >/dev/null
 kill -0 "$importing" 2>/dev/null || fail "the import was over before the mount and diff answered: nothing was shown"
 wait "$importing" || fail "the import failed"
+
+step "a long commit of one workspace leaves another workspace's requests free"
+"$layerfs" create busy --from w >/dev/null
+mkdir "$t/busy"
+"$layerfs" mount busy "$t/busy" --fuse >/dev/null
+cp -r "$t/bulk/." "$t/busy/"
+"$layerfs" commit busy --message "30,000 files" >/dev/null 2>&1 &
+committing=$!
+# The commit has begun once the new upper is made.
+for _ in $(seq 500); do [[ -e $LAYERFS_STORE/workspaces/busy/tree/2 ]] && break; sleep 0.01; done
+[[ -e $LAYERFS_STORE/workspaces/busy/tree/2 ]] || fail "the commit of busy did not begin"
+"$layerfs" unmount w >/dev/null
+"$layerfs" mount w "$t/w" --fuse >/dev/null
+"$layerfs" diff w >/dev/null
+kill -0 "$committing" 2>/dev/null || fail "the commit was over before w's mount and diff answered: nothing was shown"
+wait "$committing" || fail "the commit of busy failed"
+"$layerfs" rm --force busy >/dev/null
 
 step "commit; a second workspace from the commit sees the changes"
 commit=$("$layerfs" commit w --message "first changes")

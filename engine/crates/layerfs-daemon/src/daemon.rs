@@ -149,12 +149,16 @@ struct Daemon {
     catalog: Catalog,
     exports: Arc<Exports>,
     server: Mutex<Option<ServerHandle>>,
-    /// Open workspaces by name; held while a request on workspaces runs,
-    /// so those happen one at a time.
-    open: Mutex<HashMap<String, Open>>,
+    /// Open workspaces, one lock each: a request on a workspace holds its
+    /// slot, so requests on one workspace run in turn and requests on
+    /// different workspaces side by side.
+    open: Slots,
+    /// Held while a mountpoint is checked and mounted on, so two
+    /// workspaces never both take one empty directory.
+    mounting: Mutex<()>,
     /// Held while the store's layers change (an import, a removal) or a
     /// workspace is recorded over them: a layer is never removed while a
-    /// workspace is being made on it. Taken after `open` where both are.
+    /// workspace is being made on it. Taken after a slot where both are.
     /// An import holds only this: a long one leaves the workspaces' requests
     /// (mount, diff, commit of another workspace...) free.
     layer_changes: Mutex<()>,
@@ -164,6 +168,9 @@ struct Daemon {
 
 mod images;
 mod requests;
+mod slots;
+
+use slots::Slots;
 
 type Outcome<T> = Result<T, ControlError>;
 
@@ -230,7 +237,8 @@ impl Daemon {
             catalog,
             exports: Arc::new(Exports::new(key)),
             server: Mutex::new(None),
-            open: Mutex::new(HashMap::new()),
+            open: Slots::default(),
+            mounting: Mutex::new(()),
             layer_changes: Mutex::new(()),
             problems: Mutex::new(HashMap::new()),
         };
@@ -357,12 +365,8 @@ impl Daemon {
     }
 
     /// Opens workspace `name` if it is not open yet.
-    fn ensure_open<'a>(
-        &self,
-        open: &'a mut HashMap<String, Open>,
-        name: &str,
-    ) -> Outcome<&'a mut Open> {
-        if !open.contains_key(name) {
+    fn ensure_open<'a>(&self, open: &'a mut Option<Open>, name: &str) -> Outcome<&'a mut Open> {
+        if open.is_none() {
             let workspace = Workspace::open(&self.workspace_dir(name))
                 .map_err(|e| format!("cannot open workspace {name}: {e}"))?;
             let limit = self.record(name)?.size_limit;
@@ -372,16 +376,13 @@ impl Daemon {
                     .set_size_limit(limit)
                     .map_err(|e| format!("cannot limit workspace {name}: {e}"))?;
             }
-            open.insert(
-                name.to_string(),
-                Open {
-                    workspace,
-                    #[cfg(target_os = "linux")]
-                    fuse: None,
-                },
-            );
+            *open = Some(Open {
+                workspace,
+                #[cfg(target_os = "linux")]
+                fuse: None,
+            });
         }
-        Ok(open.get_mut(name).expect("just opened"))
+        Ok(open.as_mut().expect("just opened"))
     }
 
     fn add_export(
@@ -412,11 +413,11 @@ impl Daemon {
         let Ok(all) = self.catalog.workspaces() else {
             return;
         };
-        let mut open = self.open.lock();
         for (name, record) in all {
             if record.mount.as_ref().map(|m| m.door) != Some(Door::Nfs) {
                 continue;
             }
+            let mut open = self.open.hold(&name);
             let result = self
                 .ensure_open(&mut open, &name)
                 .and_then(|o| self.add_export(&name, &record, &o.workspace));
@@ -433,11 +434,11 @@ impl Daemon {
         let Ok(all) = self.catalog.workspaces() else {
             return;
         };
-        let mut open = self.open.lock();
         for (name, record) in all {
             let Some(mount) = record.mount.clone() else {
                 continue;
             };
+            let mut open = self.open.hold(&name);
             if self.problems.lock().contains_key(&name) {
                 continue;
             }
@@ -460,7 +461,7 @@ impl Daemon {
     }
 
     #[cfg(target_os = "linux")]
-    fn mount_fuse(&self, open: &mut HashMap<String, Open>, name: &str, path: &Path) -> Outcome<()> {
+    fn mount_fuse(&self, open: &mut Option<Open>, name: &str, path: &Path) -> Outcome<()> {
         let o = self.ensure_open(open, name)?;
         let options = layerfs_fuse::Options {
             // The layers never change and the upper is this daemon's alone.
@@ -481,20 +482,25 @@ impl Daemon {
     }
 
     #[cfg(not(target_os = "linux"))]
-    fn mount_fuse(&self, _: &mut HashMap<String, Open>, _: &str, _: &Path) -> Outcome<()> {
+    fn mount_fuse(&self, _: &mut Option<Open>, _: &str, _: &Path) -> Outcome<()> {
         Err(invalid("FUSE mounts are for Linux: mount with --nfs"))
     }
 
     /// A FUSE mount taken away from outside (`umount`) is noted for `ls`.
     fn notice_lost_mounts(&self) {
         #[cfg(target_os = "linux")]
-        for (name, o) in self.open.lock().iter_mut() {
+        for name in self.open.names() {
+            // A workspace a request holds is looked at next time.
+            let Some(mut held) = self.open.try_hold(&name) else {
+                continue;
+            };
+            let Some(o) = held.as_mut() else { continue };
             if o.fuse.as_ref().is_some_and(|m| !m.is_serving()) {
                 o.fuse = None;
                 tracing::warn!(workspace = %name, "its FUSE mount was taken away");
                 self.problems
                     .lock()
-                    .insert(name.clone(), "unmounted from outside layerfs".into());
+                    .insert(name, "unmounted from outside layerfs".into());
             }
         }
     }
@@ -502,7 +508,6 @@ impl Daemon {
     /// On stop: every mounted workspace is unmounted (lazily if busy) and
     /// recorded as unmounted.
     fn unmount_all(&self) {
-        let mut open = self.open.lock();
         let Ok(all) = self.catalog.workspaces() else {
             return;
         };
@@ -510,6 +515,7 @@ impl Daemon {
             if record.mount.is_none() {
                 continue;
             }
+            let mut open = self.open.hold(&name);
             match self.take_down(&mut open, &name, &record) {
                 Ok(()) => {
                     record.mount = None;
@@ -517,8 +523,8 @@ impl Daemon {
                 }
                 Err(e) => tracing::error!(workspace = %name, "{e}"),
             }
+            *open = None;
         }
-        open.clear();
     }
 }
 

@@ -1,6 +1,7 @@
-//! The requests of the control socket, one method each; those on
-//! workspaces run one at a time under the lock over the open workspaces,
-//! layer imports and removals under the lock over the store's layers.
+//! The requests of the control socket, one method each. A request on a
+//! workspace holds that workspace's slot (requests on one workspace run in
+//! turn, on different ones side by side); layer imports and removals hold
+//! the lock over the store's layers.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -195,7 +196,7 @@ impl Daemon {
                 }
             }
         }
-        let open = self.open.lock();
+        let _slot = self.open.hold(name);
         let _layers = self.layer_changes.lock();
         if self
             .catalog
@@ -245,7 +246,6 @@ impl Daemon {
         self.catalog
             .put_workspace(name, &record)
             .map_err(|e| e.to_string())?;
-        drop(open);
         Ok(self.info(name, &record))
     }
 
@@ -267,7 +267,7 @@ impl Daemon {
     }
 
     fn mount(&self, name: &str, path: &Path, door: Option<Door>) -> Outcome<WorkspaceInfo> {
-        let mut open = self.open.lock();
+        let mut open = self.open.hold(name);
         let mut record = self.record(name)?;
         if let Some(m) = &record.mount {
             return Err(in_use(format!(
@@ -281,6 +281,7 @@ impl Daemon {
                 path.display()
             )));
         }
+        let _mountpoints = self.mounting.lock();
         mounting::check_mountpoint(path).map_err(|e| invalid(e.to_string()))?;
         let door = door.unwrap_or_else(default_door);
         match door {
@@ -326,8 +327,11 @@ impl Daemon {
     }
 
     fn unmount(&self, target: &str) -> Outcome<WorkspaceInfo> {
-        let mut open = self.open.lock();
-        let (name, mut record) = self.named_or_mounted_at(target)?;
+        let (name, _) = self.named_or_mounted_at(target)?;
+        let mut open = self.open.hold(&name);
+        // Read again under its lock: a request before this one may have
+        // changed it.
+        let mut record = self.record(&name)?;
         if record.mount.is_none() {
             return Err(invalid(format!("workspace {name} is not mounted")));
         }
@@ -343,7 +347,7 @@ impl Daemon {
     /// Unmounts workspace `name` and closes it.
     pub(super) fn take_down(
         &self,
-        open: &mut HashMap<String, Open>,
+        open: &mut Option<Open>,
         name: &str,
         record: &WorkspaceRecord,
     ) -> Outcome<()> {
@@ -361,14 +365,14 @@ impl Daemon {
             Door::Fuse =>
             {
                 #[cfg(target_os = "linux")]
-                if let Some(mounted) = open.get_mut(name).and_then(|o| o.fuse.take()) {
+                if let Some(mounted) = open.as_mut().and_then(|o| o.fuse.take()) {
                     mounted
                         .unmount()
                         .map_err(|e| format!("cannot unmount {}: {e}", mount.path.display()))?;
                 }
             }
         }
-        open.remove(name);
+        *open = None;
         self.problems.lock().remove(name);
         tracing::info!(workspace = %name, path = %mount.path.display(), "unmounted");
         Ok(())
@@ -380,7 +384,7 @@ impl Daemon {
         message: Option<String>,
         progress: &mut dyn FnMut(Progress),
     ) -> Outcome<LayerInfo> {
-        let mut open = self.open.lock();
+        let mut open = self.open.hold(name);
         let mut record = self.record(name)?;
         let o = self.ensure_open(&mut open, name)?;
         let written = o.settled_writes()?;
@@ -413,7 +417,7 @@ impl Daemon {
             .put_note(layer.as_str(), &note)
             .map_err(|e| e.to_string())?;
         if record.mount.is_none() {
-            open.remove(name);
+            *open = None;
         }
         drop(open);
         tracing::info!(workspace = %name, %layer, "committed");
@@ -423,9 +427,9 @@ impl Daemon {
     /// Sets or lifts the limit on what the workspace's upper may hold; an
     /// open workspace has it at once.
     fn set_size(&self, name: &str, size: Option<u64>) -> Outcome<WorkspaceInfo> {
-        let open = self.open.lock();
+        let open = self.open.hold(name);
         let mut record = self.record(name)?;
-        if let Some(o) = open.get(name) {
+        if let Some(o) = open.as_ref() {
             o.workspace
                 .fs()
                 .set_size_limit(size)
@@ -441,7 +445,7 @@ impl Daemon {
 
     /// What the workspace changed over its layers, mounted or not.
     pub(super) fn diff(&self, name: &str) -> Outcome<Vec<DiffEntry>> {
-        let mut open = self.open.lock();
+        let mut open = self.open.hold(name);
         let record = self.record(name)?;
         let o = self.ensure_open(&mut open, name)?;
         let changes = o
@@ -450,7 +454,7 @@ impl Daemon {
             .diff()
             .map_err(|e| format!("cannot read the changes of {name}: {e}"))?;
         if record.mount.is_none() {
-            open.remove(name);
+            *open = None;
         }
         Ok(changes
             .into_iter()
@@ -475,7 +479,7 @@ impl Daemon {
             .iter()
             .map(|p| workspace_path(p))
             .collect::<Outcome<Vec<_>>>()?;
-        let mut open = self.open.lock();
+        let mut open = self.open.hold(name);
         let record = self.record(name)?;
         let o = self.ensure_open(&mut open, name)?;
         // Writes the kernel still holds reach the upper first: sent after
@@ -491,7 +495,7 @@ impl Daemon {
             m.invalidate(&done.names, &done.files);
         }
         if record.mount.is_none() {
-            open.remove(name);
+            *open = None;
         }
         tracing::info!(workspace = %name, names = done.names.len(), "reset");
         Ok(done.names.len())
@@ -519,8 +523,8 @@ impl Daemon {
     /// workspaces' lock is free (`ls` waits for no other request).
     fn size_used(&self, name: &str, record: &WorkspaceRecord) -> Option<u64> {
         record.size_limit?;
-        let open = self.open.try_lock()?;
-        open.get(name)?
+        let open = self.open.try_hold(name)?;
+        open.as_ref()?
             .workspace
             .fs()
             .size_used()
@@ -534,7 +538,7 @@ impl Daemon {
     }
 
     fn rm(&self, name: &str, force: bool) -> Outcome<String> {
-        let mut open = self.open.lock();
+        let mut open = self.open.hold(name);
         let record = self.record(name)?;
         let children: Vec<String> = self
             .catalog
@@ -559,7 +563,7 @@ impl Daemon {
             }
         }
         self.take_down(&mut open, name, &record)?;
-        open.remove(name);
+        *open = None;
         // Forgotten first, removed second: a crash between leaves a
         // directory the next start removes.
         self.catalog
