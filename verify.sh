@@ -141,6 +141,8 @@ echo "-- extended attributes and file capabilities through the door"
 check "FUSE extended attributes" tests/fuse/xattrs.sh target/release/layerfs
 echo "-- the workspace daemon through FUSE: import, create, mount, commit, kill -9, restart"
 check "daemon through FUSE" tests/daemon/fuse.sh target/release/layerfs
+echo "-- 16 clients on workspaces of their own for 2 minutes, each step checked"
+check "daemon under many clients" tests/daemon/soak.sh target/release/layerfs 120 16
 echo "-- images from a registry: docker-registry on 127.0.0.1, umoci and skopeo to compare"
 check "registry pulls" tests/registry/pull.sh target/release/layerfs
 
