@@ -222,6 +222,44 @@ fn a_reset_throws_away_the_changes_under_a_path_or_all_of_them() {
         ]
     );
 
+    // A new tree: its own name is what changed (dropping a directory's
+    // entry drops what is below it), and it leaves the host at once from
+    // the upper, soon from the work directory it was moved aside into.
+    let fresh = fs
+        .mkdir(&w, ROOT, b"fresh", &SetAttr::default())
+        .unwrap()
+        .0
+        .fileid;
+    let inner = fs
+        .mkdir(&w, fresh, b"inner", &SetAttr::default())
+        .unwrap()
+        .0
+        .fileid;
+    for dir in [fresh, inner] {
+        for n in 0..50 {
+            let name = format!("f{n}");
+            fs.create(
+                &w,
+                dir,
+                name.as_bytes(),
+                Create::Unchecked(SetAttr::default()),
+            )
+            .unwrap();
+        }
+    }
+    let done = fs.reset(&[vec![b"fresh".to_vec()]]).unwrap();
+    assert_eq!(done.names, [(ROOT, b"fresh".to_vec())]);
+    assert!(!t.path().join("upper/fresh").exists());
+    let work = t.path().join("state/work");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::fs::read_dir(&work).unwrap().next().is_some() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the discarded tree stays in {work:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+
     // All of it: the workspace shows its layers again.
     fs.reset(&[]).unwrap();
     assert!(lines(&fs).is_empty(), "{:?}", lines(&fs));

@@ -10,7 +10,9 @@
 //! that caches names and pages (FUSE) is told which to drop:
 //! [`ResetDone`].
 
+use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use layerfs_vfs::hostdir::{self, cstr};
@@ -29,7 +31,27 @@ use super::StackFs;
 pub struct ResetDone {
     pub names: Vec<(FileId, Vec<u8>)>,
     pub files: Vec<FileId>,
+    /// Upper directories moved aside into the work directory, removed
+    /// once the reset is over.
+    discarded: Vec<CString>,
+    /// The upper directories whose entries the reset changed, by inode
+    /// number: synced at its end.
+    dirs: Vec<(u64, OwnedFd)>,
 }
+
+impl ResetDone {
+    fn changed_dir(&mut self, dir: BorrowedFd<'_>) -> Result<()> {
+        let ino = rustix::fs::fstat(dir)?.st_ino;
+        if !self.dirs.iter().any(|(i, _)| *i == ino) {
+            self.dirs.push((ino, dir.try_clone_to_owned()?));
+        }
+        Ok(())
+    }
+}
+
+/// Numbers the directories a reset moves aside (the work directory is
+/// emptied at each open, so unique within one run is enough).
+static DISCARDED: AtomicU64 = AtomicU64::new(0);
 
 impl StackFs {
     /// Throws away the changes under each of `paths` (names from the root,
@@ -60,8 +82,51 @@ impl StackFs {
         )?);
         self.caches.layers_changed();
         self.freed();
-        hostdir::sync_filesystem(current.all[UPPER].root.as_fd())?;
+        // Durable before the answer: the directories whose entries changed
+        // (not the filesystem, whose sync would write out the data of
+        // every file just written, the discarded ones too).
+        for (_, dir) in &done.dirs {
+            rustix::fs::fsync(dir)?;
+        }
+        self.remove_discarded(std::mem::take(&mut done.discarded));
         Ok(done)
+    }
+
+    /// Moves the upper directory `name` of `upper` aside into the work
+    /// directory: one rename where removing it is a call per entry, which
+    /// for thousands of files is most of a reset's time.
+    fn discard_dir(&self, upper: BorrowedFd<'_>, name: &CStr, done: &mut ResetDone) -> Result<()> {
+        let aside = CString::new(format!("reset-{}", DISCARDED.fetch_add(1, Relaxed)))
+            .expect("no NUL in a number");
+        rustix::fs::renameat(upper, name, &self.work, &*aside)?;
+        done.discarded.push(aside);
+        Ok(())
+    }
+
+    /// Removes what a reset moved aside, on a thread of its own: the
+    /// reset is durable already (what is aside is in no tree), and a crash
+    /// meanwhile leaves it in the work directory, which the next open
+    /// empties.
+    fn remove_discarded(&self, names: Vec<CString>) {
+        if names.is_empty() {
+            return;
+        }
+        let Ok(work) = self.work.try_clone() else {
+            return;
+        };
+        let remove = move || {
+            for name in names {
+                if let Err(e) = remove_tree_at(work.as_fd(), &name) {
+                    tracing::warn!("cannot remove what a reset set aside: {e}");
+                }
+            }
+        };
+        let spawned = std::thread::Builder::new()
+            .name("layerfs-reset".into())
+            .spawn(remove);
+        if spawned.is_err() {
+            tracing::warn!("no thread to remove what a reset set aside: it goes at the next open");
+        }
     }
 
     fn reset_path(&self, layers: &Layers, path: &[Vec<u8>], done: &mut ResetDone) -> Result<()> {
@@ -108,6 +173,7 @@ impl StackFs {
             match name.strip_prefix(b".wh.") {
                 Some(b".wh..opq") => {
                     rustix::fs::unlinkat(upper, &*cstr(&name)?, AtFlags::empty())?;
+                    done.changed_dir(upper)?;
                 }
                 Some(hidden) if !is_hidden(hidden) => {
                     let hidden = hidden.to_vec();
@@ -150,17 +216,18 @@ impl StackFs {
                 if rustix::fs::FileType::from_raw_mode(st.st_mode)
                     == rustix::fs::FileType::Directory
                 {
-                    let sub: OwnedFd = hostdir::open_dir(upper, &c)?;
-                    // Its entries leave the kernel's caches too.
-                    let (id, below) = match &shown {
-                        Some(f) if f.kind() == FileKind::Directory => {
-                            (f.attr.fileid, f.parts.clone())
+                    // Where the layers hold a directory too, each name
+                    // under it leaves the kernel's caches (it may show the
+                    // layers' entry now). Where they do not, the name alone
+                    // does: dropping a directory's entry drops what is below.
+                    match &shown {
+                        Some(f) if f.kind() == FileKind::Directory && below_too(&f.parts) => {
+                            let sub: OwnedFd = hostdir::open_dir(upper, &c)?;
+                            self.forget_tree(layers, sub.as_fd(), f.attr.fileid, &f.parts, done)?;
                         }
-                        _ => (0, Vec::new()),
-                    };
-                    self.forget_tree(layers, sub.as_fd(), id, &below, done)?;
-                    drop(sub);
-                    remove_tree_at(upper, &c)?;
+                        _ => {}
+                    }
+                    self.discard_dir(upper, &c, done)?;
                 } else {
                     rustix::fs::unlinkat(upper, &c, AtFlags::empty())?;
                 }
@@ -170,12 +237,13 @@ impl StackFs {
         }
         if changed {
             done.names.push((dir, name.to_vec()));
+            done.changed_dir(upper)?;
         }
         Ok(())
     }
 
     /// Notes every name under the upper directory `upper` (merged directory
-    /// `dir`, 0 if the layers hold none there) as changed.
+    /// `dir`, which the layers hold too) as changed.
     fn forget_tree(
         &self,
         layers: &Layers,
@@ -190,19 +258,22 @@ impl StackFs {
                 Some(_) => continue,
                 None => name.clone(),
             };
-            if dir != 0 {
-                done.names.push((dir, shown_name.clone()));
-                if let Some(f) = layers.lookup(&self.inodes, parts, &cstr(&shown_name)?)? {
-                    done.files.push(f.attr.fileid);
-                    if is_dir && f.kind() == FileKind::Directory {
-                        let sub = hostdir::open_dir(upper, &cstr(&name)?)?;
-                        self.forget_tree(layers, sub.as_fd(), f.attr.fileid, &f.parts, done)?;
-                    }
+            done.names.push((dir, shown_name.clone()));
+            if let Some(f) = layers.lookup(&self.inodes, parts, &cstr(&shown_name)?)? {
+                done.files.push(f.attr.fileid);
+                if is_dir && f.kind() == FileKind::Directory && below_too(&f.parts) {
+                    let sub = hostdir::open_dir(upper, &cstr(&name)?)?;
+                    self.forget_tree(layers, sub.as_fd(), f.attr.fileid, &f.parts, done)?;
                 }
             }
         }
         Ok(())
     }
+}
+
+/// Whether a merged directory of `parts` is also one of the layers'.
+fn below_too(parts: &[Part]) -> bool {
+    parts.iter().any(|p| p.layer != UPPER)
 }
 
 /// Removes the directory `name` in `dir` and everything in it.
