@@ -22,7 +22,7 @@ use fuser::{
     ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl,
     ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
-use layerfs_vfs::access::permits;
+use layerfs_vfs::access::{permits, Perm};
 use layerfs_vfs::hostdir;
 use layerfs_vfs::{
     Allocate, Attr, Caller, Create, Error, FileId, FileKind, Filesystem, NewEntry, SetAttr,
@@ -230,26 +230,21 @@ fn set_time(t: Option<TimeOrNow>) -> SetTime {
     }
 }
 
-/// Read (4), write (2) and execute (1) bits a request for `mask` needs.
-fn wanted(mask: AccessFlags) -> u32 {
-    let mut want = 0;
-    if mask.contains(AccessFlags::R_OK) {
-        want |= 4;
-    }
-    if mask.contains(AccessFlags::W_OK) {
-        want |= 2;
-    }
-    if mask.contains(AccessFlags::X_OK) {
-        want |= 1;
-    }
+/// What an access(2) of `mask` asks for.
+fn wanted(mask: AccessFlags) -> Perm {
+    let mut want = Perm::empty();
+    want.set(Perm::READ, mask.contains(AccessFlags::R_OK));
+    want.set(Perm::WRITE, mask.contains(AccessFlags::W_OK));
+    want.set(Perm::EXEC, mask.contains(AccessFlags::X_OK));
     want
 }
 
-fn open_wants(flags: OpenFlags) -> u32 {
+/// What an open with `flags` asks for.
+fn open_wants(flags: OpenFlags) -> Perm {
     match flags.acc_mode() {
-        OpenAccMode::O_RDONLY => 4,
-        OpenAccMode::O_WRONLY => 2,
-        OpenAccMode::O_RDWR => 6,
+        OpenAccMode::O_RDONLY => Perm::READ,
+        OpenAccMode::O_WRONLY => Perm::WRITE,
+        OpenAccMode::O_RDWR => Perm::READ | Perm::WRITE,
     }
 }
 
@@ -525,9 +520,13 @@ impl fuser::Filesystem for Door {
         }
         self.opens.open(
             attr.fileid,
-            self.held(attr.fileid, wants & 2 != 0),
+            self.held(attr.fileid, wants.contains(Perm::WRITE)),
             reply,
-            |reply| self.backing(&caller, &attr, wants & 2 != 0, |fd| reply.open_backing(fd)),
+            |reply| {
+                self.backing(&caller, &attr, wants.contains(Perm::WRITE), |fd| {
+                    reply.open_backing(fd)
+                })
+            },
             |reply, way| match way {
                 Way::Cached => reply.opened(CACHED, self.open_flags()),
                 Way::Passthrough(b) => reply.opened_passthrough(PASSTHROUGH, PASSTHROUGH_FLAGS, b),

@@ -505,7 +505,8 @@ fn apply_stack(fs: &StackFs, op: &Op, paths: &[Vec<&str>], who: &Caller) -> Resu
     // override) for opens made before a chmod.
     let writable = |i: usize| -> Result<FileId, Error> {
         let id = file(i)?;
-        match layerfs_vfs::access::permits(&fs.getattr(id)?, &who, 2) {
+        match layerfs_vfs::access::permits(&fs.getattr(id)?, &who, layerfs_vfs::access::Perm::WRITE)
+        {
             true => Ok(id),
             false => Err(Error::Access),
         }
@@ -557,7 +558,11 @@ fn apply_stack(fs: &StackFs, op: &Op, paths: &[Vec<&str>], who: &Caller) -> Resu
             let safe_source = attr.kind == FileKind::Regular
                 && attr.mode & 0o4000 == 0
                 && attr.mode & 0o2010 != 0o2010
-                && layerfs_vfs::access::permits(&attr, &who, 6);
+                && layerfs_vfs::access::permits(
+                    &attr,
+                    &who,
+                    layerfs_vfs::access::Perm::READ | layerfs_vfs::access::Perm::WRITE,
+                );
             if !who.is_root() && who.uid != attr.uid && !safe_source {
                 return Err(Error::Perm);
             }

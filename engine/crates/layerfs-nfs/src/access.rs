@@ -1,7 +1,7 @@
 //! NFSv3 ACCESS (RFC 1813 §3.3.4): which of the asked rights a caller holds,
 //! from the same mode-bit rule every other check uses.
 
-use layerfs_vfs::access::permits;
+use layerfs_vfs::access::{permits, Perm};
 use layerfs_vfs::{Attr, Caller, FileKind};
 
 /// NFSv3 ACCESS bits (RFC 1813 §3.3.4).
@@ -20,9 +20,9 @@ impl Access {
 /// The ACCESS bits among `asked` that `caller` holds on a file with `attr`.
 pub fn granted(attr: &Attr, caller: &Caller, asked: u32) -> u32 {
     let mut out = 0;
-    let r = permits(attr, caller, 4);
-    let w = permits(attr, caller, 2);
-    let x = permits(attr, caller, 1);
+    let r = permits(attr, caller, Perm::READ);
+    let w = permits(attr, caller, Perm::WRITE);
+    let x = permits(attr, caller, Perm::EXEC);
     if r {
         out |= Access::READ;
     }

@@ -46,25 +46,46 @@ impl Caller {
     }
 }
 
-/// The rwx bits (4, 2, 1) that apply to `caller` on a file with `attr`.
-pub fn mode_class(attr: &Attr, caller: &Caller) -> u32 {
-    if caller.uid == attr.uid {
-        (attr.mode >> 6) & 7
-    } else if caller.in_group(attr.gid) {
-        (attr.mode >> 3) & 7
-    } else {
-        attr.mode & 7
+bitflags::bitflags! {
+    /// Permission a check asks for: a mode's rwx bits.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Perm: u32 {
+        const READ = 4;
+        const WRITE = 2;
+        /// Execute a file, search a directory.
+        const EXEC = 1;
     }
 }
 
-/// Whether `caller` holds all of `want` (a mix of 4, 2, 1) on the file.
-/// Root may read and write anything, and execute what anyone may execute.
-pub fn permits(attr: &Attr, caller: &Caller, want: u32) -> bool {
+/// The rwx bits that apply to `caller` on a file with `attr`.
+pub fn mode_class(attr: &Attr, caller: &Caller) -> Perm {
+    let bits = if caller.uid == attr.uid {
+        attr.mode >> 6
+    } else if caller.in_group(attr.gid) {
+        attr.mode >> 3
+    } else {
+        attr.mode
+    };
+    Perm::from_bits_truncate(bits & 7)
+}
+
+/// Whether `caller` holds all of `want` on the file. Root may read and
+/// write anything, and execute what anyone may execute.
+pub fn permits(attr: &Attr, caller: &Caller, want: Perm) -> bool {
     if caller.is_root() {
-        let exec_ok = want & 1 == 0 || attr.kind == FileKind::Directory || attr.mode & 0o111 != 0;
+        let exec_ok = !want.contains(Perm::EXEC)
+            || attr.kind == FileKind::Directory
+            || attr.mode & 0o111 != 0;
         return exec_ok;
     }
-    mode_class(attr, caller) & want == want
+    mode_class(attr, caller).contains(want)
+}
+
+/// Whether `caller` may do what the owner of a file may do whatever its
+/// mode (read its link, set its times to now, truncate it, replace it
+/// over...), else what `want` allows.
+pub fn owner_may(attr: &Attr, caller: &Caller, want: Perm) -> bool {
+    caller.uid == attr.uid || permits(attr, caller, want)
 }
 
 #[cfg(test)]
@@ -91,21 +112,25 @@ mod tests {
     #[test]
     fn owner_group_and_other_classes() {
         let f = attr(FileKind::Regular, 0o640, 10, 20);
-        assert!(permits(&f, &user(10, 99, &[]), 4 | 2));
-        assert!(permits(&f, &user(11, 99, &[20]), 4));
-        assert!(!permits(&f, &user(11, 99, &[20]), 2));
-        assert!(!permits(&f, &user(11, 99, &[]), 4));
+        assert!(permits(&f, &user(10, 99, &[]), Perm::READ | Perm::WRITE));
+        assert!(permits(&f, &user(11, 99, &[20]), Perm::READ));
+        assert!(!permits(&f, &user(11, 99, &[20]), Perm::WRITE));
+        assert!(!permits(&f, &user(11, 99, &[]), Perm::READ));
         // The owner class applies even when it grants less than the group's.
         let odd = attr(FileKind::Regular, 0o070, 10, 20);
-        assert!(!permits(&odd, &user(10, 20, &[]), 4));
+        assert!(!permits(&odd, &user(10, 20, &[]), Perm::READ));
     }
 
     #[test]
     fn root_reads_and_writes_but_executes_only_executables() {
         let f = attr(FileKind::Regular, 0o000, 10, 20);
-        assert!(permits(&f, &Caller::root(), 4 | 2));
-        assert!(!permits(&f, &Caller::root(), 1));
+        assert!(permits(&f, &Caller::root(), Perm::READ | Perm::WRITE));
+        assert!(!permits(&f, &Caller::root(), Perm::EXEC));
         let d = attr(FileKind::Directory, 0o000, 10, 20);
-        assert!(permits(&d, &Caller::root(), 1));
+        assert!(permits(&d, &Caller::root(), Perm::EXEC));
+        // The owner may what its mode does not let it.
+        let mine = attr(FileKind::Regular, 0o000, 10, 20);
+        assert!(owner_may(&mine, &user(10, 99, &[]), Perm::WRITE));
+        assert!(!owner_may(&mine, &user(11, 20, &[]), Perm::WRITE));
     }
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
-use crate::access::{self, Caller};
+use crate::access::{self, Caller, Perm};
 use crate::attr::{Attr, FileKind, SetAttr, SetTime};
 use crate::error::{Error, Result};
 use crate::fs::{Allocate, Create, FsStat, NewEntry, ReadSource, Stability};
@@ -141,7 +141,7 @@ impl Host {
                     return Err(Error::IsDir);
                 }
                 if let Some(size) = set.size {
-                    if caller.uid != existing.uid && !access::permits(&existing, caller, 2) {
+                    if !access::owner_may(&existing, caller, Perm::WRITE) {
                         return Err(Error::Access);
                     }
                     truncate_at(dir, name, size)?;

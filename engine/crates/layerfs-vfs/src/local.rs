@@ -15,7 +15,7 @@ use std::sync::Arc;
 use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 
-use crate::access::{self, Caller};
+use crate::access::{self, Caller, Perm};
 use crate::attr::{Attr, Change, FileKind, SetAttr, Timestamp};
 use crate::error::{Error, Result};
 use crate::fs::{Allocate, Create, DirPage, Filesystem, FsStat, NewEntry, ReadSource, Stability};
@@ -283,7 +283,7 @@ impl LocalFs {
     fn readable(&self, caller: &Caller, id: FileId) -> Result<(Arc<OwnedFd>, Attr)> {
         let fd = self.file_fd(id)?;
         let attr = self.host.stats.fd(fd.as_fd())?;
-        if caller.uid != attr.uid && !access::permits(&attr, caller, 4) {
+        if !access::owner_may(&attr, caller, Perm::READ) {
             return Err(Error::Access);
         }
         Ok((fd, attr))
@@ -296,7 +296,7 @@ impl LocalFs {
         if attr.kind != FileKind::Directory {
             return Err(Error::NotDir);
         }
-        if !access::permits(&attr, caller, 1) {
+        if !access::permits(&attr, caller, Perm::EXEC) {
             return Err(Error::Access);
         }
         Ok((fd, attr))
@@ -406,7 +406,15 @@ impl Filesystem for LocalFs {
     fn host_file(&self, caller: &Caller, id: FileId, write: bool) -> Result<Option<Arc<OwnedFd>>> {
         let fd = self.file_fd(id)?;
         let attr = self.host.stats.fd(fd.as_fd())?;
-        if !access::permits(&attr, caller, if write { 6 } else { 4 }) {
+        if !access::permits(
+            &attr,
+            caller,
+            if write {
+                Perm::READ | Perm::WRITE
+            } else {
+                Perm::READ
+            },
+        ) {
             return Err(Error::Access);
         }
         Ok(Some(fd))
@@ -450,7 +458,7 @@ impl Filesystem for LocalFs {
         let fd = self.file_fd(id)?;
         let _guard = self.stripes.lock(id);
         let before = self.open_file_attr(id, &fd)?;
-        if caller.uid != before.uid && !access::permits(&before, caller, 2) {
+        if !access::owner_may(&before, caller, Perm::WRITE) {
             return Err(Error::Access);
         }
         if let Some(mode) = hostdir::mode_after_write(caller, &before) {
@@ -651,7 +659,7 @@ impl Filesystem for LocalFs {
         if attr.kind != FileKind::Directory {
             return Err(Error::NotDir);
         }
-        if !access::permits(&attr, caller, 4) {
+        if !access::permits(&attr, caller, Perm::READ) {
             return Err(Error::Access);
         }
         let parent = if dir == self.root_id {

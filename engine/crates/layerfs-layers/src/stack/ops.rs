@@ -4,7 +4,7 @@ use std::ffi::CStr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
-use layerfs_vfs::access::{self, Caller};
+use layerfs_vfs::access::{self, Caller, Perm};
 use layerfs_vfs::hostdir::{
     self, check_name, check_setattr, creatable, cstr, exclusive_times, may_change_entries,
     may_rename, name_cookie, removable, sticky_allows,
@@ -41,9 +41,8 @@ fn change(before: &Attr, after: Option<Attr>) -> Change {
 }
 
 impl StackFs {
-    /// A directory, checked to be one and that `caller` has the permission
-    /// bits `want` (4 read, 2 write, 1 search) on it.
-    fn dir_for(&self, layers: &Layers, caller: &Caller, dir: FileId, want: u32) -> Result<Found> {
+    /// A directory, checked to be one and that `caller` has `want` on it.
+    fn dir_for(&self, layers: &Layers, caller: &Caller, dir: FileId, want: Perm) -> Result<Found> {
         let d = self.found(layers, dir)?;
         if d.kind() != FileKind::Directory {
             return Err(Error::NotDir);
@@ -145,7 +144,7 @@ impl StackFs {
     ) -> Result<(Arc<OwnedFd>, Attr)> {
         // The owner may read its own file whatever the mode, as in LocalFs.
         self.open_file(layers, id, false, |attr| {
-            if caller.uid != attr.uid && !access::permits(attr, caller, 4) {
+            if !access::owner_may(attr, caller, Perm::READ) {
                 return Err(Error::Access);
             }
             Ok(())
@@ -247,7 +246,7 @@ impl StackFs {
         name: &[u8],
     ) -> Result<(Found, Found)> {
         let cname = removable(name)?;
-        let d = self.dir_for(layers, caller, dir, 1)?;
+        let d = self.dir_for(layers, caller, dir, Perm::EXEC)?;
         let f = match is_hidden(name) {
             true => None,
             false => layers.lookup(&self.inodes, &d.parts, &cname)?,
@@ -425,7 +424,7 @@ impl Filesystem for StackFs {
     fn lookup_in(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<(Result<Attr>, Attr)> {
         check_name(name)?;
         let layers = self.current();
-        let d = self.dir_for(&layers, caller, dir, 1)?;
+        let d = self.dir_for(&layers, caller, dir, Perm::EXEC)?;
         let found = match name {
             b"." => Ok(d.attr),
             b".." if dir == ROOT => Ok(d.attr),
@@ -462,7 +461,11 @@ impl Filesystem for StackFs {
         if !write && self.found(&layers, id)?.layer != UPPER {
             return Ok(None);
         }
-        let want = if write { 6 } else { 4 };
+        let want = if write {
+            Perm::READ | Perm::WRITE
+        } else {
+            Perm::READ
+        };
         let (fd, _) = self.open_file(&layers, id, write, |attr| {
             if !access::permits(attr, caller, want) {
                 return Err(Error::Access);
@@ -519,7 +522,7 @@ impl Filesystem for StackFs {
         let layers = self.layers.read();
         let _changing = self.stripes.lock(id);
         let (fd, before) = self.open_file(&layers, id, true, |attr| {
-            if caller.uid != attr.uid && !access::permits(attr, caller, 2) {
+            if !access::owner_may(attr, caller, Perm::WRITE) {
                 return Err(Error::Access);
             }
             Ok(())
@@ -565,7 +568,7 @@ impl Filesystem for StackFs {
         let cname = new_name(name)?;
         let layers = self.layers.read();
         let _ns = self.lock_ns();
-        let d = self.dir_for(&layers, caller, dir, 1)?;
+        let d = self.dir_for(&layers, caller, dir, Perm::EXEC)?;
         let (existing, whited_out) = self.lookup_to_make(&layers, caller, &d, &cname)?;
         // Beside an entry of the upper, a whiteout is not looked for.
         let whited_out = whited_out || existing.is_some();
@@ -593,7 +596,7 @@ impl Filesystem for StackFs {
                     return Err(Error::IsDir);
                 }
                 Create::Unchecked(set) if f.layer != UPPER && set.size.is_some() => {
-                    if caller.uid != f.attr.uid && !access::permits(&f.attr, caller, 2) {
+                    if !access::owner_may(&f.attr, caller, Perm::WRITE) {
                         return Err(Error::Access);
                     }
                     self.copy_up(&layers, f.attr.fileid)?;
@@ -638,7 +641,7 @@ impl Filesystem for StackFs {
         let cname = new_name(name)?;
         let layers = self.layers.read();
         let _ns = self.lock_ns();
-        let d = self.dir_for(&layers, caller, dir, 1)?;
+        let d = self.dir_for(&layers, caller, dir, Perm::EXEC)?;
         let (existing, hidden_below) = self.lookup_to_make(&layers, caller, &d, &cname)?;
         if existing.is_some() {
             return Err(Error::Exist);
@@ -713,7 +716,7 @@ impl Filesystem for StackFs {
         let (fd_, src) = self.victim(&layers, caller, from, from_name)?;
         let td = match to == from {
             true => fd_.clone(),
-            false => self.dir_for(&layers, caller, to, 1)?,
+            false => self.dir_for(&layers, caller, to, Perm::EXEC)?,
         };
         let (dst, hidden_at_dst) = layers.lookup_for_new(&self.inodes, &td.parts, &to_c)?;
         let replaced = dst.as_ref().map(|d| &d.attr);
@@ -832,7 +835,7 @@ impl Filesystem for StackFs {
         if src.kind() == FileKind::Directory {
             return Err(Error::IsDir);
         }
-        let d = self.dir_for(&layers, caller, dir, 1)?;
+        let d = self.dir_for(&layers, caller, dir, Perm::EXEC)?;
         let (existing, whited_out) = layers.lookup_for_new(&self.inodes, &d.parts, &cname)?;
         if existing.is_some() {
             return Err(Error::Exist);
@@ -860,7 +863,7 @@ impl Filesystem for StackFs {
         with_attrs: bool,
     ) -> Result<DirPage> {
         let layers = self.current();
-        let d = self.dir_for(&layers, caller, dir, 4)?;
+        let d = self.dir_for(&layers, caller, dir, Perm::READ)?;
         let parent = if dir == ROOT {
             dir
         } else {

@@ -6,7 +6,7 @@ use std::os::fd::BorrowedFd;
 
 use rustix::fs::{AtFlags, Timestamps};
 
-use crate::access::{self, Caller};
+use crate::access::{self, Caller, Perm};
 use crate::attr::{Attr, FileKind, SetAttr, SetTime, Timestamp};
 use crate::error::{Error, Result};
 use crate::NAME_MAX;
@@ -90,10 +90,10 @@ pub fn check_setattr(caller: &Caller, attr: &Attr, set: &SetAttr) -> Result<SetA
         return Err(Error::Perm);
     }
     let now_time = set.atime == SetTime::ServerNow || set.mtime == SetTime::ServerNow;
-    if now_time && !owner && !access::permits(attr, caller, 2) {
+    if now_time && !access::owner_may(attr, caller, Perm::WRITE) {
         return Err(Error::Access);
     }
-    if set.size.is_some() && !owner && !access::permits(attr, caller, 2) {
+    if set.size.is_some() && !access::owner_may(attr, caller, Perm::WRITE) {
         return Err(Error::Access);
     }
     let mut applied = *set;
@@ -121,7 +121,7 @@ fn drops_privilege_only(caller: &Caller, attr: &Attr, set: &SetAttr) -> bool {
     lesser == Some(mode & 0o7777)
         && set.uid.is_none()
         && set.gid.is_none()
-        && access::permits(attr, caller, 2)
+        && access::permits(attr, caller, Perm::WRITE)
 }
 
 /// The mode a file takes when `caller` writes to or truncates it, if that
@@ -210,7 +210,7 @@ pub fn sticky_allows(caller: &Caller, dir: &Attr, entry: &Attr) -> Result<()> {
 
 /// Whether `caller` may add or remove entries of a directory it may search.
 pub fn may_change_entries(caller: &Caller, dir: &Attr) -> Result<()> {
-    match access::permits(dir, caller, 2) {
+    match access::permits(dir, caller, Perm::WRITE) {
         true => Ok(()),
         false => Err(Error::Access),
     }
@@ -232,7 +232,10 @@ pub fn may_rename(
         sticky_allows(caller, to_dir, target)?;
     }
     let new_parent = from_dir.fileid != to_dir.fileid;
-    if moving.kind == FileKind::Directory && new_parent && !access::permits(moving, caller, 2) {
+    if moving.kind == FileKind::Directory
+        && new_parent
+        && !access::permits(moving, caller, Perm::WRITE)
+    {
         return Err(Error::Access);
     }
     Ok(())
