@@ -244,14 +244,16 @@ pub fn serve(args: ServeArgs) -> Result<(), String> {
     let addr = server.local_addr();
     let port = addr.port();
     let ip = addr.ip();
+    let linux = layerfs_nfs::mount_options::linux(ip, port);
+    let macos = layerfs_nfs::mount_options::macos(port);
     let mut out = std::io::stdout().lock();
     let banner = format!(
         "listening on {addr}\n\
          exporting {what} as /\n\
          mount it from Linux (as root):\n  \
-         mount -t nfs -o vers=3,proto=tcp,port={port},mountport={port},mountproto=tcp,nolock,addr={ip} {ip}:/ /mnt/layerfs\n\
+         mount -t nfs -o {linux} {ip}:/ /mnt/layerfs\n\
          mount it from macOS:\n  \
-         mount -t nfs -o vers=3,tcp,port={port},mountport={port},locallocks,noresvport {ip}:/ ~/layerfs\n\
+         mount -t nfs -o {macos} {ip}:/ ~/layerfs\n\
          stop with Ctrl-C\n",
     );
     out.write_all(banner.as_bytes())

@@ -74,15 +74,11 @@ mod linux {
     use super::*;
     use rustix::mount::{MountFlags, UnmountFlags};
 
-    /// The kernel's own NFS client, through mount(2) with text options, so
-    /// neither mount.nfs nor rpcbind is needed: NFSv3 over TCP to the given
-    /// port for both NFS and MOUNT, no NLM (`nolock`: locks stay local, as
-    /// the server has no lock manager), the address given since the kernel
-    /// resolves no names.
+    /// The kernel's own NFS client, through mount(2) with text options
+    /// (`layerfs_nfs::mount_options`), so neither mount.nfs nor rpcbind is
+    /// needed.
     pub fn mount(port: u16, export: &str, mountpoint: &Path) -> io::Result<()> {
-        let options = format!(
-            "vers=3,proto=tcp,port={port},mountport={port},mountproto=tcp,nolock,addr=127.0.0.1"
-        );
+        let options = layerfs_nfs::mount_options::linux([127, 0, 0, 1].into(), port);
         let options = std::ffi::CString::new(options).expect("no NUL in the options");
         rustix::mount::mount(
             format!("127.0.0.1:{export}"),
@@ -126,10 +122,7 @@ pub mod macos {
 
     /// The arguments of `mount_nfs` for export `export` on `port`.
     pub fn mount_nfs_args(port: u16, export: &str, mountpoint: &Path) -> Vec<OsString> {
-        let options = format!(
-            "vers=3,tcp,port={port},mountport={port},locallocks,rsize=1048576,wsize=1048576,\
-             hard,intr,noresvport"
-        );
+        let options = layerfs_nfs::mount_options::macos(port);
         vec![
             "-o".into(),
             options.into(),

@@ -8,6 +8,7 @@ mod error;
 mod export;
 mod handle;
 mod mount;
+pub mod mount_options;
 mod nfs;
 
 use std::io;

@@ -16,7 +16,37 @@ use nfs3_types::nfs3::nfs_fh3;
 use crate::export::Exports;
 use crate::{MOUNT_PROGRAM, MOUNT_VERSION};
 
-const PROCEDURES: [&str; 6] = ["NULL", "MNT", "DUMP", "UMNT", "UMNTALL", "EXPORT"];
+/// MOUNT's procedures: their numbers and names in one table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Proc {
+    Null,
+    Mnt,
+    Dump,
+    Umnt,
+    Umntall,
+    Export,
+}
+
+impl Proc {
+    /// By procedure number.
+    const ALL: [(Proc, &'static str); 6] = [
+        (Proc::Null, "NULL"),
+        (Proc::Mnt, "MNT"),
+        (Proc::Dump, "DUMP"),
+        (Proc::Umnt, "UMNT"),
+        (Proc::Umntall, "UMNTALL"),
+        (Proc::Export, "EXPORT"),
+    ];
+
+    fn from_number(n: u32) -> Option<Proc> {
+        Self::ALL.get(n as usize).map(|&(p, _)| p)
+    }
+
+    fn name(n: u32) -> Option<&'static str> {
+        Self::ALL.get(n as usize).map(|&(_, called)| called)
+    }
+}
+
 /// AUTH_SYS, the one flavor served.
 const AUTH_UNIX: u32 = 1;
 
@@ -109,14 +139,14 @@ impl Program for MountProgram {
     }
 
     fn procedure_name(&self, proc: u32) -> Option<&'static str> {
-        PROCEDURES.get(proc as usize).copied()
+        Proc::name(proc)
     }
 
     fn call(&self, call: &Call<'_>, reply: &mut ReplyBuf) -> Result<(), Refusal> {
         let client = call.peer.map(|p| p.to_string()).unwrap_or_default();
-        match call.proc {
-            0 => Ok(()),
-            1 => {
+        match Proc::from_number(call.proc).ok_or(Refusal::ProcUnavail)? {
+            Proc::Null => Ok(()),
+            Proc::Mnt => {
                 let path = path_arg(call.args)?;
                 let res = match self.resolve(&path, call.cred) {
                     Ok(fh) => {
@@ -133,7 +163,7 @@ impl Program for MountProgram {
                 };
                 put(reply, &res)
             }
-            2 => {
+            Proc::Dump => {
                 let mounts = self.mounts.lock();
                 let list: List<mountbody<'_, '_>> = List(
                     mounts
@@ -146,18 +176,18 @@ impl Program for MountProgram {
                 );
                 put(reply, &list)
             }
-            3 => {
+            Proc::Umnt => {
                 let path = path_arg(call.args)?;
                 self.mounts
                     .lock()
                     .retain(|(host, p)| !(host == &client && p == &path));
                 Ok(())
             }
-            4 => {
+            Proc::Umntall => {
                 self.mounts.lock().retain(|(host, _)| host != &client);
                 Ok(())
             }
-            5 => {
+            Proc::Export => {
                 let exports = self.exports.list();
                 let list = List(
                     exports
@@ -170,7 +200,22 @@ impl Program for MountProgram {
                 );
                 put(reply, &list)
             }
-            _ => Err(Refusal::ProcUnavail),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn procedures_are_numbered_as_rfc_1813_numbers_them() {
+        for (n, (proc, called)) in Proc::ALL.iter().enumerate() {
+            assert_eq!(Proc::from_number(n as u32), Some(*proc));
+            assert_eq!(Proc::name(n as u32), Some(*called));
+        }
+        assert_eq!(Proc::from_number(3), Some(Proc::Umnt));
+        assert_eq!(Proc::from_number(6), None);
+        assert_eq!(Proc::name(6), None);
     }
 }
