@@ -61,8 +61,9 @@ impl Attr {
         }
     }
 
-    pub fn wcc(&self) -> WccAttr {
-        WccAttr {
+    /// What a change reports of this object from before it.
+    pub fn before_change(&self) -> AttrBefore {
+        AttrBefore {
             size: self.size,
             mtime: self.mtime,
             ctime: self.ctime,
@@ -70,9 +71,10 @@ impl Attr {
     }
 }
 
-/// The attributes NFS reports from before a change.
+/// What a change reports of an object from just before it (NFS calls it
+/// weak cache consistency data): its size and times.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WccAttr {
+pub struct AttrBefore {
     pub size: u64,
     pub mtime: Timestamp,
     pub ctime: Timestamp,
@@ -82,7 +84,7 @@ pub struct WccAttr {
 /// taken under the same lock as the change.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Change {
-    pub before: Option<WccAttr>,
+    pub before: Option<AttrBefore>,
     pub after: Option<Attr>,
 }
 

@@ -15,7 +15,7 @@ mod local;
 pub mod stripes;
 
 pub use access::{Caller, Groups};
-pub use attr::{Attr, Change, FileKind, SetAttr, SetTime, Timestamp, WccAttr};
+pub use attr::{Attr, AttrBefore, Change, FileKind, SetAttr, SetTime, Timestamp};
 pub use error::{Error, Result};
 pub use fs::{
     Allocate, Create, DirEntry, DirPage, Filesystem, FsStat, Name, NewEntry, ReadSource, Stability,

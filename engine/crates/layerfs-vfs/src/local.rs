@@ -304,7 +304,7 @@ impl LocalFs {
 
     fn change(&self, id: FileId, fd: &OwnedFd, before: &Attr) -> Change {
         Change {
-            before: Some(before.wcc()),
+            before: Some(before.before_change()),
             after: self.stat_fd(id, fd).ok(),
         }
     }
@@ -374,7 +374,7 @@ impl Filesystem for LocalFs {
         let set = check_setattr(caller, &before, set)?;
         let after = self.host.change(parent.as_fd(), &name, &before, &set)?;
         Ok(Change {
-            before: Some(before.wcc()),
+            before: Some(before.before_change()),
             after: Some(self.own(id, after)),
         })
     }

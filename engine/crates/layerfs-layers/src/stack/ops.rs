@@ -35,7 +35,7 @@ fn new_name(name: &[u8]) -> Result<std::ffi::CString> {
 
 fn change(before: &Attr, after: Option<Attr>) -> Change {
     Change {
-        before: Some(before.wcc()),
+        before: Some(before.before_change()),
         after,
     }
 }
