@@ -2,8 +2,8 @@
 //! groups only from `/proc/PID/status`, which costs an open and a read, so
 //! they are kept per process for a moment.
 
+use layerfs_vfs::bounded::BoundedMap;
 use parking_lot::Mutex;
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use layerfs_vfs::{Caller, Groups};
@@ -14,9 +14,16 @@ const KEEP: Duration = Duration::from_secs(1);
 /// Processes remembered at most; past it the table starts over.
 const MOST: usize = 4096;
 
-#[derive(Default)]
 pub struct Callers {
-    known: Mutex<HashMap<u32, Known>>,
+    known: Mutex<BoundedMap<u32, Known>>,
+}
+
+impl Default for Callers {
+    fn default() -> Self {
+        Callers {
+            known: Mutex::new(BoundedMap::new(MOST)),
+        }
+    }
 }
 
 struct Known {
@@ -51,11 +58,7 @@ impl Callers {
             }
         }
         let gids: Groups = groups_of(pid).unwrap_or_default().into();
-        let mut known = self.known.lock();
-        if known.len() >= MOST {
-            known.clear();
-        }
-        known.insert(
+        self.known.lock().insert(
             pid,
             Known {
                 uid,

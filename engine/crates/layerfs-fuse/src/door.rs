@@ -23,6 +23,7 @@ use fuser::{
     ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use layerfs_vfs::access::{permits, Perm};
+use layerfs_vfs::bounded::BoundedMap;
 use layerfs_vfs::hostdir;
 use layerfs_vfs::{
     Allocate, Attr, Caller, Create, Error, FileId, FileKind, Filesystem, NewEntry, SetAttr,
@@ -60,23 +61,24 @@ pub struct Door {
 /// exists is kept, and any change of an attribute, or a reset of the
 /// workspace, forgets them all: a wrong "none" would let a write keep a
 /// binary's capabilities.
-#[derive(Default)]
-pub struct NoCaps(parking_lot::Mutex<std::collections::HashSet<u64>>);
+pub struct NoCaps(parking_lot::Mutex<BoundedMap<u64, ()>>);
+
+impl Default for NoCaps {
+    fn default() -> Self {
+        NoCaps(parking_lot::Mutex::new(BoundedMap::new(Self::MAX)))
+    }
+}
 
 impl NoCaps {
-    /// Bounds the set; past it, it starts over.
+    /// Inodes kept at most; past it, the set starts over.
     const MAX: usize = 1 << 16;
 
     fn has_none(&self, ino: INodeNo) -> bool {
-        self.0.lock().contains(&ino.0)
+        self.0.lock().contains_key(&ino.0)
     }
 
     fn found_none(&self, ino: INodeNo) {
-        let mut set = self.0.lock();
-        if set.len() >= Self::MAX {
-            set.clear();
-        }
-        set.insert(ino.0);
+        self.0.lock().insert(ino.0, ());
     }
 
     /// Forgets every inode.

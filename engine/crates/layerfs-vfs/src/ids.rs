@@ -17,6 +17,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
+use crate::bounded::BoundedMap;
 use crate::error::{Error, Result};
 use crate::FileId;
 
@@ -43,7 +44,7 @@ pub struct IdTable {
     /// Ids are this process's (host inode numbers or its own), not values a
     /// client chooses, so an unkeyed fast hash is safe here.
     places: RwLock<FxHashMap<FileId, Place>>,
-    gone: Mutex<FxHashSet<FileId>>,
+    gone: Mutex<BoundedMap<FileId, (), rustc_hash::FxBuildHasher>>,
     walks: AtomicU64,
 }
 
@@ -52,7 +53,7 @@ impl IdTable {
         IdTable {
             root,
             places: RwLock::new(FxHashMap::default()),
-            gone: Mutex::new(FxHashSet::default()),
+            gone: Mutex::new(BoundedMap::new(GONE_KEPT)),
             walks: AtomicU64::new(0),
         }
     }
@@ -69,7 +70,7 @@ impl IdTable {
 
     /// Whether `id` is known to name no file.
     pub fn is_gone(&self, id: FileId) -> bool {
-        self.gone.lock().contains(&id)
+        self.gone.lock().contains_key(&id)
     }
 
     /// Where `id` is: known, known to be gone (`Stale`), or found by walking
@@ -117,12 +118,7 @@ impl IdTable {
 
     /// Records that `id` names no file any more.
     pub fn forget(&self, id: FileId) {
-        let mut gone = self.gone.lock();
-        if gone.len() >= GONE_KEPT {
-            gone.clear();
-        }
-        gone.insert(id);
-        drop(gone);
+        self.gone.lock().insert(id, ());
         self.places.write().remove(&id);
     }
 

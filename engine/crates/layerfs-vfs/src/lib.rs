@@ -7,6 +7,7 @@
 
 pub mod access;
 mod attr;
+pub mod bounded;
 mod error;
 mod fs;
 pub mod hostdir;

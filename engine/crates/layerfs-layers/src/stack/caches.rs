@@ -23,13 +23,14 @@
 //! bounded; past its bound it starts over.
 
 use parking_lot::Mutex;
-use rustc_hash::FxHashMap;
+use rustc_hash::FxBuildHasher;
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
+use layerfs_vfs::bounded::BoundedMap;
 use layerfs_vfs::hostdir;
 use layerfs_vfs::{Attr, FileId, Name};
 
@@ -62,15 +63,13 @@ pub struct Stamp {
 /// Keys are ids this process gave out, not names a client chose, so a fast
 /// hash that is not keyed is safe here: a listing looks up every entry.
 struct Kept<K, V> {
-    map: Mutex<FxHashMap<K, (Stamp, V)>>,
-    cap: usize,
+    map: Mutex<BoundedMap<K, (Stamp, V), FxBuildHasher>>,
 }
 
 impl<K: Hash + Eq, V: Clone> Kept<K, V> {
     fn new(cap: usize) -> Self {
         Kept {
-            map: Mutex::new(FxHashMap::default()),
-            cap: cap.max(1),
+            map: Mutex::new(BoundedMap::new(cap)),
         }
     }
 
@@ -91,10 +90,7 @@ impl<K: Hash + Eq, V: Clone> Kept<K, V> {
     /// Keeps `value`; whether the map was full and started over.
     fn insert(&self, key: K, stamp: Stamp, value: V) -> bool {
         let mut map = self.map.lock();
-        let full = map.len() >= self.cap && !map.contains_key(&key);
-        if full {
-            map.clear();
-        }
+        let full = map.make_room(&key).is_some();
         map.insert(key, (stamp, value));
         full
     }

@@ -23,12 +23,12 @@
 
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
-use std::collections::HashMap;
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::attr::{Attr, FileKind, Timestamp};
+use crate::bounded::BoundedMap;
 use crate::error::Result;
 use crate::fs::{DirEntry, READS_AT_HAND};
 use crate::hostdir::name_cookie;
@@ -67,14 +67,23 @@ struct Kept {
     attrs: FxHashMap<u32, (Attr, Instant)>,
 }
 
-#[derive(Default)]
 struct Cache {
-    dirs: HashMap<FileId, Kept>,
+    dirs: BoundedMap<FileId, Kept>,
     /// Attributes kept in all directories.
     attrs: usize,
     /// Moves whenever notices are taken: attributes read before a move may
     /// have been changed by what it reported, and are not kept.
     notices_taken: u64,
+}
+
+impl Default for Cache {
+    fn default() -> Self {
+        Cache {
+            dirs: BoundedMap::new(CACHED_DIRS),
+            attrs: 0,
+            notices_taken: 0,
+        }
+    }
 }
 
 pub struct Listings {
@@ -119,8 +128,8 @@ impl Listings {
             return Ok(listing);
         }
         let mut cache = self.cache.lock();
-        if cache.dirs.len() >= CACHED_DIRS && !cache.dirs.contains_key(&dir) {
-            for old in std::mem::take(&mut cache.dirs).into_values() {
+        if let Some(dropped) = cache.dirs.make_room(&dir) {
+            for old in dropped.into_values() {
                 self.unwatch(old.watch);
             }
             cache.attrs = 0;
