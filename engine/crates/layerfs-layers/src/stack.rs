@@ -6,9 +6,11 @@
 //! is found again by walking the merged tree. What a name shows is decided by
 //! [`merge`]; ids come from [`inodes`]; changes to lower files go through
 //! [`copy_up`] first. The upper is private: nothing but this changes it, so
-//! caches are dropped exactly when this changes what they hold.
+//! caches are dropped exactly when this changes what they hold. The order
+//! its locks are taken in is written (and checked in debug builds) in
+//! [`order`].
 
-use parking_lot::{Mutex, MutexGuard, RwLock};
+use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -29,6 +31,7 @@ mod diff;
 mod inodes;
 mod merge;
 mod ops;
+mod order;
 mod quota;
 mod reset;
 mod whiteouts;
@@ -38,6 +41,7 @@ use caches::{Caches, LinkIndex, Listing};
 pub use diff::{Change, ChangeKind};
 use inodes::{Inodes, ROOT};
 use merge::{Found, Layer, Layers, Part, UPPER};
+use order::{Level, Ordered};
 pub use quota::ENTRY_CHARGE;
 pub use reset::ResetDone;
 
@@ -210,7 +214,7 @@ impl StackFs {
     }
 
     fn current(&self) -> Arc<Layers> {
-        self.layers.read().clone()
+        self.read_layers().clone()
     }
 
     /// Where `id` was last seen, found by walking the merged tree if the
@@ -352,8 +356,20 @@ impl StackFs {
         Ok(index.get(&ino).cloned().unwrap_or_default())
     }
 
-    fn lock_ns(&self) -> MutexGuard<'_, ()> {
-        self.ns.lock()
+    fn read_layers(&self) -> Ordered<RwLockReadGuard<'_, Arc<Layers>>> {
+        Ordered::take(Level::Layers, || self.layers.read())
+    }
+
+    fn write_layers(&self) -> Ordered<RwLockWriteGuard<'_, Arc<Layers>>> {
+        Ordered::take(Level::Layers, || self.layers.write())
+    }
+
+    fn lock_stripe(&self, id: FileId) -> Ordered<MutexGuard<'_, ()>> {
+        Ordered::take(Level::Stripe, || self.stripes.lock(id))
+    }
+
+    fn lock_ns(&self) -> Ordered<MutexGuard<'_, ()>> {
+        Ordered::take(Level::Ns, || self.ns.lock())
     }
 }
 

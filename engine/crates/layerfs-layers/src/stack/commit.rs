@@ -83,8 +83,8 @@ impl StackFs {
         written_directly: &[FileId],
         persist: impl FnOnce(&[PathBuf]) -> Result<()>,
     ) -> Result<()> {
-        let mut current = self.layers.write();
-        let _ns = self.ns.lock();
+        let mut current = self.write_layers();
+        let _ns = self.lock_ns();
         std::fs::create_dir_all(new_upper)?;
         let new_path = new_upper.canonicalize()?;
         if std::fs::read_dir(&new_path)?.next().is_some() {

@@ -46,7 +46,7 @@ impl StackFs {
     /// one moment: no change waits behind it nor runs beside it (a FUSE
     /// passthrough write, which asks no one, aside).
     pub fn diff(&self) -> Result<Vec<Change>> {
-        let layers = self.layers.write();
+        let layers = self.write_layers();
         let _ns = self.lock_ns();
         let mut out = Vec::new();
         let root = &layers.root_parts;

@@ -390,7 +390,7 @@ impl Filesystem for StackFs {
         set: &SetAttr,
         guard: Option<Timestamp>,
     ) -> Result<Change> {
-        let layers = self.layers.read();
+        let layers = self.read_layers();
         let _ns = self.lock_ns();
         let before = self.found(&layers, id)?;
         if guard.is_some_and(|ctime| ctime != before.attr.ctime) {
@@ -457,7 +457,7 @@ impl Filesystem for StackFs {
         if write && self.counts_writes() {
             return Ok(None);
         }
-        let layers = self.layers.read();
+        let layers = self.read_layers();
         if !write && self.found(&layers, id)?.layer != UPPER {
             return Ok(None);
         }
@@ -519,8 +519,8 @@ impl Filesystem for StackFs {
         data: &[u8],
         stable: Stability,
     ) -> Result<(Change, Stability)> {
-        let layers = self.layers.read();
-        let _changing = self.stripes.lock(id);
+        let layers = self.read_layers();
+        let _changing = self.lock_stripe(id);
         let (fd, before) = self.open_file(&layers, id, true, |attr| {
             if !access::owner_may(attr, caller, Perm::WRITE) {
                 return Err(Error::Access);
@@ -540,8 +540,8 @@ impl Filesystem for StackFs {
     }
 
     fn allocate(&self, id: FileId, offset: u64, len: u64, how: Allocate) -> Result<Change> {
-        let layers = self.layers.read();
-        let _changing = self.stripes.lock(id);
+        let layers = self.read_layers();
+        let _changing = self.lock_stripe(id);
         let (fd, before) = self.open_file(&layers, id, true, |_| Ok(()))?;
         if how == Allocate::Extend {
             let end = offset.saturating_add(len);
@@ -566,7 +566,7 @@ impl Filesystem for StackFs {
         how: Create,
     ) -> Result<(Attr, Change)> {
         let cname = new_name(name)?;
-        let layers = self.layers.read();
+        let layers = self.read_layers();
         let _ns = self.lock_ns();
         let d = self.dir_for(&layers, caller, dir, Perm::EXEC)?;
         let (existing, whited_out) = self.lookup_to_make(&layers, caller, &d, &cname)?;
@@ -639,7 +639,7 @@ impl Filesystem for StackFs {
         set: &SetAttr,
     ) -> Result<(Attr, Change)> {
         let cname = new_name(name)?;
-        let layers = self.layers.read();
+        let layers = self.read_layers();
         let _ns = self.lock_ns();
         let d = self.dir_for(&layers, caller, dir, Perm::EXEC)?;
         let (existing, hidden_below) = self.lookup_to_make(&layers, caller, &d, &cname)?;
@@ -669,7 +669,7 @@ impl Filesystem for StackFs {
     }
 
     fn remove(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<Change> {
-        let layers = self.layers.read();
+        let layers = self.read_layers();
         let _ns = self.lock_ns();
         let (d, f) = self.victim(&layers, caller, dir, name)?;
         if f.kind() == FileKind::Directory {
@@ -684,7 +684,7 @@ impl Filesystem for StackFs {
         if name == b".." {
             return Err(Error::NotEmpty);
         }
-        let layers = self.layers.read();
+        let layers = self.read_layers();
         let _ns = self.lock_ns();
         let (d, f) = self.victim(&layers, caller, dir, name)?;
         if f.kind() != FileKind::Directory {
@@ -711,7 +711,7 @@ impl Filesystem for StackFs {
             Error::Exist => Error::Inval,
             e => e,
         })?;
-        let layers = self.layers.read();
+        let layers = self.read_layers();
         let _ns = self.lock_ns();
         let (fd_, src) = self.victim(&layers, caller, from, from_name)?;
         let td = match to == from {
@@ -829,7 +829,7 @@ impl Filesystem for StackFs {
         name: &[u8],
     ) -> Result<(Attr, Change)> {
         let cname = new_name(name)?;
-        let layers = self.layers.read();
+        let layers = self.read_layers();
         let _ns = self.lock_ns();
         let src = self.found(&layers, id)?;
         if src.kind() == FileKind::Directory {

@@ -58,7 +58,7 @@ impl StackFs {
     /// `[]` for all), taken one moment: changes wait meanwhile. A path the
     /// upper holds nothing of is no error.
     pub fn reset(&self, paths: &[Vec<Vec<u8>>]) -> Result<ResetDone> {
-        let mut current = self.layers.write();
+        let mut current = self.write_layers();
         let _ns = self.lock_ns();
         let mut done = ResetDone::default();
         let all = [Vec::new()];

@@ -14,7 +14,7 @@ use std::os::unix::ffi::OsStrExt;
 use layerfs_vfs::XattrFlags;
 use layerfs_vfs::{Error, FileId, Result};
 
-use super::merge::{Found, UPPER};
+use super::merge::{Found, Layers, UPPER};
 use super::StackFs;
 use crate::xattrs::{self, On, Xattrs};
 
@@ -69,10 +69,15 @@ pub(super) fn copy(
 
 impl StackFs {
     pub(super) fn get_xattr(&self, id: FileId, name: &[u8]) -> Result<Vec<u8>> {
+        self.xattr_in(&self.current(), id, name)
+    }
+
+    /// [`get_xattr`](Self::get_xattr) in `layers`, which the caller holds.
+    fn xattr_in(&self, layers: &Layers, id: FileId, name: &[u8]) -> Result<Vec<u8>> {
         if !serves(name) {
             return Err(Error::NoData);
         }
-        let found = self.found(&self.current(), id)?;
+        let found = self.found(layers, id)?;
         let mut value = vec![0u8; XATTR_MAX];
         let n = rustix::fs::lgetxattr(
             path_of(&found).as_c_str(),
@@ -110,11 +115,13 @@ impl StackFs {
         if !serves(name) {
             return Err(Error::NotSupp);
         }
-        let layers = self.layers.read();
+        let layers = self.read_layers();
         let _ns = self.lock_ns();
         let before = self.found(&layers, id)?;
         if before.layer != UPPER {
-            if value.is_none() && self.get_xattr(id, name).is_err() {
+            // Asked in the layers held: reading them again here could wait
+            // behind a writer queued meanwhile (see order.rs).
+            if value.is_none() && self.xattr_in(&layers, id, name).is_err() {
                 return Err(Error::NoData);
             }
             self.copy_up(&layers, id)?;
