@@ -37,7 +37,7 @@ mod reset;
 mod whiteouts;
 mod xattrs;
 
-use caches::{Caches, LinkIndex, Listing};
+use caches::{Caches, Indexes, LinkIndex, Listing};
 pub use diff::{Change, ChangeKind};
 use inodes::{Inodes, ROOT};
 use merge::{Found, Layer, Layers, Part, UPPER};
@@ -198,7 +198,7 @@ impl StackFs {
         }
         let mut layers = Layers {
             all,
-            indexes: Mutex::default(),
+            indexes: Indexes::default(),
             generation,
             root_parts: Vec::new(),
         };

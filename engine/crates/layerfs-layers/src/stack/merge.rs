@@ -5,7 +5,7 @@
 //! it until one is opaque (holds `.wh..wh..opq`) or a layer holds something
 //! else there; anything but a directory hides everything below it.
 
-use parking_lot::Mutex;
+use super::caches::Indexes;
 use std::collections::{HashMap, HashSet};
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -19,10 +19,6 @@ use super::whiteouts::{exists, has_whiteout, is_opaque, named, Named};
 
 /// Index of the writable upper in [`Layers::all`]; the others follow it top-down.
 pub const UPPER: usize = 0;
-/// Names of lower directories kept in their indexes (some 80 bytes each);
-/// past this the cache starts over.
-const INDEXED_NAMES: usize = 256 * 1024;
-
 pub struct Layer {
     pub tag: u16,
     pub root: Arc<OwnedFd>,
@@ -33,7 +29,7 @@ pub struct Layer {
 pub struct Layers {
     pub all: Vec<Layer>,
     /// Lower directories' entries, by layer and host inode.
-    pub indexes: Mutex<Indexes>,
+    pub indexes: Indexes,
     /// Changes at each commit; caches keyed by layer index check it.
     pub generation: u64,
     /// The root's parts: each layer's root, down to the first opaque one.
@@ -61,6 +57,18 @@ pub struct DirIndex {
 }
 
 impl DirIndex {
+    /// Whether it holds `name` (not a whiteout of it).
+    pub fn holds(&self, name: &[u8]) -> bool {
+        self.entries.contains_key(name)
+    }
+
+    /// The names it keeps, markers counted: what it costs to keep.
+    pub fn names(&self) -> usize {
+        self.entries.len() + self.whiteouts.len() + 1
+    }
+}
+
+impl DirIndex {
     fn read(dir: BorrowedFd<'_>) -> Result<DirIndex> {
         let mut index = DirIndex::default();
         for (name, ino, is_dir) in hostdir::list(dir)? {
@@ -76,13 +84,6 @@ impl DirIndex {
         }
         Ok(index)
     }
-}
-
-/// The lower directories' indexes kept, and how many names they hold.
-#[derive(Default)]
-pub struct Indexes {
-    by_dir: HashMap<(usize, u64), Arc<DirIndex>>,
-    names: usize,
 }
 
 /// One name of a merged listing.
@@ -291,13 +292,10 @@ impl Layers {
     /// made of `parts`, from the indexes already read alone: `true` where
     /// one is not.
     pub fn below_may_hold(&self, parts: &[Part], name: &[u8]) -> bool {
-        let indexes = self.indexes.lock();
-        parts.iter().filter(|p| p.layer != UPPER).any(|p| {
-            indexes
-                .by_dir
-                .get(&(p.layer, p.ino))
-                .is_none_or(|index| index.entries.contains_key(name))
-        })
+        parts
+            .iter()
+            .filter(|p| p.layer != UPPER)
+            .any(|p| self.indexes.may_hold((p.layer, p.ino), name))
     }
 
     /// The entries of `part`'s directory if it is in a read-only layer,
@@ -307,18 +305,11 @@ impl Layers {
             return Ok(None);
         }
         let key = (part.layer, part.ino);
-        if let Some(index) = self.indexes.lock().by_dir.get(&key) {
-            return Ok(Some(index.clone()));
+        if let Some(index) = self.indexes.get(key) {
+            return Ok(Some(index));
         }
         let index = Arc::new(DirIndex::read(part.fd.as_fd())?);
-        let size = index.entries.len() + index.whiteouts.len() + 1;
-        let mut indexes = self.indexes.lock();
-        if indexes.names + size > INDEXED_NAMES {
-            indexes.by_dir.clear();
-            indexes.names = 0;
-        }
-        indexes.names += size;
-        indexes.by_dir.insert(key, index.clone());
+        self.indexes.keep(key, index.clone());
         Ok(Some(index))
     }
 
