@@ -3,7 +3,8 @@
 # guest by tools/kernel-client/run --no-mount with the daemon as its server
 # (`layerfs daemon --store /run/lfs-store --nfs-port $NFS_PORT`):
 # import, create, mount over NFS, change, commit, a second workspace from
-# the commit; a file removed while open (the client's .nfs name) is in no
+# the commit; a size limit (ENOSPC through the client, room after a
+# removal); a file removed while open (the client's .nfs name) is in no
 # layer; then kill -9 of the daemon under a writer and a restart: the
 # writer finishes, its checksum matches, no ESTALE; SIGTERM leaves no mount.
 set -euo pipefail
@@ -66,6 +67,17 @@ listing=$(ls "$w" | tr '\n' ' ')
 check "$w/etc/name" changed
 check "$w/new" new
 [[ -z $("$layerfs" diff w) ]] || fail "changes left after the reset: $("$layerfs" diff w)"
+
+step "a size limit over NFS: a write past it gets ENOSPC (NFS3ERR_NOSPC), a removal makes room"
+"$layerfs" set w2 --size 4M >/dev/null
+if err=$(dd if=/dev/zero of="$w2/big" bs=1M count=8 conv=fsync 2>&1); then
+	fail "8 MiB written into a 4 MiB workspace"
+fi
+[[ $err == *"No space left on device"* ]] || fail "dd past the limit: $err"
+rm "$w2/big"
+dd if=/dev/zero of="$w2/small" bs=1M count=2 conv=fsync status=none || fail "a 2 MiB write after the removal"
+rm "$w2/small"
+"$layerfs" set w2 --size none >/dev/null
 
 step "a file removed while open is left out of a commit, the client's .nfs name with it"
 exec 7<>"$w/open-removed"
