@@ -98,8 +98,12 @@ impl StackFs {
     fn discard_dir(&self, upper: BorrowedFd<'_>, name: &CStr, done: &mut ResetDone) -> Result<()> {
         let aside = CString::new(format!("reset-{}", DISCARDED.fetch_add(1, Relaxed)))
             .expect("no NUL in a number");
-        rustix::fs::renameat(upper, name, &self.work, &*aside)?;
-        done.discarded.push(aside);
+        match rustix::fs::renameat(upper, name, &self.work, &*aside) {
+            Ok(()) => done.discarded.push(aside),
+            // A state directory on another filesystem: removed in place.
+            Err(rustix::io::Errno::XDEV) => remove_tree_at(upper, name)?,
+            Err(e) => return Err(e.into()),
+        }
         Ok(())
     }
 
