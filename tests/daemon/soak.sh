@@ -95,6 +95,8 @@ wait "${pids[@]}" 2>/dev/null || true
 for f in "$t"/failed.*; do [[ -e $f ]] && fail "$(cat "$f")"; done
 rounds=$(cat "$t"/rounds.* | awk '{n += $1} END {print n}')
 [[ $(ls "$t"/rounds.* | wc -l) == "$clients" ]] || fail "not every client finished"
+# A client that never finished a round checked nothing.
+for f in "$t"/rounds.*; do (($(cat "$f") > 0)) || fail "${f##*.}: no round finished in $seconds s"; done
 
 # Nothing left behind.
 [[ -z $("$layerfs" ls | tail -n +2) ]] || fail "workspaces left: $("$layerfs" ls)"
@@ -108,6 +110,7 @@ for s in "${samples[@]}"; do
 	at=${s%%:*} kb=${s#*:}
 	if ((at < half)); then ((kb > first)) && first=$kb; else ((kb > second)) && second=$kb; fi
 done
+((first > 0 && second > 0)) || fail "the daemon's memory was not sampled in both halves (${#samples[@]} samples)"
 echo "$clients clients, $seconds s: $rounds rounds (each: create, mount, write, commit, reset, diff, child, rm)"
 echo "layerfs ls under load: slowest $slowest ms"
 echo "daemon resident: at most $first kB in the first half, $second kB in the second"
