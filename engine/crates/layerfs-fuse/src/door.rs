@@ -520,9 +520,18 @@ impl fuser::Filesystem for Door {
         if !permits(&attr, &caller, wants) {
             return reply.error(Errno::EACCES);
         }
+        let held = self.held(attr.fileid, wants.contains(Perm::WRITE));
+        // Writes through passthrough reach the host file without the door:
+        // the copy-up this open made is made durable now, as such writes
+        // promise.
+        if wants.contains(Perm::WRITE) && flags.0 & libc::O_DSYNC != 0 {
+            if let Err(e) = self.fs.commit(attr.fileid) {
+                return reply.error(errno(e));
+            }
+        }
         self.opens.open(
             attr.fileid,
-            self.held(attr.fileid, wants.contains(Perm::WRITE)),
+            held,
             reply,
             |reply| {
                 self.backing(&caller, &attr, wants.contains(Perm::WRITE), |fd| {

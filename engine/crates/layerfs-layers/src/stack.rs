@@ -32,6 +32,7 @@ mod inodes;
 mod merge;
 mod ops;
 mod order;
+mod origin_log;
 mod quota;
 mod reset;
 mod whiteouts;
@@ -77,6 +78,8 @@ pub struct StackFs {
     paths: Mutex<Vec<PathBuf>>,
     /// The limit on what the upper holds, if any.
     quota: quota::Quota,
+    /// What copy-ups left to make durable at the next point that promises it.
+    unsynced: copy_up::Unsynced,
 }
 
 fn open_root(path: &Path) -> Result<OwnedFd> {
@@ -150,6 +153,7 @@ impl StackFs {
             staged: AtomicU64::new(0),
             paths: Mutex::new(paths),
             quota: quota::Quota::default(),
+            unsynced: copy_up::Unsynced::default(),
         })
     }
 

@@ -1,6 +1,8 @@
 //! A process serving a stack killed (SIGKILL) at arbitrary points of copy-ups,
-//! removals, renames and creates: the next start accepts what it left, every
-//! acknowledged change is there, ids are kept and the layer is untouched.
+//! removals, renames and creates, and inside a burst of 1,000 copy-ups whose
+//! records wait in the inode map's log: the next start accepts what it left,
+//! every acknowledged change is there, ids are kept and the layer is
+//! untouched.
 //!
 //! Its own harness: the test runs itself as the child that is killed.
 
@@ -80,6 +82,78 @@ fn big_round(me: &Path, delay: std::time::Duration) -> bool {
     let layer = std::fs::read(t.path().join("lower/big")).unwrap();
     assert!(layer.iter().all(|&b| b == b'L'), "the layer changed");
     upper
+}
+
+/// Files in the burst of copy-ups.
+const BURST: usize = 1000;
+
+fn burst_layer(dir: &Path) {
+    let l = dir.join("lower");
+    std::fs::create_dir_all(&l).unwrap();
+    for i in 0..BURST {
+        std::fs::write(l.join(format!("b{i}")), format!("lower {i}\n")).unwrap();
+    }
+}
+
+/// Copies up every file of the burst by an unstable write, each tenth then
+/// fsynced, printing each once acknowledged, until killed.
+fn burst_child(dir: &Path) {
+    let fs = open(dir);
+    let mut out = std::io::stdout().lock();
+    for i in 0..BURST {
+        let f = id(&fs, &format!("b{i}")).unwrap();
+        let data = format!("upper {i}\n");
+        fs.write(&who(), f, 0, data.as_bytes(), Stability::Unstable)
+            .unwrap();
+        if i % 10 == 0 {
+            fs.commit(f).unwrap();
+        }
+        writeln!(out, "ack {i}").unwrap();
+        out.flush().unwrap();
+    }
+    std::thread::sleep(std::time::Duration::from_secs(60));
+}
+
+/// Kills the burst after `kill_after` acknowledged copy-ups: each of them
+/// shows its write under its lower id, the rest show whole.
+fn burst_round(me: &Path, kill_after: usize) {
+    let t = tempfile::tempdir().unwrap();
+    burst_layer(t.path());
+    let lower_ids: Vec<FileId> = {
+        let fs = open(t.path());
+        (0..BURST)
+            .map(|i| id(&fs, &format!("b{i}")).unwrap())
+            .collect()
+    };
+    let mut child = Command::new(me)
+        .env("LAYERFS_CRASH_CHILD", t.path())
+        .env("LAYERFS_CRASH_BURST", "1")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    for _ in 0..kill_after {
+        lines.next().expect("the child stopped early").unwrap();
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let fs = open(t.path());
+    for (i, &lower_id) in lower_ids.iter().enumerate() {
+        let name = format!("b{i}");
+        let f = id(&fs, &name).unwrap();
+        let mut data = Vec::new();
+        fs.read(&who(), f, 0, 1 << 10, &mut data).unwrap();
+        let upper = data == format!("upper {i}\n").as_bytes();
+        assert!(
+            upper || data == format!("lower {i}\n").as_bytes(),
+            "{name}: {data:?} is neither whole copy nor the layer's"
+        );
+        if i < kill_after {
+            assert!(upper, "{name}: an acknowledged write is lost");
+        }
+        // Acknowledged or not, a copy-up that shows keeps the lower id.
+        assert_eq!(f, lower_id, "{name} changed id (its copy shows: {upper})");
+    }
 }
 
 fn open(dir: &Path) -> StackFs {
@@ -198,9 +272,12 @@ fn check(dir: &Path, acked: &[String], lower_ids: &[(String, FileId)]) {
 
 fn main() {
     if let Ok(dir) = std::env::var("LAYERFS_CRASH_CHILD") {
-        match std::env::var("LAYERFS_CRASH_BIG") {
-            Ok(_) => big_child(Path::new(&dir)),
-            Err(_) => child(Path::new(&dir)),
+        if std::env::var_os("LAYERFS_CRASH_BIG").is_some() {
+            big_child(Path::new(&dir));
+        } else if std::env::var_os("LAYERFS_CRASH_BURST").is_some() {
+            burst_child(Path::new(&dir));
+        } else {
+            child(Path::new(&dir));
         }
         return;
     }
@@ -259,5 +336,10 @@ fn main() {
         copied < big_rounds as usize,
         "all {big_rounds} copy-ups finished before their kill: none was cut"
     );
-    println!("test result: ok. {rounds} crash rounds, {big_rounds} inside copy-ups ({copied} had finished)");
+    // Kills inside a burst of copy-ups, early, in the middle and late.
+    for kill_after in [7, 480, 993] {
+        burst_round(&me, kill_after);
+        println!("burst of {BURST} copy-ups killed after {kill_after}: consistent");
+    }
+    println!("test result: ok. {rounds} crash rounds, {big_rounds} inside copy-ups ({copied} had finished), 3 inside bursts");
 }

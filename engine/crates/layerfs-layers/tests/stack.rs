@@ -739,8 +739,9 @@ fn a_listing_shows_each_files_attributes_as_they_are_after_every_change() {
 
 /// Copies up one small file after another while the upper's filesystem has
 /// no room, a page more every third try, so that each step of a copy-up (the
-/// staged file, its data, the inode map's commit) in turn is the one that
-/// meets the full disk; then gives all the room back.
+/// staged file, its data, the inode map's log) in turn is the one that meets
+/// the full disk; an fsync then fails until the inode map's commit finds
+/// room; then gives all the room back.
 #[test]
 fn a_full_upper_is_nospc_at_every_step_and_the_stack_recovers_when_space_returns() {
     const FILES: usize = 60;
@@ -765,13 +766,23 @@ fn a_full_upper_is_nospc_at_every_step_and_the_stack_recovers_when_space_returns
     let mut copied = [false; FILES];
     for (i, &id) in ids.iter().enumerate() {
         filler.set_len(full - (i as u64 / 3) * 4096).unwrap();
-        match fs.write(&root(), id, 0, b"UPPER", Stability::FileSync) {
+        match fs.write(&root(), id, 0, b"UPPER", Stability::Unstable) {
             Ok(_) => copied[i] = true,
             Err(e) => assert_eq!(e, Error::NoSpc, "copy-up of f{i} on a full disk"),
         }
     }
     assert!(copied.contains(&false), "the disk was never full");
     assert!(copied.contains(&true), "no copy-up found room");
+    // The copy-ups' records are durable at an fsync, which needs room.
+    let synced = ids.iter().zip(copied).find(|(_, c)| *c).unwrap().0;
+    filler.set_len(full).unwrap();
+    assert_eq!(
+        fs.commit(*synced).err(),
+        Some(Error::NoSpc),
+        "fsync with no room"
+    );
+    filler.set_len(full - 64 * 4096).unwrap();
+    fs.commit(*synced).expect("fsync once room is back");
     let work = s.upper().join(STATE_IN_UPPER).join("work");
     assert_eq!(
         std::fs::read_dir(&work).unwrap().count(),

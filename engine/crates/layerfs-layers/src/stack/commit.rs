@@ -85,6 +85,8 @@ impl StackFs {
     ) -> Result<()> {
         let mut current = self.write_layers();
         let _ns = self.lock_ns();
+        // Copy-ups' records and entries, so the layer is named by what lasts.
+        self.make_durable()?;
         std::fs::create_dir_all(new_upper)?;
         let new_path = new_upper.canonicalize()?;
         if std::fs::read_dir(&new_path)?.next().is_some() {

@@ -2,16 +2,26 @@
 //! first change, keeping its identity.
 //!
 //! A copy is made in the work directory (on the upper's filesystem), given
-//! the original's mode, owner (where the server may), times and data, made
-//! durable, recorded in the inode map under the original's identity, and
-//! only then renamed into place: a crash leaves either the lower file
-//! showing or the whole copy, never a part of one.
+//! the original's mode, owner (where the server may), times and data, its
+//! data made durable, its identity noted in the inode map's log, and only
+//! then renamed into place: a crash leaves either the lower file showing or
+//! the whole copy, never a part of one.
+//!
+//! That is overlayfs' durability: one `fsync`, of the copy. The new entry in
+//! the upper directory and the identity's record are made durable together,
+//! for every copy-up since the last time, at the next point that promises
+//! durability ([`StackFs::make_durable`]: an fsync or COMMIT of any file, a
+//! FILE_SYNC write, a commit or reset), not by each copy-up. A crash of the
+//! process loses neither (the host keeps both); a crash of the host before
+//! that point may take a copy-up back, as it may any change not yet synced.
 
 use std::ffi::CStr;
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use layerfs_vfs::hostdir::{self, Host};
 use layerfs_vfs::{Attr, Error, FileId, FileKind, Result, SetAttr, SetTime};
@@ -24,16 +34,35 @@ use super::whiteouts::mark_opaque;
 use super::xattrs;
 use super::StackFs;
 
+/// Directories of the upper given new entries by copy-ups since they were
+/// last synced; past this many they are synced at once.
+const UNSYNCED_DIRS: usize = 64;
+
+/// What copy-ups have not made durable yet.
+#[derive(Default)]
+pub(super) struct Unsynced {
+    /// Upper directories with entries renamed in and not yet synced (a leaf
+    /// lock: nothing is taken while it is held).
+    dirs: Mutex<Vec<Arc<OwnedFd>>>,
+    /// The upper's filesystem refused a clone (no reflink): not tried again.
+    no_clone: AtomicBool,
+}
+
 /// A name in the work directory, removed when dropped unless it was renamed
 /// into place first: a copy that failed half way (a full disk) leaves nothing.
 pub(super) struct Staged<'a> {
     work: BorrowedFd<'a>,
     pub name: std::ffi::CString,
     dir: bool,
+    /// Renamed into place: nothing to remove.
+    placed: bool,
 }
 
 impl Drop for Staged<'_> {
     fn drop(&mut self) {
+        if self.placed {
+            return;
+        }
         let flags = if self.dir {
             AtFlags::REMOVEDIR
         } else {
@@ -57,7 +86,39 @@ impl StackFs {
             work: self.work.as_fd(),
             name: std::ffi::CString::new(format!("t{n}")).expect("no NUL"),
             dir,
+            placed: false,
         }
+    }
+
+    /// Makes every copy-up so far durable: their identities' records first
+    /// (a record of a copy that is not in place is never used), then the
+    /// directories they were renamed into. Called wherever a caller is
+    /// promised durability (see the module doc).
+    pub(super) fn make_durable(&self) -> Result<()> {
+        self.inodes.sync()?;
+        let dirs = std::mem::take(&mut *self.unsynced.dirs.lock());
+        for (i, dir) in dirs.iter().enumerate() {
+            if let Err(e) = hostdir::sync_all(dir.as_fd()) {
+                // Synced again next time.
+                self.unsynced.dirs.lock().extend_from_slice(&dirs[i..]);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Notes that a copy was renamed into the upper directory `dir`.
+    fn placed_in(&self, dir: &Arc<OwnedFd>) -> Result<()> {
+        let mut dirs = self.unsynced.dirs.lock();
+        if dirs.iter().any(|d| Arc::ptr_eq(d, dir)) {
+            return Ok(());
+        }
+        dirs.push(dir.clone());
+        if dirs.len() < UNSYNCED_DIRS {
+            return Ok(());
+        }
+        drop(dirs);
+        self.make_durable()
     }
 
     /// [`StackFs::upper_dir`] of directory `dir`, found as `d` under the
@@ -88,8 +149,8 @@ impl StackFs {
         let node = self.node(layers, dir)?;
         let parent = self.upper_dir(layers, node.parent)?;
         self.reserve(layers, ENTRY_CHARGE)?;
-        let staged = self.stage(true);
-        let tmp = &staged.name;
+        let mut staged = self.stage(true);
+        let tmp = &staged.name.clone();
         let work = self.work.as_fd();
         rustix::fs::mkdirat(work, tmp, Mode::from_raw_mode(0o700))?;
         xattrs::copy(
@@ -103,6 +164,8 @@ impl StackFs {
         keeping_times(&layers.all[UPPER].host, parent.as_fd(), || {
             Ok(rustix::fs::renameat(work, tmp, &*parent, &name)?)
         })?;
+        staged.placed = true;
+        self.placed_in(&parent)?;
         self.changed_dirs();
         Ok(Arc::new(hostdir::open_dir(parent.as_fd(), &name)?))
     }
@@ -127,7 +190,7 @@ impl StackFs {
             _ => 0,
         };
         self.reserve(layers, ENTRY_CHARGE + bytes)?;
-        self.place_copy(layers, &found, parent.as_fd(), &name)
+        self.place_copy(layers, &found, &parent, &name)
             .inspect_err(|_| self.freed())?;
         self.caches.copied_up(id);
         if found.kind() == FileKind::Regular && found.host.nlink > 1 {
@@ -143,13 +206,13 @@ impl StackFs {
         &self,
         layers: &Layers,
         found: &Found,
-        parent: BorrowedFd<'_>,
+        parent: &Arc<OwnedFd>,
         name: &CStr,
     ) -> Result<()> {
         let host = &layers.all[UPPER].host;
         let work = self.work.as_fd();
-        let staged = self.stage(false);
-        let tmp = &staged.name;
+        let mut staged = self.stage(false);
+        let tmp = &staged.name.clone();
         let src_name = &found.name;
         match found.kind() {
             FileKind::Regular => {
@@ -160,7 +223,7 @@ impl StackFs {
                     OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::CLOEXEC,
                     Mode::from_raw_mode(0o600),
                 )?;
-                copy_data(src, &dst)?;
+                self.copy_data(src, &dst)?;
                 copy_owner_mode_times(host, work, tmp, &found.host)?;
                 hostdir::sync_all(dst.as_fd())?;
             }
@@ -188,10 +251,11 @@ impl StackFs {
             tmp.to_bytes(),
         )?;
         self.keep_identity(layers, &host.stats.at(work, tmp)?, found)?;
-        keeping_times(host, parent, || {
-            Ok(rustix::fs::renameat(work, tmp, parent, name)?)
+        keeping_times(host, parent.as_fd(), || {
+            Ok(rustix::fs::renameat(work, tmp, &**parent, name)?)
         })?;
-        hostdir::sync_all(parent)?;
+        staged.placed = true;
+        self.placed_in(parent)?;
         self.changed_entries();
         Ok(())
     }
@@ -256,14 +320,30 @@ impl StackFs {
 }
 
 impl StackFs {
-    /// Records, durably, that the upper file `copy` is `original`.
+    /// Notes that the upper file `copy` is `original` (durable with the
+    /// copy-up, at [`StackFs::make_durable`]).
     fn keep_identity(&self, layers: &Layers, copy: &Attr, original: &Found) -> Result<()> {
         let origin = Origin {
             id: original.attr.fileid,
             generation: original.attr.generation,
         };
         self.inodes
-            .record(&[(layers.tag(UPPER), copy.fileid, copy.generation, origin)])
+            .note(&[(layers.tag(UPPER), copy.fileid, copy.generation, origin)])
+    }
+
+    /// [`copy_data`], with no clone tried once the upper's filesystem has
+    /// refused one.
+    fn copy_data(&self, src: OwnedFd, dst: &OwnedFd) -> Result<()> {
+        #[cfg(target_os = "linux")]
+        if !self.unsynced.no_clone.load(Relaxed) {
+            match rustix::fs::ioctl_ficlone(dst, &src) {
+                Ok(()) => return Ok(()),
+                // Another layer's file (XDEV) may clone where this one did not.
+                Err(rustix::io::Errno::OPNOTSUPP) => self.unsynced.no_clone.store(true, Relaxed),
+                Err(_) => {}
+            }
+        }
+        copy_bytes(src, dst)
     }
 }
 
@@ -280,6 +360,11 @@ pub(super) fn copy_data(src: OwnedFd, dst: &OwnedFd) -> Result<()> {
     if rustix::fs::ioctl_ficlone(dst, &src).is_ok() {
         return Ok(());
     }
+    copy_bytes(src, dst)
+}
+
+/// Copies a file's data by the kernel's copy or one buffer at a time.
+fn copy_bytes(src: OwnedFd, dst: &OwnedFd) -> Result<()> {
     let mut src = File::from(src);
     let mut dst = File::from(dst.try_clone()?);
     loop {

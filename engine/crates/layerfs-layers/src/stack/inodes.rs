@@ -11,17 +11,19 @@
 //! - *aliases*: ids handed out for host inode numbers that do not fit 48 bits;
 //! - the workspace's own random number, the root's generation.
 //!
-//! Each change is one redb transaction, durable before the operation that
-//! depends on it is made visible, so a crash at any point leaves either the
-//! old or the new record.
+//! Each change of tags and aliases is one redb transaction, durable before
+//! the operation that depends on it is made visible, so a crash at any point
+//! leaves either the old or the new record. Origins of copy-ups are noted in
+//! a log first and made durable in groups ([`super::origin_log`]).
 
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::path::Path;
 
 use layerfs_vfs::{Error, FileId, Result};
 use redb::{ReadableTable, TableDefinition};
 
+use super::origin_log::{Change, OriginLog, LOG_LIMIT};
 use crate::redb_file::RedbFile;
 
 /// The workspace root's id.
@@ -50,6 +52,8 @@ pub struct Inodes {
     /// All origins, kept in memory: one per copied-up file.
     origins: RwLock<HashMap<(u16, u64), (Origin, u64)>>,
     aliases: RwLock<HashMap<(u16, u64), FileId>>,
+    /// Origins noted since the database last took them.
+    log: Mutex<OriginLog>,
     /// A random number naming this workspace: the root's generation.
     pub workspace: u64,
 }
@@ -70,6 +74,8 @@ fn map_error(e: redb::Error) -> Error {
 }
 
 impl Inodes {
+    /// Opens the map at `path`, with its log beside it (`path` with the
+    /// extension `log`), whose entries a crash left are moved in first.
     pub fn open(path: &Path) -> std::result::Result<Inodes, String> {
         let db = RedbFile::open(path).map_err(|e| match e {
             redb::DatabaseError::DatabaseAlreadyOpen => {
@@ -77,10 +83,18 @@ impl Inodes {
             }
             e => e.to_string(),
         })?;
-        Self::load(db).map_err(|e| format!("cannot read it: {e}"))
+        let log_path = path.with_extension("log");
+        let log = OriginLog::open(&log_path)
+            .map_err(|e| format!("cannot read {}: {e}", log_path.display()))?;
+        Self::load(db, log).map_err(|e| format!("cannot read it: {e}"))
     }
 
-    fn load(db: RedbFile) -> Result<Inodes> {
+    fn load(db: RedbFile, mut log: OriginLog) -> Result<Inodes> {
+        if !log.pending.is_empty() {
+            tracing::info!("{} origins left in the log moved in", log.pending.len());
+            write_changes(&db, &log.pending)?;
+        }
+        log.moved()?;
         let workspace = db
             .write(|txn| {
                 let mut meta = txn.open_table(META)?;
@@ -120,6 +134,7 @@ impl Inodes {
             db,
             origins: RwLock::new(origins),
             aliases: RwLock::new(aliases),
+            log: Mutex::new(log),
             workspace,
         })
     }
@@ -199,20 +214,30 @@ impl Inodes {
     }
 
     /// Records, durably, that the files `(tag, host inode, host generation)`
-    /// carry the identities given.
+    /// carry the identities given, with every origin noted before.
     pub fn record(&self, entries: &[(u16, u64, u64, Origin)]) -> Result<()> {
-        if entries.is_empty() {
+        let mut log = self.log.lock();
+        if entries.is_empty() && log.pending.is_empty() {
             return Ok(());
         }
-        self.db
-            .write(|txn| {
-                let mut table = txn.open_table(ORIGINS)?;
-                for &(tag, ino, host_gen, o) in entries {
-                    table.insert((u64::from(tag), ino), (o.id, o.generation, host_gen))?;
-                }
-                Ok(())
-            })
-            .map_err(map_error)?;
+        let mut changes = log.pending.clone();
+        changes.extend(entries.iter().map(keep));
+        write_changes(&self.db, &changes)?;
+        log.moved()?;
+        drop(log);
+        let mut origins = self.origins.write();
+        for &(tag, ino, host_gen, o) in entries {
+            origins.insert((tag, ino), (o, host_gen));
+        }
+        Ok(())
+    }
+
+    /// Notes that the files `(tag, host inode, host generation)` carry the
+    /// identities given: kept across a crash of the process at once, and
+    /// durable across one of the host at the next [`Inodes::sync`].
+    pub fn note(&self, entries: &[(u16, u64, u64, Origin)]) -> Result<()> {
+        let changes: Vec<Change> = entries.iter().map(keep).collect();
+        self.append(&changes)?;
         let mut origins = self.origins.write();
         for &(tag, ino, host_gen, o) in entries {
             origins.insert((tag, ino), (o, host_gen));
@@ -227,17 +252,68 @@ impl Inodes {
         if self.origins.write().remove(&(tag, ino)).is_none() {
             return;
         }
-        let result = self
-            .db
-            .write(|txn| {
-                txn.open_table(ORIGINS)?.remove((u64::from(tag), ino))?;
-                Ok(())
-            })
-            .map_err(map_error);
-        if result.is_err() {
+        if self.append(&[Change::Forget { tag, ino }]).is_err() {
             tracing::warn!("could not drop the origin of inode {ino} in layer {tag}");
         }
     }
+
+    /// Makes every origin noted so far durable: one database commit for all
+    /// of them, none when there are none.
+    pub fn sync(&self) -> Result<()> {
+        let mut log = self.log.lock();
+        if log.pending.is_empty() {
+            return Ok(());
+        }
+        write_changes(&self.db, &log.pending)?;
+        Ok(log.moved()?)
+    }
+
+    /// Appends `changes` to the log, moving it into the database first when
+    /// it is full.
+    fn append(&self, changes: &[Change]) -> Result<()> {
+        let mut log = self.log.lock();
+        if log.pending.len() + changes.len() > LOG_LIMIT {
+            write_changes(&self.db, &log.pending)?;
+            log.moved()?;
+        }
+        Ok(log.append(changes)?)
+    }
+}
+
+fn keep(&(tag, ino, host_gen, origin): &(u16, u64, u64, Origin)) -> Change {
+    Change::Keep {
+        tag,
+        ino,
+        host_gen,
+        origin,
+    }
+}
+
+/// Applies `changes`, in order, in one durable transaction.
+fn write_changes(db: &RedbFile, changes: &[Change]) -> Result<()> {
+    db.write(|txn| {
+        let mut table = txn.open_table(ORIGINS)?;
+        for change in changes {
+            match *change {
+                Change::Keep {
+                    tag,
+                    ino,
+                    host_gen,
+                    origin,
+                } => {
+                    table.insert(
+                        (u64::from(tag), ino),
+                        (origin.id, origin.generation, host_gen),
+                    )?;
+                }
+                Change::Forget { tag, ino } => {
+                    table.remove((u64::from(tag), ino))?;
+                }
+            }
+        }
+        Ok(())
+    })
+    .map_err(map_error)
 }
 
 fn random_nonzero() -> u64 {
@@ -292,5 +368,35 @@ mod tests {
         drop(map);
         let map = Inodes::open(&path).unwrap();
         assert_ne!(map.identity(b, 99, Some(5)).unwrap().id, in_a.id);
+    }
+
+    #[test]
+    fn noted_origins_survive_a_reopen_and_sync_moves_them_into_the_database() {
+        let t = tempfile::tempdir().unwrap();
+        let path = t.path().join("map.redb");
+        let log = path.with_extension("log");
+        let map = Inodes::open(&path).unwrap();
+        let a = map.tag(b"/layers/a").unwrap();
+        let lower = map.identity(a, 42, Some(7)).unwrap();
+        map.note(&[(a, 100, 3, lower)]).unwrap();
+        assert_eq!(std::fs::metadata(&log).unwrap().len(), 48);
+        // Dropped without a sync, as a killed process leaves it.
+        drop(map);
+        let map = Inodes::open(&path).unwrap();
+        assert_eq!(map.identity(a, 100, Some(3)).unwrap(), lower);
+        assert_eq!(
+            std::fs::metadata(&log).unwrap().len(),
+            0,
+            "moved in at open"
+        );
+        map.note(&[(a, 101, 3, lower)]).unwrap();
+        map.forget(a, 100);
+        map.sync().unwrap();
+        assert_eq!(std::fs::metadata(&log).unwrap().len(), 0);
+        std::fs::remove_file(&log).unwrap();
+        drop(map);
+        let map = Inodes::open(&path).unwrap();
+        assert_eq!(map.identity(a, 101, Some(3)).unwrap(), lower);
+        assert_ne!(map.identity(a, 100, Some(3)).unwrap(), lower);
     }
 }

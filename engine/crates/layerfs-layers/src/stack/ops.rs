@@ -532,6 +532,10 @@ impl Filesystem for StackFs {
         if let Some(mode) = hostdir::mode_after_write(caller, &before) {
             rustix::fs::fchmod(&*fd, hostdir::permissions(mode))?;
         }
+        // A copy-up this write made is durable before the write is.
+        if stable != Stability::Unstable {
+            self.make_durable().inspect_err(|_| self.freed())?;
+        }
         if let Err(e) = hostdir::write_at(fd.as_fd(), offset, data, stable) {
             self.freed();
             return Err(e);
@@ -555,6 +559,7 @@ impl Filesystem for StackFs {
         let layers = self.current();
         let (fd, before) = self.open_file(&layers, id, false, |_| Ok(()))?;
         hostdir::sync_all(fd.as_fd())?;
+        self.make_durable()?;
         Ok(change(&before, Some(before)))
     }
 
