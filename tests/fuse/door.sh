@@ -94,28 +94,34 @@ fi
 mounted "$t/mnt" && fail "still mounted"
 [[ -z $(ls -A "$t/mnt") ]] || fail "the mount point is not empty again"
 
-step "passthrough: as root, reads never reach the door; without passthrough, they do"
-# The bytes the door's threads read (/proc/PID/io rchar) while a reader
-# reads a 64 MiB file through a fresh mount: with passthrough the kernel
-# reads the host file itself.
+step "passthrough: as root, reads never reach the door; without passthrough, they do, 1 MiB at a time"
+# The bytes the door's threads read (/proc/PID/io rchar), and the reads they
+# made (syscr), while a reader reads a 64 MiB file through a fresh mount:
+# with passthrough the kernel reads the host file itself; without it, the
+# root door widens the mount's readahead so that each READ carries 1 MiB
+# (a request is two reads: from /dev/fuse and from the host file).
 head -c $((64 << 20)) /dev/urandom >"$t/src/big"
-door_read() { # door_read LOG [FLAGS]: bytes the door read while the file was read
+door_read() { # door_read LOG [FLAGS]: bytes and reads the door made while the file was read
 	local log=$1
 	shift
 	RUST_LOG=info "$layerfs" serve --fuse "$t/mnt" "$@" "$t/src" >/dev/null 2>"$log" &
 	local door=$! before after
 	wait_mounted "$t/mnt"
-	before=$(awk '$1 == "rchar:" {print $2}' "/proc/$door/io")
+	before=$(awk '$1 == "rchar:" {b=$2} $1 == "syscr:" {r=$2} END {print b, r}' "/proc/$door/io")
+	cat "$t/mnt/big" >/dev/null
+	after=$(awk '$1 == "rchar:" {b=$2} $1 == "syscr:" {r=$2} END {print b, r}' "/proc/$door/io")
 	cmp "$t/mnt/big" "$t/src/big" || fail "the file read through the mount differs"
-	after=$(awk '$1 == "rchar:" {print $2}' "/proc/$door/io")
 	kill -TERM $door
 	wait $door || fail "the door's exit status after SIGTERM"
-	echo $((after - before))
+	set -- $before $after
+	echo $(($3 - $1)) $(($4 - $2))
 }
-with=$(door_read "$t/with.log")
-without=$(door_read "$t/without.log" --no-passthrough)
-echo "   the door read $with bytes with passthrough, $without without"
+read -r with _ < <(door_read "$t/with.log")
+read -r without reads < <(door_read "$t/without.log" --no-passthrough)
+echo "   the door read $with bytes with passthrough, $without in $reads reads without"
 [[ $without -ge $((64 << 20)) ]] || fail "without passthrough the door read only $without bytes"
+# 64 requests of 1 MiB are 128 reads; at the kernel's default 128 KiB, 1,024.
+[[ $reads -le 300 ]] || fail "the door made $reads reads for 64 MiB: READs are not 1 MiB"
 if grep -q "passthrough=false" "$t/with.log"; then
 	skip_or_fail "FUSE door: passthrough" "this kernel ($(uname -r)) did not grant passthrough (6.9 or later offers it)"
 else

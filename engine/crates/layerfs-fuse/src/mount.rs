@@ -98,6 +98,7 @@ pub fn mount(fs: Arc<dyn Filesystem>, mountpoint: &Path, options: &Options) -> i
             format!("cannot mount on {}: {e}", mountpoint.display()),
         )
     })?;
+    widen_readahead(&mountpoint);
     Ok(Mounted {
         session: Some(session),
         mountpoint,
@@ -105,6 +106,30 @@ pub fn mount(fs: Arc<dyn Filesystem>, mountpoint: &Path, options: &Options) -> i
         inos,
         no_caps,
     })
+}
+
+/// Lets the kernel read ahead as much as one READ may carry.
+///
+/// A FUSE mount starts with the kernel's default readahead, 128 KiB, which
+/// cuts a sequential read of a file the door serves (a lower file) into
+/// READs of that size, each a round trip: measured, a cold 512 MiB read
+/// took 0.46 s at 128 KiB and 0.23 s at 1 MiB (tmpfs layer, 0.085 s read
+/// directly). The window is a setting of the mount's own backing device,
+/// which only root may change; elsewhere the default stays.
+fn widen_readahead(mountpoint: &Path) {
+    if !rustix::process::geteuid().is_root() {
+        return;
+    }
+    let dev = match rustix::fs::stat(mountpoint) {
+        Ok(st) => st.st_dev,
+        Err(e) => return tracing::debug!("readahead left as it is: {e}"),
+    };
+    let (major, minor) = (rustix::fs::major(dev), rustix::fs::minor(dev));
+    let setting = format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb");
+    let kib = crate::door::MAX_WRITE / 1024;
+    if let Err(e) = std::fs::write(&setting, kib.to_string()) {
+        tracing::debug!("readahead left as it is: {setting}: {e}");
+    }
 }
 
 /// Each thread serving a session zeroes a 16 MiB read buffer (fuser's: the
