@@ -870,7 +870,8 @@ impl fuser::Filesystem for Door {
         reply: ReplyCreate,
     ) {
         let set = with_mode(mode);
-        let how = if flags & libc::O_EXCL != 0 {
+        let exclusive = flags & libc::O_EXCL != 0;
+        let how = if exclusive {
             Create::Guarded(set)
         } else {
             Create::Unchecked(set)
@@ -883,6 +884,11 @@ impl fuser::Filesystem for Door {
             Ok((attr, _)) => attr,
             Err(e) => return reply.error(errno(e)),
         };
+        // A file just made has no capability: the kernel's question before
+        // its first write is answered without asking the host.
+        if exclusive {
+            self.no_caps.found_none(self.inos.ino(attr.fileid));
+        }
         let (ttl, fattr, generation) = (
             self.caching.ttl(),
             self.inos.attr(&attr),
