@@ -1,5 +1,6 @@
 //! `layerfs`: layered, writable workspaces served to the kernel over
 //! loopback NFSv3 or FUSE.
+#![forbid(unsafe_code)]
 
 use std::io::IsTerminal;
 use std::path::PathBuf;

@@ -143,6 +143,7 @@ fn linger_for_reading(stream: &UnixStream) {
 }
 
 /// The uid of the process at the other end of `stream`.
+#[allow(unsafe_code)]
 fn peer_uid(stream: &UnixStream) -> io::Result<u32> {
     #[cfg(target_os = "linux")]
     {

@@ -9,6 +9,8 @@
 //!                              their mounts, layer notes, the NFS port
 //! <store>/daemon.lock          held by the one daemon serving the store
 //! ```
+// Each use of `unsafe` is allowed where it is, with its reason.
+#![deny(unsafe_code)]
 
 pub mod catalog;
 pub mod control;

@@ -8,6 +8,8 @@
 //! it asks for (docs/architecture/engine/kernel-routes/fuse.md says why each).
 //!
 //! Linux only: elsewhere the crate is empty.
+// Each use of `unsafe` is allowed where it is, with its reason.
+#![deny(unsafe_code)]
 
 #[cfg(target_os = "linux")]
 mod attrs;

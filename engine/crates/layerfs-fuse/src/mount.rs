@@ -140,6 +140,7 @@ fn widen_readahead(mountpoint: &Path) {
 /// 1 GB resident and kept 400 MB after their unmount. A fixed threshold
 /// keeps each such buffer a mapping of its own, resident only where used
 /// and returned whole when freed.
+#[allow(unsafe_code)]
 fn map_large_buffers() {
     #[cfg(target_env = "gnu")]
     {

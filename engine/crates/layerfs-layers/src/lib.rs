@@ -4,6 +4,7 @@
 //! in the OCI convention included (`.wh.NAME` hides NAME below, `.wh..wh..opq`
 //! makes a directory opaque), so an image's layer imports unchanged and a
 //! workspace's upper directory can become a layer as it is.
+#![forbid(unsafe_code)]
 
 mod digest;
 pub mod redb_file;

@@ -1,5 +1,6 @@
 //! The NFSv3 (RFC 1813) and MOUNT v3 programs served by layerfs, over the
 //! [`layerfs_vfs::Filesystem`] trait.
+#![forbid(unsafe_code)]
 
 mod access;
 mod convert;

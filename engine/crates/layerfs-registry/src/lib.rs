@@ -5,6 +5,7 @@
 //! the store: which layers it already has (by `diff_id`), how a blob becomes
 //! a layer (streamed, decompressed and unpacked in one pass, its `diff_id`
 //! checked before the layer is kept), and how many download at once.
+#![forbid(unsafe_code)]
 
 mod auth;
 mod blob;

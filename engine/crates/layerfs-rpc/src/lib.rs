@@ -6,6 +6,8 @@
 //! connections ([`server`]); [`xdr`] is the one XDR cursor and padding rule
 //! every layer reads with. Everything but `server` is sans-IO or generic
 //! over `Read`/`Write`, so tests drive it without sockets.
+// Each use of `unsafe` is allowed where it is, with its reason.
+#![deny(unsafe_code)]
 
 mod awake;
 pub mod envelope;

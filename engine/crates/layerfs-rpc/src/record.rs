@@ -100,6 +100,7 @@ pub trait Receive: Read {
 }
 
 impl Receive for &std::net::TcpStream {
+    #[allow(unsafe_code)]
     fn receive_uninit(&mut self, buf: &mut Vec<u8>, want: usize) -> Option<io::Result<usize>> {
         let len = buf.len();
         let n = match rustix::io::read(*self, &mut buf.spare_capacity_mut()[..want]) {

@@ -4,6 +4,8 @@
 //! it takes the caller's credentials and returns the attributes before and
 //! after every change, which NFS needs for its clients' caches. [`LocalFs`]
 //! serves one host directory.
+// Each use of `unsafe` is allowed where it is, with its reason.
+#![deny(unsafe_code)]
 
 pub mod access;
 mod attr;

@@ -18,7 +18,7 @@
 use std::ffi::CStr;
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -45,7 +45,8 @@ pub(super) struct Unsynced {
     /// lock: nothing is taken while it is held).
     dirs: Mutex<Vec<Arc<OwnedFd>>>,
     /// The upper's filesystem refused a clone (no reflink): not tried again.
-    no_clone: AtomicBool,
+    #[cfg(target_os = "linux")]
+    no_clone: std::sync::atomic::AtomicBool,
 }
 
 /// A name in the work directory, removed when dropped unless it was renamed

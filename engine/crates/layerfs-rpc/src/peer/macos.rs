@@ -101,6 +101,7 @@ fn round8(n: usize) -> usize {
 
 /// The kernel's table of TCP sockets.
 #[cfg(target_os = "macos")]
+#[allow(unsafe_code)]
 pub fn tcp_table() -> std::io::Result<Vec<u8>> {
     use std::io;
     let name = c"net.inet.tcp.pcblist_n";

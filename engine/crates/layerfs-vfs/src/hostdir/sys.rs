@@ -55,6 +55,7 @@ pub fn mknod(
 /// the kernel, or a seccomp filter, does not let it run; after `ENOSYS` it
 /// is not tried again.
 #[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
 pub fn fchmodat2_nofollow(
     dir: BorrowedFd<'_>,
     name: &CStr,
