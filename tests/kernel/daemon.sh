@@ -56,12 +56,17 @@ cat "$w/etc/name" >/dev/null
 echo rewritten >"$w/etc/name"
 echo made >"$w/made"
 rm "$w/new"
+echo deep >"$w/etc/made"
 check "$w/etc/name" rewritten
-ls "$w" >/dev/null
+ls "$w" "$w/etc" >/dev/null
+stat "$w/made" "$w/etc/made" >/dev/null
 "$layerfs" reset w >/dev/null
-# As the user sees it: a listing and an open (close-to-open) ask
-# the server again; a bare stat of a name the client looked up lately may
-# keep its cached answer until the directory's attribute cache expires.
+# Names the client looked up a moment ago: without a listing or an open,
+# a bare stat trusts the cached entry until the directory's attribute
+# cache expires (30 s), unless the daemon made the client look again.
+for gone in "$w/made" "$w/etc/made"; do
+	[[ -e $gone ]] && fail "stat right after the reset still finds $gone"
+done
 listing=$(ls "$w" | tr '\n' ' ')
 [[ $listing == "etc new " ]] || fail "ls after the reset: '$listing'"
 check "$w/etc/name" changed

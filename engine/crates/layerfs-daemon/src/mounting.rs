@@ -50,6 +50,33 @@ pub fn unmount_nfs(mountpoint: &Path) -> io::Result<()> {
     return macos::unmount(mountpoint);
 }
 
+/// Makes the NFS client that mounted a workspace at `mountpoint` look again
+/// at each of `dirs` (names from the workspace's root), whose entries a
+/// reset changed behind it. The client trusts a directory's cached entries
+/// and attributes until its attribute cache expires (30 s and more), and
+/// macOS' client does not even revalidate at each open. A change the client
+/// makes itself it takes in at once: so each directory is given its own
+/// mode again through the mount, a SETATTR that changes nothing but makes
+/// the client drop what it cached of the directory (EdenFS does the same
+/// for macOS checkouts). Best effort: a directory that cannot be changed
+/// this way (gone, or not the daemon's user's to chmod) keeps the cache's
+/// usual expiry.
+pub fn refresh_client_dirs(mountpoint: &Path, dirs: &[Vec<Vec<u8>>]) {
+    use std::os::unix::ffi::OsStrExt;
+    for names in dirs {
+        let mut path = mountpoint.to_path_buf();
+        path.extend(names.iter().map(|n| std::ffi::OsStr::from_bytes(n)));
+        let refreshed = std::fs::symlink_metadata(&path)
+            .and_then(|meta| std::fs::set_permissions(&path, meta.permissions()));
+        if let Err(e) = refreshed {
+            tracing::debug!(
+                "{}: its client's cache is left to expire: {e}",
+                path.display()
+            );
+        }
+    }
+}
+
 /// Whether something is mounted at `path` (its device differs from its
 /// parent's, or it is the root). A dead FUSE mount counts.
 pub fn is_mountpoint(path: &Path) -> bool {

@@ -198,6 +198,8 @@ fn a_reset_throws_away_the_changes_under_a_path_or_all_of_them() {
         "{done:?}"
     );
     assert!(done.files.contains(&x));
+    // d's upper part went whole: its parent's entries changed.
+    assert_eq!(done.dirs_changed, [Vec::<Vec<u8>>::new()]);
     assert_eq!(read(&fs, x), b"x", "d/x reverted, same id");
     assert_eq!(
         fs.lookup(&w, id(&fs, "d"), b"new").unwrap_err(),
@@ -266,8 +268,19 @@ fn a_reset_throws_away_the_changes_under_a_path_or_all_of_them() {
     assert_eq!(read(&fs, a), b"lower a");
     assert_eq!(read(&fs, id(&fs, "opaque/old")), b"o");
     assert_eq!(read(&fs, id(&fs, "gone")), b"x");
+    // A name in a directory: that directory changed, named from the root.
+    fs.create(
+        &w,
+        id(&fs, "d"),
+        b"later",
+        Create::Unchecked(SetAttr::default()),
+    )
+    .unwrap();
+    let done = fs.reset(&[vec![b"d".to_vec(), b"later".to_vec()]]).unwrap();
+    assert_eq!(done.dirs_changed, [vec![b"d".to_vec()]]);
     // A path with nothing of the upper under it, and one that climbs out.
-    fs.reset(&[vec![b"tree".to_vec()]]).unwrap();
+    let done = fs.reset(&[vec![b"tree".to_vec()]]).unwrap();
+    assert!(done.dirs_changed.is_empty(), "{done:?}");
     assert_eq!(
         fs.reset(&[vec![b"..".to_vec()]]).unwrap_err(),
         layerfs_vfs::Error::Inval

@@ -494,6 +494,9 @@ impl Daemon {
         if let Some(m) = &o.fuse {
             m.invalidate(&done.names, &done.files);
         }
+        if let Some(mount) = record.mount.as_ref().filter(|m| m.door == Door::Nfs) {
+            mounting::refresh_client_dirs(&mount.path, &done.dirs_changed);
+        }
         if record.mount.is_none() {
             *open = None;
         }

@@ -31,6 +31,10 @@ use super::StackFs;
 pub struct ResetDone {
     pub names: Vec<(FileId, Vec<u8>)>,
     pub files: Vec<FileId>,
+    /// The directories whose entries changed, by their names from the
+    /// root (`[]` for the root), each once: what a door that cannot tell
+    /// the kernel's caches directly (NFS) makes its clients look at again.
+    pub dirs_changed: Vec<Vec<Vec<u8>>>,
     /// Upper directories moved aside into the work directory, removed
     /// once the reset is over.
     discarded: Vec<CString>,
@@ -40,6 +44,12 @@ pub struct ResetDone {
 }
 
 impl ResetDone {
+    fn changed_path(&mut self, path: &[Vec<u8>]) {
+        if !self.dirs_changed.iter().any(|p| p == path) {
+            self.dirs_changed.push(path.to_vec());
+        }
+    }
+
     fn changed_dir(&mut self, dir: BorrowedFd<'_>) -> Result<()> {
         let ino = rustix::fs::fstat(dir)?.st_ino;
         if !self.dirs.iter().any(|(i, _)| *i == ino) {
@@ -143,6 +153,10 @@ impl StackFs {
             done.files.push(ROOT);
             return self.clear_upper_dir(layers, upper.as_fd(), ROOT, &parts, done);
         };
+        let here = Here {
+            dir: ROOT,
+            path: parents,
+        };
         for name in parents {
             let Some(f) = layers.lookup(&self.inodes, &parts, &cstr(name)?)? else {
                 return Ok(());
@@ -157,7 +171,8 @@ impl StackFs {
             // No upper part here: nothing was changed under the path.
             return Ok(());
         };
-        self.remove_from_upper(layers, upper.fd.as_fd(), dir, &parts, last, done)
+        let here = Here { dir, ..here };
+        self.remove_from_upper(layers, upper.fd.as_fd(), &here, &parts, last, done)
     }
 
     /// Removes everything the upper directory `upper` (the top of `parts`,
@@ -174,33 +189,36 @@ impl StackFs {
             if name.starts_with(super::STATE_IN_UPPER.as_bytes()) {
                 continue;
             }
+            let here = Here { dir, path: &[] };
             match name.strip_prefix(b".wh.") {
                 Some(b".wh..opq") => {
                     rustix::fs::unlinkat(upper, &*cstr(&name)?, AtFlags::empty())?;
                     done.changed_dir(upper)?;
+                    done.changed_path(&[]);
                 }
                 Some(hidden) if !is_hidden(hidden) => {
                     let hidden = hidden.to_vec();
-                    self.remove_from_upper(layers, upper, dir, parts, &hidden, done)?
+                    self.remove_from_upper(layers, upper, &here, parts, &hidden, done)?
                 }
                 Some(_) => {}
-                None => self.remove_from_upper(layers, upper, dir, parts, &name, done)?,
+                None => self.remove_from_upper(layers, upper, &here, parts, &name, done)?,
             }
         }
         Ok(())
     }
 
     /// Removes `name` and its whiteout from the upper directory `upper` of
-    /// the merged directory `dir` (made of `parts`), noting what changed.
+    /// the merged directory `here` (made of `parts`), noting what changed.
     fn remove_from_upper(
         &self,
         layers: &Layers,
         upper: BorrowedFd<'_>,
-        dir: FileId,
+        here: &Here<'_>,
         parts: &[Part],
         name: &[u8],
         done: &mut ResetDone,
     ) -> Result<()> {
+        let dir = here.dir;
         let c = cstr(name)?;
         let shown = layers.lookup(&self.inodes, parts, &c)?;
         if let Some(f) = &shown {
@@ -242,6 +260,7 @@ impl StackFs {
         if changed {
             done.names.push((dir, name.to_vec()));
             done.changed_dir(upper)?;
+            done.changed_path(here.path);
         }
         Ok(())
     }
@@ -273,6 +292,14 @@ impl StackFs {
         }
         Ok(())
     }
+}
+
+/// A merged directory a reset changes entries of: its id and its names
+/// from the root.
+#[derive(Clone, Copy)]
+struct Here<'a> {
+    dir: FileId,
+    path: &'a [Vec<u8>],
 }
 
 /// Whether a merged directory of `parts` is also one of the layers'.
