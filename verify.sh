@@ -176,6 +176,9 @@ if command -v qemu-system-x86_64 >/dev/null && command -v busybox >/dev/null; th
 	echo "-- the workspace daemon over NFS: a kill -9 under a writer and a restart"
 	check "kernel client daemon" kc --no-mount --workload tests/kernel/daemon.sh \
 		--server "exec $PWD/target/release/layerfs daemon --store /run/lfs-store --nfs-port 20490"
+	echo "-- fifty workspaces of one daemon mounted over NFS at once"
+	check "kernel client fifty workspaces" kc --no-mount --workload tests/kernel/many.sh \
+		--server "exec $PWD/target/release/layerfs daemon --store /run/lfs-store --nfs-port 20490"
 else
 	missing "the Linux kernel NFS client (QEMU)" "QEMU is not installed (apt-get install qemu-system-x86 busybox-static xz-utils)"
 fi
