@@ -840,3 +840,47 @@ fn a_filesystem_mounted_inside_a_layer_is_refused_and_its_name_still_listed() {
     }
     assert_eq!(read_all(&fs, at(&fs, "f0").unwrap()), b"layer");
 }
+
+/// A copy-up's identity goes to the inode map's log, one entry each, and
+/// the database is written only where durability is promised (an fsync):
+/// one commit for all the copy-ups before it, not one per copy-up.
+#[test]
+fn copy_ups_write_the_inode_map_only_at_an_fsync() {
+    const FILES: usize = 100;
+    let s = Stack::new(1, |_, d| {
+        for i in 0..FILES {
+            std::fs::write(d.join(format!("f{i}")), b"lower").unwrap();
+        }
+    });
+    let fs = s.open();
+    let ids: Vec<FileId> = (0..FILES)
+        .map(|i| at(&fs, &format!("f{i}")).unwrap())
+        .collect();
+    let state = s.upper().join(STATE_IN_UPPER);
+    let db = || {
+        let m = std::fs::metadata(state.join("inodes.redb")).unwrap();
+        (m.len(), m.modified().unwrap())
+    };
+    let log = || std::fs::metadata(state.join("inodes.log")).unwrap().len();
+    let before = db();
+    for &id in &ids {
+        fs.write(&root(), id, 0, b"UPPER", Stability::Unstable)
+            .unwrap();
+    }
+    assert_eq!(db(), before, "the database was written by a copy-up");
+    assert_eq!(log(), 48 * FILES as u64, "one log entry per copy-up");
+    fs.commit(ids[0]).unwrap();
+    assert_ne!(
+        db(),
+        before,
+        "an fsync left the copy-ups' records in the log"
+    );
+    assert_eq!(log(), 0, "the log is moved into the database at an fsync");
+    // Every copy kept its lower id across a restart.
+    drop(fs);
+    let fs = s.open();
+    for (i, &id) in ids.iter().enumerate() {
+        assert_eq!(at(&fs, &format!("f{i}")).unwrap(), id, "f{i}");
+        assert_eq!(read_all(&fs, id), b"UPPER");
+    }
+}
