@@ -943,7 +943,11 @@ impl Door {
         if !self.passthrough || attr.kind != FileKind::Regular || attr.mode & 0o6000 != 0 {
             return None;
         }
-        let fd = self.fs.host_file(caller, attr.fileid, write).ok()??;
+        let fd = self
+            .fs
+            .host_files()?
+            .host_file(caller, attr.fileid, write)
+            .ok()??;
         match register(fd.as_fd()) {
             Ok(backing) => Some(backing),
             Err(e) => {
@@ -958,7 +962,7 @@ impl Door {
     /// the filesystem cannot give it: a write to come then meets the same
     /// failure (a copy-up into a full upper, say) and reports it.
     fn held(&self, id: FileId, write: bool) -> Option<Held> {
-        match self.fs.file_to_keep(id, write) {
+        match self.fs.host_files()?.file_to_keep(id, write) {
             Ok(file) => file.map(|file| Held { file, write }),
             Err(e) => {
                 tracing::debug!("file {id} is opened without holding its host file: {e}");

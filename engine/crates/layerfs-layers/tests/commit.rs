@@ -39,7 +39,9 @@ fn read(fs: &dyn Filesystem, id: FileId) -> Vec<u8> {
 
 /// What a passthrough open holds: the host file, opened for writing.
 fn writable(fs: &dyn Filesystem, id: FileId) -> Arc<OwnedFd> {
-    fs.host_file(&root(), id, true)
+    fs.host_files()
+        .expect("a stack has host files")
+        .host_file(&root(), id, true)
         .unwrap()
         .expect("a stack hands out its upper files")
 }

@@ -3,7 +3,7 @@
 //! happens.
 
 use layerfs_layers::{StackFs, ENTRY_CHARGE};
-use layerfs_vfs::{Caller, Create, Error, FileId, Filesystem, SetAttr, Stability};
+use layerfs_vfs::{Caller, Create, Error, FileId, Filesystem, HostFiles, SetAttr, Stability};
 
 const ROOT: FileId = 1;
 const KIB: u64 = 1024;

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use layerfs_layers::{StackFs, STATE_IN_UPPER};
 use layerfs_testkit::{largest_allocation_while, or_skip, CrossOverlay, LargestPerThread, Mounted};
 use layerfs_vfs::{
-    Allocate, Caller, Create, Error, FileId, FileKind, Filesystem, SetAttr, SetTime, Stability,
-    Timestamp,
+    Allocate, Caller, Create, Error, FileId, FileKind, Filesystem, Hints, HostFiles, SetAttr,
+    SetTime, Stability, Timestamp,
 };
 
 fn root() -> Caller {
@@ -883,4 +883,28 @@ fn copy_ups_write_the_inode_map_only_at_an_fsync() {
         assert_eq!(at(&fs, &format!("f{i}")).unwrap(), id, "f{i}");
         assert_eq!(read_all(&fs, id), b"UPPER");
     }
+}
+
+/// fsync(2) of a directory (the FUSE door asks it for a directory's
+/// descriptor) works for the root, a directory with an upper part and one
+/// only the layers hold, and changes nothing.
+#[test]
+fn a_directory_is_committed_whether_or_not_the_upper_holds_it() {
+    let s = Stack::new(1, |_, d| {
+        std::fs::create_dir_all(d.join("low/deep")).unwrap();
+        std::fs::write(d.join("low/f"), b"lower").unwrap();
+    });
+    let fs = s.open();
+    let f = at(&fs, "low/f").unwrap();
+    fs.write(&root(), f, 0, b"UPPER", Stability::Unstable)
+        .unwrap();
+    let (low, deep) = (at(&fs, "low").unwrap(), at(&fs, "low/deep").unwrap());
+    for id in [fs.root(), low, deep] {
+        let done = fs.commit(id).unwrap();
+        assert_eq!(done.after.map(|a| a.fileid), Some(id));
+    }
+    assert!(
+        !s.upper().join("low/deep").exists(),
+        "a commit of a lower directory copied it up"
+    );
 }

@@ -266,21 +266,21 @@ impl Exports {
         };
         match self.get(handle.export) {
             Some(export) => {
-                export.fs.knows(handle.fileid)
-                    && !(change && export.fs.may_copy_up(handle.fileid, entry))
+                export.fs.hints().knows(handle.fileid)
+                    && !(change && export.fs.hints().may_copy_up(handle.fileid, entry))
             }
             None => true,
         }
     }
 
     /// Whether a listing of the directory `handle` names is at hand
-    /// ([`Filesystem::lists_at_hand`]); a bad handle is answered at once.
+    /// ([`layerfs_vfs::Hints::lists_at_hand`]); a bad handle is answered at once.
     pub fn lists_at_hand(&self, handle: &[u8], with_attrs: bool) -> bool {
         let Ok(handle) = FileHandle::unchecked(handle) else {
             return true;
         };
         self.get(handle.export)
-            .is_none_or(|export| export.fs.lists_at_hand(handle.fileid, with_attrs))
+            .is_none_or(|export| export.fs.hints().lists_at_hand(handle.fileid, with_attrs))
     }
 
     /// The export a MNT path names and the rest of the path below it: the

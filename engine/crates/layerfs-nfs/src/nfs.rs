@@ -245,7 +245,11 @@ impl Served<'_> {
             Err(e) => return put(reply, &read_fail(e, None, self.fsid())),
         };
         if count >= SEND_FILE_FROM {
-            match self.export.fs.read_source(who, id, a.offset, count) {
+            let source = match self.export.fs.host_files() {
+                Some(files) => files.read_source(who, id, a.offset, count),
+                None => Ok(None),
+            };
+            match source {
                 Ok(Some(src)) => {
                     put(reply, &nfsstat3::NFS3_OK)?;
                     put(reply, &post_op(Some(&src.attr), self.fsid()))?;

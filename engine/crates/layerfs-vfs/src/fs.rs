@@ -6,7 +6,7 @@ use crate::attr::{Attr, Change, FileKind, SetAttr, Timestamp};
 use crate::error::{Error, Result};
 use crate::FileId;
 
-/// See [`Filesystem::read_source`].
+/// See [`HostFiles::read_source`].
 #[derive(Clone, Debug)]
 pub struct ReadSource {
     pub file: Arc<OwnedFd>,
@@ -135,7 +135,7 @@ pub struct FsStat {
     pub avail_files: u64,
 }
 
-/// Attributes a listing "at hand" ([`Filesystem::lists_at_hand`]) may still
+/// Attributes a listing "at hand" ([`Hints::lists_at_hand`]) may still
 /// read from the host: a few directories or hard-linked files, whose inodes
 /// are in memory after a listing, at about a microsecond each.
 pub const READS_AT_HAND: usize = 64;
@@ -146,38 +146,21 @@ pub const READS_AT_HAND: usize = 64;
 pub trait Filesystem: Send + Sync {
     fn root(&self) -> FileId;
 
+    /// What a door may ask to decide where a call runs; a filesystem that
+    /// says nothing gets [`NoHints`]' answers.
+    fn hints(&self) -> &dyn Hints {
+        &NoHints
+    }
+
+    /// The host files behind this filesystem's files, for a door that
+    /// sends, passes through or keeps them; `None` where files are not
+    /// host files, and then every read and write goes through this trait.
+    fn host_files(&self) -> Option<&dyn HostFiles> {
+        None
+    }
+
     /// Attributes of a file, or `Stale` if it no longer exists.
     fn getattr(&self, id: FileId) -> Result<Attr>;
-
-    /// Whether a call on `id` is answered without searching the tree for it
-    /// (the id is known, or known to be gone). An id handed out before a
-    /// restart may need a walk of the whole tree: a door runs such calls
-    /// where they hold up nothing else.
-    fn knows(&self, id: FileId) -> bool {
-        let _ = id;
-        true
-    }
-
-    /// Whether a change to `id` (with `entry`, to that entry of directory
-    /// `id`, as a RENAME makes) may first copy data elsewhere (a layered
-    /// filesystem's copy-up of a lower file), taking time that grows with
-    /// the file's size: a door then runs the change where it holds up
-    /// nothing else. Answered from what is already known, without a host
-    /// call; `true` when unsure.
-    fn may_copy_up(&self, id: FileId, entry: Option<&[u8]>) -> bool {
-        let _ = (id, entry);
-        false
-    }
-
-    /// Whether a listing of directory `dir` (with its entries' attributes
-    /// if `with_attrs`) is answered from what is kept, reading at most
-    /// [`READS_AT_HAND`] entries' attributes from the host: a door may then
-    /// run it where it holds up other calls, as it does a CREATE. Answered
-    /// from what is known, without a host call; `false` when unsure.
-    fn lists_at_hand(&self, dir: FileId, with_attrs: bool) -> bool {
-        let _ = (dir, with_attrs);
-        false
-    }
 
     /// Whether `id` still names the file whose generation was `generation`.
     fn check_generation(&self, id: FileId, generation: u64) -> Result<Attr> {
@@ -231,47 +214,6 @@ pub trait Filesystem: Send + Sync {
         count: usize,
         dst: &mut Vec<u8>,
     ) -> Result<(bool, Attr)>;
-
-    /// Where the bytes a READ of `count` at `offset` would return live on the
-    /// host: an open file, the range to send from it, whether that reaches the
-    /// end of the file, and the file's attributes. A server sends such bytes
-    /// from the page cache without copying them. `None` where the data is not
-    /// one range of one host file; callers then use [`read`](Self::read).
-    fn read_source(
-        &self,
-        caller: &Caller,
-        id: FileId,
-        offset: u64,
-        count: usize,
-    ) -> Result<Option<ReadSource>> {
-        let _ = (caller, id, offset, count);
-        Ok(None)
-    }
-
-    /// The host file that holds regular file `id`, for a door to read and
-    /// write directly (FUSE hands it to the kernel: passthrough), once
-    /// `caller` may open it for reading, or for writing with `write`. Only
-    /// where every read and write through the descriptor is what this trait
-    /// would do: `None` elsewhere, and then callers use [`read`](Self::read)
-    /// and [`write`](Self::write). The descriptor may be read-only; a door
-    /// that writes reopens it for writing.
-    fn host_file(&self, caller: &Caller, id: FileId, write: bool) -> Result<Option<Arc<OwnedFd>>> {
-        let _ = (caller, id, write);
-        Ok(None)
-    }
-
-    /// The host file that holds regular file `id` now (in a layered
-    /// filesystem, after a copy-up with `write`), for a door that keeps it
-    /// from a caller's open to its release: once the file's last name is
-    /// removed, calls on `id` are `Stale`, and the door goes on reading,
-    /// writing and syncing the file through this descriptor, as a local
-    /// filesystem lets a process use a file it holds open after an unlink
-    /// (FUSE has opens; NFS has none). No permission check: the door checked
-    /// the open. `None` where no one host file holds the file.
-    fn file_to_keep(&self, id: FileId, write: bool) -> Result<Option<Arc<OwnedFd>>> {
-        let _ = (id, write);
-        Ok(None)
-    }
 
     /// Writes all of `data` at `offset`; returns how durable it already is.
     fn write(
@@ -416,4 +358,87 @@ pub enum XattrFlags {
     Create,
     /// Fail with `NoData` if it does not (XATTR_REPLACE).
     Replace,
+}
+
+/// Scheduling hints: answered from what is already known, without a host
+/// call. The defaults are what a filesystem that knows nothing more says.
+pub trait Hints {
+    /// Whether a call on `id` is answered without searching the tree for it
+    /// (the id is known, or known to be gone). An id handed out before a
+    /// restart may need a walk of the whole tree: a door runs such calls
+    /// where they hold up nothing else.
+    fn knows(&self, id: FileId) -> bool {
+        let _ = id;
+        true
+    }
+
+    /// Whether a change to `id` (with `entry`, to that entry of directory
+    /// `id`, as a RENAME makes) may first copy data elsewhere (a layered
+    /// filesystem's copy-up of a lower file), taking time that grows with
+    /// the file's size: a door then runs the change where it holds up
+    /// nothing else. Answered from what is already known, without a host
+    /// call; `true` when unsure.
+    fn may_copy_up(&self, id: FileId, entry: Option<&[u8]>) -> bool {
+        let _ = (id, entry);
+        false
+    }
+
+    /// Whether a listing of directory `dir` (with its entries' attributes
+    /// if `with_attrs`) is answered from what is kept, reading at most
+    /// [`READS_AT_HAND`] entries' attributes from the host: a door may then
+    /// run it where it holds up other calls, as it does a CREATE. Answered
+    /// from what is known, without a host call; `false` when unsure.
+    fn lists_at_hand(&self, dir: FileId, with_attrs: bool) -> bool {
+        let _ = (dir, with_attrs);
+        false
+    }
+}
+
+/// The hints of a filesystem that gives none.
+pub struct NoHints;
+
+impl Hints for NoHints {}
+
+/// Host descriptors behind a filesystem's files.
+pub trait HostFiles {
+    /// Where the bytes a READ of `count` at `offset` would return live on the
+    /// host: an open file, the range to send from it, whether that reaches the
+    /// end of the file, and the file's attributes. A server sends such bytes
+    /// from the page cache without copying them. `None` where the data is not
+    /// one range of one host file; callers then use [`Filesystem::read`].
+    fn read_source(
+        &self,
+        caller: &Caller,
+        id: FileId,
+        offset: u64,
+        count: usize,
+    ) -> Result<Option<ReadSource>> {
+        let _ = (caller, id, offset, count);
+        Ok(None)
+    }
+
+    /// The host file that holds regular file `id`, for a door to read and
+    /// write directly (FUSE hands it to the kernel: passthrough), once
+    /// `caller` may open it for reading, or for writing with `write`. Only
+    /// where every read and write through the descriptor is what this trait
+    /// would do: `None` elsewhere, and then callers use [`Filesystem::read`]
+    /// and [`Filesystem::write`]. The descriptor may be read-only; a door
+    /// that writes reopens it for writing.
+    fn host_file(&self, caller: &Caller, id: FileId, write: bool) -> Result<Option<Arc<OwnedFd>>> {
+        let _ = (caller, id, write);
+        Ok(None)
+    }
+
+    /// The host file that holds regular file `id` now (in a layered
+    /// filesystem, after a copy-up with `write`), for a door that keeps it
+    /// from a caller's open to its release: once the file's last name is
+    /// removed, calls on `id` are `Stale`, and the door goes on reading,
+    /// writing and syncing the file through this descriptor, as a local
+    /// filesystem lets a process use a file it holds open after an unlink
+    /// (FUSE has opens; NFS has none). No permission check: the door checked
+    /// the open. `None` where no one host file holds the file.
+    fn file_to_keep(&self, id: FileId, write: bool) -> Result<Option<Arc<OwnedFd>>> {
+        let _ = (id, write);
+        Ok(None)
+    }
 }

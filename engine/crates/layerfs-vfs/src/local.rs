@@ -18,7 +18,10 @@ use rustix::io::Errno;
 use crate::access::{self, Caller, Perm};
 use crate::attr::{Attr, Change, FileKind, SetAttr, Timestamp};
 use crate::error::{Error, Result};
-use crate::fs::{Allocate, Create, DirPage, Filesystem, FsStat, NewEntry, ReadSource, Stability};
+use crate::fs::{
+    Allocate, Create, DirPage, Filesystem, FsStat, Hints, HostFiles, NewEntry, ReadSource,
+    Stability,
+};
 use crate::ids::{IdTable, Place, Seen};
 use crate::stripes::Stripes;
 use crate::FileId;
@@ -315,12 +318,12 @@ impl Filesystem for LocalFs {
         self.root_id
     }
 
-    fn knows(&self, id: FileId) -> bool {
-        self.ids.knows(id)
+    fn hints(&self) -> &dyn Hints {
+        self
     }
 
-    fn lists_at_hand(&self, dir: FileId, with_attrs: bool) -> bool {
-        self.listings.at_hand(dir, with_attrs)
+    fn host_files(&self) -> Option<&dyn HostFiles> {
+        Some(self)
     }
 
     fn getattr(&self, id: FileId) -> Result<Attr> {
@@ -402,39 +405,6 @@ impl Filesystem for LocalFs {
         Ok(rustix::fs::readlinkat(&*parent, name.as_c_str(), Vec::new())?.into_bytes())
     }
 
-    /// Every file of the directory is its own host file.
-    fn host_file(&self, caller: &Caller, id: FileId, write: bool) -> Result<Option<Arc<OwnedFd>>> {
-        let fd = self.file_fd(id)?;
-        let attr = self.host.stats.fd(fd.as_fd())?;
-        if !access::permits(
-            &attr,
-            caller,
-            if write {
-                Perm::READ | Perm::WRITE
-            } else {
-                Perm::READ
-            },
-        ) {
-            return Err(Error::Access);
-        }
-        Ok(Some(fd))
-    }
-
-    fn file_to_keep(&self, id: FileId, _write: bool) -> Result<Option<Arc<OwnedFd>>> {
-        self.file_fd(id).map(Some)
-    }
-
-    fn read_source(
-        &self,
-        caller: &Caller,
-        id: FileId,
-        offset: u64,
-        count: usize,
-    ) -> Result<Option<ReadSource>> {
-        let (file, attr) = self.readable(caller, id)?;
-        Ok(Some(hostdir::read_source(file, attr, offset, count)))
-    }
-
     fn read(
         &self,
         caller: &Caller,
@@ -477,7 +447,20 @@ impl Filesystem for LocalFs {
     }
 
     fn commit(&self, id: FileId) -> Result<Change> {
-        let fd = self.file_fd(id)?;
+        let file = match id == self.root_id {
+            true => Err(Error::IsDir),
+            false => self.file_fd(id),
+        };
+        let fd = match file {
+            // A directory's entries, as fsync(2) of a directory makes durable.
+            Err(Error::IsDir) => {
+                let dir = self.dir_fd(id)?;
+                let before = self.stat_fd(id, &dir)?;
+                hostdir::sync_all(dir.as_fd())?;
+                return Ok(self.change(id, &dir, &before));
+            }
+            other => other?,
+        };
         let _guard = self.stripes.lock(id);
         let before = self.open_file_attr(id, &fd)?;
         hostdir::sync_all(fd.as_fd())?;
@@ -698,6 +681,51 @@ impl Filesystem for LocalFs {
 
     fn fsstat(&self, _id: FileId) -> Result<FsStat> {
         hostdir::fsstat(self.root.as_fd())
+    }
+}
+
+impl Hints for LocalFs {
+    fn knows(&self, id: FileId) -> bool {
+        self.ids.knows(id)
+    }
+
+    fn lists_at_hand(&self, dir: FileId, with_attrs: bool) -> bool {
+        self.listings.at_hand(dir, with_attrs)
+    }
+}
+
+impl HostFiles for LocalFs {
+    /// Every file of the directory is its own host file.
+    fn host_file(&self, caller: &Caller, id: FileId, write: bool) -> Result<Option<Arc<OwnedFd>>> {
+        let fd = self.file_fd(id)?;
+        let attr = self.host.stats.fd(fd.as_fd())?;
+        if !access::permits(
+            &attr,
+            caller,
+            if write {
+                Perm::READ | Perm::WRITE
+            } else {
+                Perm::READ
+            },
+        ) {
+            return Err(Error::Access);
+        }
+        Ok(Some(fd))
+    }
+
+    fn file_to_keep(&self, id: FileId, _write: bool) -> Result<Option<Arc<OwnedFd>>> {
+        self.file_fd(id).map(Some)
+    }
+
+    fn read_source(
+        &self,
+        caller: &Caller,
+        id: FileId,
+        offset: u64,
+        count: usize,
+    ) -> Result<Option<ReadSource>> {
+        let (file, attr) = self.readable(caller, id)?;
+        Ok(Some(hostdir::read_source(file, attr, offset, count)))
     }
 }
 

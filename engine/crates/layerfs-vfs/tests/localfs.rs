@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use layerfs_vfs::{Caller, Create, Error, Filesystem, LocalFs, SetAttr, Stability};
+use layerfs_vfs::{Caller, Create, Error, Filesystem, HostFiles, LocalFs, SetAttr, Stability};
 
 fn names(fs: &LocalFs, page_size: usize) -> BTreeSet<String> {
     let root = fs.root();
@@ -351,5 +351,20 @@ fn a_file_removed_on_the_host_while_open_here_is_stale() {
     let now = fs.lookup(&me, fs.root(), b"f").unwrap();
     if (now.fileid, now.generation) != (f.fileid, f.generation) {
         assert_eq!(fs.still_names(f.fileid, f.generation), Err(Error::Stale));
+    }
+}
+
+/// fsync(2) of a directory (what the FUSE door asks for a directory's
+/// descriptor) makes its entries durable, as on a local filesystem: it is
+/// no `IsDir` error.
+#[test]
+fn a_directory_is_committed_like_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("sub")).unwrap();
+    let fs = LocalFs::open(dir.path()).unwrap();
+    let sub = fs.lookup(&Caller::root(), fs.root(), b"sub").unwrap();
+    for id in [fs.root(), sub.fileid] {
+        let done = fs.commit(id).unwrap();
+        assert_eq!(done.after.map(|a| a.fileid), Some(id));
     }
 }

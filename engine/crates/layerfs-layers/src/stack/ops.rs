@@ -11,8 +11,8 @@ use layerfs_vfs::hostdir::{
 };
 use layerfs_vfs::XattrFlags;
 use layerfs_vfs::{
-    Allocate, Attr, Change, Create, DirPage, Error, FileId, FileKind, Filesystem, FsStat, NewEntry,
-    ReadSource, Result, SetAttr, Stability, Timestamp, READS_AT_HAND,
+    Allocate, Attr, Change, Create, DirPage, Error, FileId, FileKind, Filesystem, FsStat, Hints,
+    HostFiles, NewEntry, ReadSource, Result, SetAttr, Stability, Timestamp, READS_AT_HAND,
 };
 use rustix::fs::AtFlags;
 
@@ -324,8 +324,12 @@ impl Filesystem for StackFs {
         ROOT
     }
 
-    fn knows(&self, id: FileId) -> bool {
-        self.ids.knows(id)
+    fn hints(&self) -> &dyn Hints {
+        self
+    }
+
+    fn host_files(&self) -> Option<&dyn HostFiles> {
+        Some(self)
     }
 
     /// The root is the workspace's for its life, and a kept directory or
@@ -342,41 +346,6 @@ impl Filesystem for StackFs {
             return Ok(());
         }
         self.check_generation(id, generation).map(drop)
-    }
-
-    /// Not for a file found or opened in the upper, nor a directory kept
-    /// with no lower part: in this generation neither is found in a lower
-    /// layer again. Not for an entry that no lower part of its directory
-    /// holds, as their indexes already read tell: it is the upper's, or
-    /// none (a directory's lower parts never gain a name). While a commit
-    /// changes the stack, anything may.
-    fn may_copy_up(&self, id: FileId, entry: Option<&[u8]>) -> bool {
-        let Some(layers) = self.layers.try_read() else {
-            return true;
-        };
-        match entry {
-            None => !self.caches.wholly_upper(id, layers.generation),
-            Some(name) if id == ROOT => layers.below_may_hold(&layers.root_parts, name),
-            Some(name) => !self.caches.dir_holds(id, layers.generation, |d| {
-                !layers.below_may_hold(&d.parts, name)
-            }),
-        }
-    }
-
-    /// A merged listing kept, still current; with attributes, when the
-    /// last listing with them read at most [`READS_AT_HAND`] entries'
-    /// attributes from the host (upper files and merged directories have
-    /// none kept; lower files have theirs once listed).
-    fn lists_at_hand(&self, dir: FileId, with_attrs: bool) -> bool {
-        let Some(layers) = self.layers.try_read() else {
-            return false;
-        };
-        self.caches.listing(dir, layers.generation).is_some()
-            && (!with_attrs
-                || self
-                    .caches
-                    .listed_reads(dir, layers.generation)
-                    .is_some_and(|reads| reads <= READS_AT_HAND))
     }
 
     fn getattr(&self, id: FileId) -> Result<Attr> {
@@ -448,57 +417,6 @@ impl Filesystem for StackFs {
         Ok(rustix::fs::readlinkat(&*f.parent, &f.name, Vec::new())?.into_bytes())
     }
 
-    /// A file of the upper, after a copy-up for `write`. A file still in a
-    /// lower layer is not handed out for reading: a write elsewhere would
-    /// copy it up, and whoever read the lower file directly would not see
-    /// the change, where reads through the stack do.
-    fn host_file(&self, caller: &Caller, id: FileId, write: bool) -> Result<Option<Arc<OwnedFd>>> {
-        // Under a size limit every write is counted here.
-        if write && self.counts_writes() {
-            return Ok(None);
-        }
-        let layers = self.read_layers();
-        if !write && self.found(&layers, id)?.layer != UPPER {
-            return Ok(None);
-        }
-        let want = if write {
-            Perm::READ | Perm::WRITE
-        } else {
-            Perm::READ
-        };
-        let (fd, _) = self.open_file(&layers, id, write, |attr| {
-            if !access::permits(attr, caller, want) {
-                return Err(Error::Access);
-            }
-            Ok(())
-        })?;
-        Ok(Some(fd))
-    }
-
-    fn file_to_keep(&self, id: FileId, write: bool) -> Result<Option<Arc<OwnedFd>>> {
-        let layers = self.current();
-        // The door's open has just found the file: a descriptor kept for it
-        // is taken without asking the host again (one stat per open less).
-        if let Some((layer, fd)) = self.caches.file(id, layers.generation) {
-            if layer == UPPER || !write {
-                return Ok(Some(fd));
-            }
-        }
-        let (fd, _) = self.open_file(&layers, id, write, |_| Ok(()))?;
-        Ok(Some(fd))
-    }
-
-    fn read_source(
-        &self,
-        caller: &Caller,
-        id: FileId,
-        offset: u64,
-        count: usize,
-    ) -> Result<Option<ReadSource>> {
-        let (file, attr) = self.readable(&self.current(), caller, id)?;
-        Ok(Some(hostdir::read_source(file, attr, offset, count)))
-    }
-
     fn read(
         &self,
         caller: &Caller,
@@ -557,7 +475,19 @@ impl Filesystem for StackFs {
 
     fn commit(&self, id: FileId) -> Result<Change> {
         let layers = self.current();
-        let (fd, before) = self.open_file(&layers, id, false, |_| Ok(()))?;
+        let (fd, before) = match self.open_file(&layers, id, false, |_| Ok(())) {
+            // A directory's entries: its upper part's, where it has one (the
+            // layers' never change), and the copy-ups made so far.
+            Err(Error::IsDir) => {
+                let dir = self.found(&layers, id)?;
+                if dir.parts[0].layer == UPPER {
+                    hostdir::sync_all(dir.parts[0].fd.as_fd())?;
+                }
+                self.make_durable()?;
+                return Ok(change(&dir.attr, Some(dir.attr)));
+            }
+            other => other?,
+        };
         hostdir::sync_all(fd.as_fd())?;
         self.make_durable()?;
         Ok(change(&before, Some(before)))
@@ -938,6 +868,100 @@ impl Filesystem for StackFs {
 
     fn removexattr(&self, id: FileId, name: &[u8]) -> Result<()> {
         self.change_xattr(id, name, None)
+    }
+}
+
+impl Hints for StackFs {
+    fn knows(&self, id: FileId) -> bool {
+        self.ids.knows(id)
+    }
+
+    /// Not for a file found or opened in the upper, nor a directory kept
+    /// with no lower part: in this generation neither is found in a lower
+    /// layer again. Not for an entry that no lower part of its directory
+    /// holds, as their indexes already read tell: it is the upper's, or
+    /// none (a directory's lower parts never gain a name). While a commit
+    /// changes the stack, anything may.
+    fn may_copy_up(&self, id: FileId, entry: Option<&[u8]>) -> bool {
+        let Some(layers) = self.layers.try_read() else {
+            return true;
+        };
+        match entry {
+            None => !self.caches.wholly_upper(id, layers.generation),
+            Some(name) if id == ROOT => layers.below_may_hold(&layers.root_parts, name),
+            Some(name) => !self.caches.dir_holds(id, layers.generation, |d| {
+                !layers.below_may_hold(&d.parts, name)
+            }),
+        }
+    }
+
+    /// A merged listing kept, still current; with attributes, when the
+    /// last listing with them read at most [`READS_AT_HAND`] entries'
+    /// attributes from the host (upper files and merged directories have
+    /// none kept; lower files have theirs once listed).
+    fn lists_at_hand(&self, dir: FileId, with_attrs: bool) -> bool {
+        let Some(layers) = self.layers.try_read() else {
+            return false;
+        };
+        self.caches.listing(dir, layers.generation).is_some()
+            && (!with_attrs
+                || self
+                    .caches
+                    .listed_reads(dir, layers.generation)
+                    .is_some_and(|reads| reads <= READS_AT_HAND))
+    }
+}
+
+impl HostFiles for StackFs {
+    /// A file of the upper, after a copy-up for `write`. A file still in a
+    /// lower layer is not handed out for reading: a write elsewhere would
+    /// copy it up, and whoever read the lower file directly would not see
+    /// the change, where reads through the stack do.
+    fn host_file(&self, caller: &Caller, id: FileId, write: bool) -> Result<Option<Arc<OwnedFd>>> {
+        // Under a size limit every write is counted here.
+        if write && self.counts_writes() {
+            return Ok(None);
+        }
+        let layers = self.read_layers();
+        if !write && self.found(&layers, id)?.layer != UPPER {
+            return Ok(None);
+        }
+        let want = if write {
+            Perm::READ | Perm::WRITE
+        } else {
+            Perm::READ
+        };
+        let (fd, _) = self.open_file(&layers, id, write, |attr| {
+            if !access::permits(attr, caller, want) {
+                return Err(Error::Access);
+            }
+            Ok(())
+        })?;
+        Ok(Some(fd))
+    }
+
+    fn file_to_keep(&self, id: FileId, write: bool) -> Result<Option<Arc<OwnedFd>>> {
+        let layers = self.current();
+        // The door's open has just found the file: a descriptor kept for it
+        // is taken without asking the host again (one stat per open less).
+        if let Some((layer, fd)) = self.caches.file(id, layers.generation) {
+            if layer == UPPER || !write {
+                return Ok(Some(fd));
+            }
+        }
+        let (fd, _) = self.open_file(&layers, id, write, |_| Ok(()))?;
+        Ok(Some(fd))
+    }
+
+    fn read_source(
+        &self,
+        caller: &Caller,
+        id: FileId,
+        offset: u64,
+        count: usize,
+    ) -> Result<Option<ReadSource>> {
+        let (file, attr) = self.readable(&self.current(), caller, id)?;
+        Ok(Some(hostdir::read_source(file, attr, offset, count)))
     }
 }
 
