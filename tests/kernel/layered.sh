@@ -71,6 +71,8 @@ rm -rf base/dir
 [ ! -e base/dir ]
 mkdir base/dir
 [ -z "$(ls -A base/dir)" ]
+# fsync of directories: changed ones, and one only a layer holds.
+sync . base base/dir renamed renamed/sub
 
 step "the layers themselves never changed"
 (cd $ws && md5sum --quiet -c sums)

@@ -80,6 +80,9 @@ touch e1/marker 2>/dev/null || { mkdir e1 e2; touch e1/marker; }
 mv -T e1 e2
 [ -f e2/marker ]
 [ ! -e e1 ]
+# Each directory whose entries a rename changed, synced as a program does
+# to make the rename durable (fsync of a directory's descriptor).
+sync . rd2 empty_target e2
 
 step "hard links, symlinks, mkfifo"
 echo linked >orig; ln orig hard
