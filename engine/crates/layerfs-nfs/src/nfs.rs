@@ -676,8 +676,9 @@ impl Program for NfsProgram {
     /// when the filesystem has it at hand (a directory listed lately: no
     /// host call per entry, where a cold one could read thousands of
     /// inodes from disk).
-    fn placement(&self, proc: u32, args: &[u8]) -> Placement {
-        let Some(p) = Proc::from_number(proc) else {
+    fn placement(&self, call: &Call<'_>) -> Placement {
+        let args = call.args;
+        let Some(p) = Proc::from_number(call.proc) else {
             return Placement::Worker;
         };
         let runs = match p {

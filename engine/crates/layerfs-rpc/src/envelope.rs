@@ -155,16 +155,6 @@ pub fn decode_call(record: &[u8]) -> Envelope {
     })
 }
 
-/// Where a call's arguments start in `record`, found by skipping the header
-/// and both authenticators without decoding them; `None` if it is cut short.
-pub fn args_at(record: &[u8]) -> Option<usize> {
-    let mut r = Cursor::new(record);
-    r.take(6 * 4)?;
-    auth(&mut r)?;
-    auth(&mut r)?;
-    Some(r.position())
-}
-
 fn decode_auth_sys(body: &[u8]) -> Option<AuthSys> {
     let mut r = Cursor::new(body);
     let stamp = r.u32()?;

@@ -1,7 +1,12 @@
 //! RPC programs and the dispatcher that routes a record to one of them.
 //!
-//! `Dispatcher::handle` is the whole life of a call without the socket:
-//! bytes of one record in, the framed reply (or nothing) out.
+//! A record's envelope is decoded once, by [`Dispatcher::route`]; the
+//! [`Routed`] it gives is what the later steps of the call's life read: which
+//! thread runs it ([`Dispatcher::placement`]), the call itself
+//! ([`Dispatcher::answer`]) and the work left for after its reply
+//! ([`Dispatcher::after_reply`]). [`Dispatcher::handle`] is the whole life
+//! of a call without the socket: bytes of one record in, the framed reply
+//! (or nothing) out.
 
 use std::net::IpAddr;
 use std::panic::{self, AssertUnwindSafe};
@@ -59,10 +64,10 @@ pub trait Program: Send + Sync {
     fn versions(&self) -> (u32, u32);
     /// The procedure's name for logs and counters; `None` if it does not exist.
     fn procedure_name(&self, proc: u32) -> Option<&'static str>;
-    /// Which thread runs the call of `proc` with arguments `args`.
-    fn placement(&self, proc: u32, args: &[u8]) -> Placement {
-        let _ = args;
-        if proc == 0 {
+    /// Which thread runs `call`, a call whose version is within
+    /// `versions()`.
+    fn placement(&self, call: &Call<'_>) -> Placement {
+        if call.proc == 0 {
             Placement::Reader
         } else {
             Placement::Worker
@@ -114,6 +119,26 @@ pub enum Outcome {
     Dropped,
 }
 
+/// A record whose envelope has been decoded: the call's header and the
+/// program it is for, or what the envelope alone answers. It does not
+/// borrow the record, so it travels with the record to a worker.
+#[derive(Debug)]
+pub struct Routed {
+    envelope: Envelope,
+    /// The index of the call's program among the dispatcher's.
+    program: Option<usize>,
+}
+
+impl Routed {
+    /// The call's header, when the record is a call.
+    pub fn header(&self) -> Option<&CallHeader> {
+        match &self.envelope {
+            Envelope::Call(header) => Some(header),
+            _ => None,
+        }
+    }
+}
+
 /// Calls answered, per program and procedure.
 struct ProgramEntry {
     program: Box<dyn Program>,
@@ -162,28 +187,58 @@ impl Dispatcher {
         }
     }
 
-    /// Which thread runs the call in `record` (see [`Program::placement`]).
-    /// Records that are not well-formed calls run on the reader: they are
-    /// answered from the envelope alone.
-    pub fn placement(&self, record: &[u8]) -> Placement {
-        let Some(header) = record.get(..24) else {
-            return Placement::Reader;
+    /// Decodes the envelope of `record`: the one decode its call's life
+    /// reads from.
+    pub fn route(&self, record: &[u8]) -> Routed {
+        let envelope = envelope::decode_call(record);
+        let program = match &envelope {
+            Envelope::Call(header) => self
+                .programs
+                .iter()
+                .position(|e| e.program.number() == header.prog),
+            _ => None,
         };
-        let word =
-            |i: usize| u32::from_be_bytes(header[i * 4..i * 4 + 4].try_into().expect("4 bytes"));
-        let Some(entry) = self.programs.iter().find(|e| e.program.number() == word(3)) else {
-            return Placement::Reader;
+        Routed { envelope, program }
+    }
+
+    /// The call in `routed` as its program sees it, when it is one the
+    /// program serves (its version within the program's).
+    fn served<'a>(
+        &'a self,
+        routed: &'a Routed,
+        record: &'a [u8],
+        peer: Option<IpAddr>,
+    ) -> Option<(&'a ProgramEntry, Call<'a>)> {
+        let (Envelope::Call(header), Some(at)) = (&routed.envelope, routed.program) else {
+            return None;
         };
-        match envelope::args_at(record) {
-            Some(at) => entry.program.placement(word(5), &record[at..]),
+        let entry = &self.programs[at];
+        let (low, high) = entry.program.versions();
+        (low..=high)
+            .contains(&header.vers)
+            .then(|| (entry, Call::of(header, record, peer)))
+    }
+
+    /// Which thread runs the call `routed` from `record` (see
+    /// [`Program::placement`]). Records that are not calls a program
+    /// serves run on the reader: they are answered from the envelope alone.
+    pub fn placement(&self, routed: &Routed, record: &[u8]) -> Placement {
+        match self.served(routed, record, None) {
+            Some((entry, call)) => entry.program.placement(&call),
             None => Placement::Reader,
         }
     }
 
-    /// Answers one record received from `peer`.
+    /// Answers one record received from `peer`: [`route`](Self::route)
+    /// and [`answer`](Self::answer) in one.
     pub fn handle(&self, record: &[u8], peer: Option<IpAddr>) -> Outcome {
-        match envelope::decode_call(record) {
-            Envelope::Call(header) => match self.call(&header, record, peer) {
+        self.answer(&self.route(record), record, peer)
+    }
+
+    /// Answers the record `routed` was decoded from.
+    pub fn answer(&self, routed: &Routed, record: &[u8], peer: Option<IpAddr>) -> Outcome {
+        match &routed.envelope {
+            Envelope::Call(header) => match self.call(routed, header, record, peer) {
                 Some(reply) if reply.calls_back() => Outcome::ReplyThen(reply.into_frame()),
                 Some(reply) => Outcome::Reply(reply.into_frame()),
                 None => {
@@ -191,7 +246,7 @@ impl Dispatcher {
                     Outcome::Dropped
                 }
             },
-            Envelope::Denied { xid, why } => {
+            &Envelope::Denied { xid, why } => {
                 self.rejected.fetch_add(1, Relaxed);
                 tracing::debug!(xid, ?why, "call denied");
                 Outcome::Reply(envelope::denied_reply(xid, why).into_frame())
@@ -206,33 +261,27 @@ impl Dispatcher {
 
     /// Finishes a record answered with [`Outcome::ReplyThen`], once its
     /// reply has left (see [`Program::after_reply`]).
-    pub fn after_reply(&self, record: &[u8], peer: Option<IpAddr>) {
-        let Envelope::Call(header) = envelope::decode_call(record) else {
+    pub fn after_reply(&self, routed: &Routed, record: &[u8], peer: Option<IpAddr>) {
+        let Some((entry, call)) = self.served(routed, record, peer) else {
             return;
         };
-        let Some(entry) = self
-            .programs
-            .iter()
-            .find(|e| e.program.number() == header.prog)
-        else {
-            return;
-        };
-        let call = Call::of(&header, record, peer);
         let done = panic::catch_unwind(AssertUnwindSafe(|| entry.program.after_reply(&call)));
         if done.is_err() {
-            let name = entry.program.procedure_name(header.proc).unwrap_or("?");
-            tracing::error!(xid = header.xid, proc = name, "after_reply panicked");
+            let name = entry.program.procedure_name(call.proc).unwrap_or("?");
+            tracing::error!(xid = call.xid, proc = name, "after_reply panicked");
         }
     }
 
     /// The reply to a call, or `None` where the program answers nothing.
-    fn call(&self, header: &CallHeader, record: &[u8], peer: Option<IpAddr>) -> Option<ReplyBuf> {
+    fn call(
+        &self,
+        routed: &Routed,
+        header: &CallHeader,
+        record: &[u8],
+        peer: Option<IpAddr>,
+    ) -> Option<ReplyBuf> {
         let xid = header.xid;
-        let Some(entry) = self
-            .programs
-            .iter()
-            .find(|e| e.program.number() == header.prog)
-        else {
+        let Some(entry) = routed.program.map(|at| &self.programs[at]) else {
             self.rejected.fetch_add(1, Relaxed);
             tracing::debug!(xid, prog = header.prog, "program unavailable");
             return Some(envelope::accepted_reply(xid, Accepted::ProgUnavail));

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use socket2::{Domain, Socket, Type};
 
-use crate::program::Dispatcher;
+use crate::program::{Dispatcher, Routed};
 
 mod admission;
 mod connection;
@@ -99,8 +99,10 @@ impl TransportStats {
     }
 }
 
+/// A call for a worker: its record, and the envelope decoded from it.
 struct Job {
     conn: Arc<Connection>,
+    routed: Routed,
     record: Vec<u8>,
 }
 
@@ -195,7 +197,7 @@ impl Server {
                     .name(format!("rpc-worker-{i}"))
                     .spawn(move || {
                         for job in queue {
-                            job.conn.answer(&dispatcher, &job.record);
+                            job.conn.answer(&dispatcher, &job.routed, &job.record);
                             crate::record::release(job.record);
                         }
                     })?,

@@ -12,7 +12,7 @@ use socket2::SockRef;
 
 use super::window::Window;
 use super::{Job, Shared, TransportStats};
-use crate::program::{Dispatcher, Outcome, Placement};
+use crate::program::{Dispatcher, Outcome, Placement, Routed};
 use crate::record::Records;
 use crate::reply::{Frame, ReplyWriter};
 use crate::timeouts::{Limits, Timed};
@@ -70,8 +70,8 @@ impl Connection {
     }
 
     /// Runs one call on a worker and sends its reply; releases its window slot.
-    pub(super) fn answer(&self, dispatcher: &Dispatcher, record: &[u8]) {
-        let outcome = dispatcher.handle(record, self.peer);
+    pub(super) fn answer(&self, dispatcher: &Dispatcher, routed: &Routed, record: &[u8]) {
+        let outcome = dispatcher.answer(routed, record, self.peer);
         self.window.answered();
         let mut waiting = false;
         let call_back = matches!(outcome, Outcome::ReplyThen(_));
@@ -81,7 +81,7 @@ impl Connection {
         }
         self.window.release();
         if call_back {
-            dispatcher.after_reply(record, self.peer);
+            dispatcher.after_reply(routed, record, self.peer);
         }
         if waiting {
             self.expect_next_call();
@@ -209,14 +209,15 @@ pub(super) fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Sha
             Err(e) => break Err(e),
         };
         conn.records.fetch_add(1, Relaxed);
-        let on_reader = match dispatcher.placement(record.as_bytes()) {
+        let routed = dispatcher.route(record.as_bytes());
+        let on_reader = match dispatcher.placement(&routed, record.as_bytes()) {
             Placement::Reader => true,
             Placement::ReaderWhenIdle => rest == 0 && !conn.window.is_running(),
             Placement::Worker => false,
         };
         let for_worker = if on_reader {
             let call = record.as_bytes();
-            let outcome = dispatcher.handle(call, conn.peer);
+            let outcome = dispatcher.answer(&routed, call, conn.peer);
             let call_back = matches!(outcome, Outcome::ReplyThen(_));
             if let Outcome::Reply(frame) | Outcome::ReplyThen(frame) = outcome {
                 largest = largest.max(call.len()).max(frame.len());
@@ -225,12 +226,12 @@ pub(super) fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Sha
             if call_back {
                 // Its reply leaves first, while the record is still at hand.
                 flush(&mut ready, &mut largest, rest);
-                dispatcher.after_reply(call, conn.peer);
+                dispatcher.after_reply(&routed, call, conn.peer);
             }
             record.release();
             None
         } else {
-            Some(record.into_vec())
+            Some((routed, record.into_vec()))
         };
         conn.note_reads(&records);
         // When its first byte came, from the clock read then.
@@ -239,13 +240,16 @@ pub(super) fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Sha
             .record_began()
             .unwrap_or_else(Instant::now);
         conn.last_call.store(shared.ms_at(arrived), Relaxed);
-        let Some(record) = for_worker else { continue };
+        let Some((routed, record)) = for_worker else {
+            continue;
+        };
         if !conn.window.try_acquire() {
             conn.send_replies(std::mem::take(&mut ready));
             conn.window.acquire();
         }
         let job = Job {
             conn: conn.clone(),
+            routed,
             record,
         };
         if let Err(lost) = jobs.send(job) {

@@ -204,12 +204,12 @@ impl layerfs_rpc::Program for TestProgram {
             .copied()
     }
 
-    fn placement(&self, proc: u32, _args: &[u8]) -> layerfs_rpc::Placement {
-        match proc {
+    fn placement(&self, call: &layerfs_rpc::Call<'_>) -> layerfs_rpc::Placement {
+        match call.proc {
             0 => layerfs_rpc::Placement::Reader,
             4 => layerfs_rpc::Placement::ReaderWhenIdle,
             // LATER: on the reader without arguments, on a worker with.
-            5 if _args.is_empty() => layerfs_rpc::Placement::Reader,
+            5 if call.args.is_empty() => layerfs_rpc::Placement::Reader,
             _ => layerfs_rpc::Placement::Worker,
         }
     }
