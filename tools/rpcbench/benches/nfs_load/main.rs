@@ -49,6 +49,9 @@ struct Options {
     svg: String,
     export_in: PathBuf,
     layerfs: PathBuf,
+    /// Another layerfs build, served flat beside the first, for
+    /// before-and-after figures from the same rounds.
+    base: Option<PathBuf>,
     pingpong: Option<PathBuf>,
 }
 
@@ -74,6 +77,7 @@ fn options() -> Options {
             "/tmp"
         }),
         layerfs,
+        base: None,
         pingpong: None,
     };
     let mut args = std::env::args().skip(1);
@@ -88,6 +92,7 @@ fn options() -> Options {
             "--export-in" => o.export_in = value("DIR").into(),
             "--layerfs" => o.layerfs = value("PATH").into(),
             "--pingpong" => o.pingpong = Some(value("PATH").into()),
+            "--base" => o.base = Some(value("PATH").into()),
             "--huge" => peers::set_huge_files(value("N").parse().expect("--huge N")),
             "--serve" => {
                 peers::serve_child(&value("KIND"));
@@ -110,12 +115,14 @@ fn options() -> Options {
 
 const USAGE: &str = "\
 usage: tools/nfs-load/run [--keep-cpus-awake] [--seconds S] [--rounds N] [--only NAME[,NAME]]
-                          [--svg PATH] [--export-in DIR] [--soak S]
+                          [--svg PATH] [--export-in DIR] [--base PATH] [--soak S]
   --seconds S      length of each test in each round (default 1)
   --rounds N       rounds; servers and tests interleave, medians reported (default 3)
   --only NAMES     comma-separated name prefixes, e.g. \"GETATTR,readdirplus 1000\"
   --svg PATH       where the chart goes (default docs/benchmarks.svg)
   --export-in DIR  directory the exports are made in (default /dev/shm)
+  --base PATH      another layerfs binary, served flat in the same rounds (\"layerfs base\"):
+                   its CPU and system calls per call beside this build's
   --soak S         instead: a mixed load on layerfs alone for S seconds, sampling its memory
 ";
 
@@ -254,6 +261,15 @@ fn main() {
         servers::layerfs("layerfs 5 layers", &o.layerfs, &stack_args, state.path())
             .expect("start layerfs on a stack"),
     ];
+    if let Some(base) = &o.base {
+        let base_dir = data.path().join("base");
+        std::fs::create_dir(&base_dir).unwrap();
+        peers::fill_dir(&base_dir);
+        targets.push(
+            servers::layerfs("layerfs base", base, &[base_dir.as_os_str()], state.path())
+                .expect("start the base layerfs"),
+        );
+    }
     let ganesha_dir = data.path().join("ganesha");
     std::fs::create_dir(&ganesha_dir).unwrap();
     peers::fill_dir(&ganesha_dir);
@@ -366,6 +382,9 @@ fn main() {
         o.rounds, o.seconds
     );
     report::print(&rows);
+    if o.base.is_some() {
+        report::print_versus_base(&runs);
+    }
     if o.only.is_some() {
         return; // a partial run does not replace the chart
     }

@@ -61,6 +61,50 @@ fn find<'a>(rows: &'a [Row], w: Workload, server: &str, depth: usize) -> Option<
         .filter(|r| r.load.errors == 0)
 }
 
+/// This build over the base build (`--base`), flat, per workload and
+/// depth: the median over rounds of each figure, taken separately (a
+/// round's CPU per call and its rate move apart on a shared machine).
+pub fn print_versus_base(runs: &[Row]) {
+    println!("### this build over the base build (flat; medians of rounds)\n");
+    println!("| workload | depth | calls/s | CPU us/call | syscalls/call |");
+    println!("|---|---:|---:|---:|---:|");
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied()
+    };
+    for w in Workload::ALL {
+        for depth in w.depths() {
+            let of = |server: &str, figure: &dyn Fn(&Row) -> Option<f64>| {
+                median(
+                    runs.iter()
+                        .filter(|r| r.workload == w && r.server == server && r.depth == depth)
+                        .filter_map(figure)
+                        .collect(),
+                )
+            };
+            let per_call = |r: &Row, n: f64| n / r.calls_sent.max(1) as f64;
+            let figures: [&dyn Fn(&Row) -> Option<f64>; 3] = [
+                &|r| Some(r.load.calls_per_sec()),
+                &|r| Some(per_call(r, r.usage.cpu().as_secs_f64() * 1e6)),
+                &|r| r.usage.syscalls.map(|n| per_call(r, n as f64)),
+            ];
+            let cells: Vec<String> = figures
+                .iter()
+                .map(|f| match (of("layerfs", f), of("layerfs base", f)) {
+                    (Some(ours), Some(base)) => {
+                        format!("{ours:.2} / {base:.2} = {:.2}x", ours / base)
+                    }
+                    _ => "-".into(),
+                })
+                .collect();
+            if cells[0] != "-" {
+                println!("| {} | {depth} | {} |", w.name(), cells.join(" | "));
+            }
+        }
+    }
+    println!();
+}
+
 /// The servers layerfs is measured against.
 const PEERS: [&str; 3] = ["nfs-ganesha", "nfs3_server", "nfsserve"];
 /// layerfs as it runs here: a directory alone, and a five-layer workspace.
