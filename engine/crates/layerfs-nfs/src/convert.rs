@@ -1,5 +1,6 @@
 //! Between the filesystem's types and NFSv3's wire types.
 
+use layerfs_rpc::xdr::Append;
 use layerfs_vfs::{Attr, Change, FileKind, SetAttr, SetTime, Timestamp};
 use nfs3_types::nfs3::{
     fattr3, ftype3, nfstime3, post_op_attr, pre_op_attr, sattr3, set_atime, set_mtime, specdata3,
@@ -59,6 +60,30 @@ pub fn post_op(a: Option<&Attr>, fsid: u64) -> post_op_attr {
     match a {
         Some(a) => Nfs3Option::Some(fattr(a, fsid)),
         None => Nfs3Option::None,
+    }
+}
+
+/// [`post_op`] appended item by item (listings): the same fields, from
+/// the same [`fattr`].
+pub fn append_post_op(out: &mut Vec<u8>, a: Option<&Attr>, fsid: u64) {
+    let Some(a) = a else {
+        out.put_bool(false);
+        return;
+    };
+    let a = fattr(a, fsid);
+    out.put_bool(true);
+    for word in [a.type_ as u32, a.mode, a.nlink, a.uid, a.gid] {
+        out.put_u32(word);
+    }
+    out.put_u64(a.size);
+    out.put_u64(a.used);
+    out.put_u32(a.rdev.specdata1);
+    out.put_u32(a.rdev.specdata2);
+    out.put_u64(a.fsid);
+    out.put_u64(a.fileid);
+    for t in [a.atime, a.mtime, a.ctime] {
+        out.put_u32(t.seconds);
+        out.put_u32(t.nseconds);
     }
 }
 
@@ -133,5 +158,39 @@ mod tests {
             nanos: 123,
         };
         assert_eq!(from_time(time(now)), now);
+    }
+
+    #[test]
+    fn appended_attributes_are_what_nfs3_types_packs() {
+        use nfs3_types::xdr_codec::Pack;
+        let attr = Attr {
+            kind: FileKind::Symlink,
+            mode: 0o4755,
+            nlink: 3,
+            uid: 1000,
+            gid: u32::MAX,
+            size: u64::MAX - 1,
+            used: 1 << 40,
+            rdev: (8, 1),
+            fileid: 0x0102_0304_0506_0708,
+            generation: 9,
+            // Before the epoch, within range, past 2106: clamped alike.
+            atime: Timestamp { secs: -5, nanos: 7 },
+            mtime: Timestamp {
+                secs: 1_700_000_000,
+                nanos: 999_999_999,
+            },
+            ctime: Timestamp {
+                secs: 1 << 40,
+                nanos: 1,
+            },
+        };
+        for a in [Some(&attr), None] {
+            let mut ours = Vec::new();
+            append_post_op(&mut ours, a, 0xfeed);
+            let mut theirs = Vec::new();
+            post_op(a, 0xfeed).pack(&mut theirs).unwrap();
+            assert_eq!(ours, theirs, "attributes {}", a.is_some());
+        }
     }
 }

@@ -251,11 +251,7 @@ impl Served<'_> {
             };
             match source {
                 Ok(Some(src)) => {
-                    put(reply, &nfsstat3::NFS3_OK)?;
-                    put(reply, &post_op(Some(&src.attr), self.fsid()))?;
-                    put(reply, &(src.len as u32))?;
-                    put(reply, &src.eof)?;
-                    put(reply, &(src.len as u32))?;
+                    read_header(reply, &src.attr, self.fsid(), src.len, src.eof)?;
                     reply.set_file_tail(FileTail {
                         file: src.file,
                         offset: src.offset,
@@ -267,24 +263,21 @@ impl Served<'_> {
                 Err(e) => return put(reply, &read_fail(e, Some(&attr), self.fsid())),
             }
         }
-        // status, post_op_attr (present), count, eof, data length.
-        const HEADER: usize = 4 + 4 + 84 + 4 + 4 + 4;
+        // The header is written with the attributes at hand, to take its
+        // room, and again once the data is in: of the same size, attributes
+        // present in both.
         let header_at = reply.body_len();
-        reply.reserve(HEADER + count + 4);
-        reply.extend_from_slice(&[0; HEADER]);
+        read_header(reply, &attr, self.fsid(), 0, false)?;
         let data_at = reply.body_len();
+        reply.reserve(count + 4);
         let read = reply.append_with(|body| self.export.fs.read(who, id, a.offset, count, body));
         match read {
             Ok((eof, attr)) => {
                 let n = reply.body_len() - data_at;
                 reply.extend_from_slice(&[0; 3][..xdr::padding(n)]);
-                let mut header = Vec::with_capacity(HEADER);
-                put_into(&mut header, &nfsstat3::NFS3_OK)?;
-                put_into(&mut header, &post_op(Some(&attr), self.fsid()))?;
-                put_into(&mut header, &(n as u32))?;
-                put_into(&mut header, &eof)?;
-                put_into(&mut header, &(n as u32))?;
-                debug_assert_eq!(header.len(), HEADER);
+                let mut header = Vec::with_capacity(data_at - header_at);
+                read_header(&mut header, &attr, self.fsid(), n, eof)?;
+                assert_eq!(header.len(), data_at - header_at, "a READ header's size");
                 reply.patch_body(header_at, &header);
                 Ok(())
             }
@@ -644,15 +637,24 @@ fn args<T: Unpack>(mut bytes: &[u8]) -> Result<T, Refusal> {
         .map_err(|_| Refusal::GarbageArgs)
 }
 
-pub(crate) fn put(reply: &mut ReplyBuf, value: &impl Pack) -> Result<(), Refusal> {
-    value
-        .pack(reply)
-        .map(|_| ())
-        .map_err(|_| Refusal::SystemErr)
+pub(crate) fn put(out: &mut impl std::io::Write, value: &impl Pack) -> Result<(), Refusal> {
+    value.pack(out).map(|_| ()).map_err(|_| Refusal::SystemErr)
 }
 
-fn put_into(out: &mut Vec<u8>, value: &impl Pack) -> Result<(), Refusal> {
-    value.pack(out).map(|_| ()).map_err(|_| Refusal::SystemErr)
+/// A successful READ's results up to its data: status, attributes, count,
+/// eof, and the data's length.
+fn read_header(
+    out: &mut impl std::io::Write,
+    attr: &Attr,
+    fsid: u64,
+    len: usize,
+    eof: bool,
+) -> Result<(), Refusal> {
+    put(out, &nfsstat3::NFS3_OK)?;
+    put(out, &post_op(Some(attr), fsid))?;
+    put(out, &(len as u32))?;
+    put(out, &eof)?;
+    put(out, &(len as u32))
 }
 
 impl Program for NfsProgram {

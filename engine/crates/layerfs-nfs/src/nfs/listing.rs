@@ -1,15 +1,23 @@
-//! READDIR and READDIRPLUS: pages of a directory within the client's byte budgets.
+//! READDIR and READDIRPLUS: pages of a directory within the client's byte
+//! budgets. Entries are appended to the reply one by one with [`Append`],
+//! each measured as it is written; the one that would pass a budget is cut
+//! off again. No entry's size is counted by hand.
 
+use std::sync::LazyLock;
+
+use layerfs_rpc::xdr::{padded, Append};
 use layerfs_rpc::{Refusal, ReplyBuf};
-use layerfs_vfs::{Attr, Caller, DirEntry, DirPage};
+use layerfs_vfs::{Attr, Caller, DirEntry, DirPage, FileKind, Timestamp};
 use nfs3_types::nfs3::*;
-use nfs3_types::xdr_codec::{List, Opaque};
-
-use layerfs_rpc::xdr::padded;
 
 use super::{put, Served};
-use crate::convert::post_op;
+use crate::convert::{append_post_op, post_op};
 use crate::error::{status, Error};
+use crate::handle::LEN as HANDLE_LEN;
+
+/// What follows a list's last entry: the end-of-list marker and eof, two
+/// XDR booleans.
+const LIST_END: usize = 8;
 
 impl Served<'_> {
     /// A page of the directory a handle names, after `cookie`, at most
@@ -44,63 +52,32 @@ impl Served<'_> {
         a: READDIR3args,
         reply: &mut ReplyBuf,
     ) -> Result<(), Refusal> {
-        // status, dir attributes, verifier, end of list, eof.
-        let mut size = 4 + 88 + 8 + 4 + 4;
-        let budget = a.count as usize;
-        let at = (a.cookie, &a.cookieverf);
-        let (page, verf) = match self.page(who, &a.dir, at, budget / 20 + 2, false) {
-            Ok(found) => found,
-            Err((e, attr)) => {
-                return put(
-                    reply,
-                    &READDIR3res::Err((
-                        status(e),
-                        READDIR3resfail {
-                            dir_attributes: post_op(attr.as_ref(), self.fsid()),
-                        },
-                    )),
-                )
-            }
-        };
-        let attr = page.dir;
-        let total = page.entries.len();
-        let mut entries = Vec::new();
-        for e in &page.entries {
-            let entry_size = 4 + 8 + 4 + padded(e.name.len()) + 8;
-            if size + entry_size > budget {
-                break;
-            }
-            size += entry_size;
-            entries.push(entry3 {
-                fileid: e.fileid,
-                name: filename3(Opaque::borrowed(&e.name)),
-                cookie: e.cookie,
-            });
-        }
-        if entries.is_empty() && total > 0 {
-            return put(
+        let fail = |e: Error, attr: Option<&Attr>, reply: &mut ReplyBuf| {
+            put(
                 reply,
                 &READDIR3res::Err((
-                    nfsstat3::NFS3ERR_TOOSMALL,
+                    status(e),
                     READDIR3resfail {
-                        dir_attributes: post_op(Some(&attr), self.fsid()),
+                        dir_attributes: post_op(attr, self.fsid()),
                     },
                 )),
-            );
+            )
+        };
+        let budget = a.count as usize;
+        let most = budget / SIZES.smallest(SIZES.plain) + 2;
+        let at = (a.cookie, &a.cookieverf);
+        let (page, verf) = match self.page(who, &a.dir, at, most, false) {
+            Ok(found) => found,
+            Err((e, attr)) => return fail(e, attr.as_ref(), reply),
+        };
+        let at_most = |e: &DirEntry| SIZES.plain + padded(e.name.len());
+        let listed = self.list(reply, &page, &verf, (budget, 0), at_most, |out, e| {
+            append_entry(out, e)
+        })?;
+        match listed {
+            Some(()) => Ok(()),
+            None => fail(Error::TooSmall, Some(&page.dir), reply),
         }
-        let eof = page.eof && entries.len() == total;
-        reply.reserve(size);
-        put(
-            reply,
-            &READDIR3res::Ok(READDIR3resok {
-                dir_attributes: post_op(Some(&attr), self.fsid()),
-                cookieverf: verf,
-                reply: dirlist3 {
-                    entries: List(entries),
-                    eof,
-                },
-            }),
-        )
     }
 
     pub(super) fn readdirplus(
@@ -120,155 +97,177 @@ impl Served<'_> {
                 )),
             )
         };
-        let budget = a.maxcount as usize;
-        let dir_budget = a.dircount as usize;
-        let mut size = 4 + 88 + 8 + 4 + 4;
-        let mut dir_size = 0;
-        // Entries are at least 140 bytes of the reply and 24 of the directory
-        // information: ask the filesystem (and its stat calls) for no more.
-        let most = (budget / 140).min(if dir_budget > 0 {
-            dir_budget / 24
-        } else {
-            usize::MAX
+        let budgets = (a.maxcount as usize, a.dircount as usize);
+        // Ask the filesystem (and its stat calls) for no more entries than
+        // the smallest would fill.
+        let most = (budgets.0 / SIZES.smallest(SIZES.plus)).min(match budgets.1 {
+            0 => usize::MAX,
+            dir => dir / SIZES.smallest(SIZES.dir_info),
         }) + 2;
         let at = (a.cookie, &a.cookieverf);
         let (page, verf) = match self.page(who, &a.dir, at, most, true) {
             Ok(found) => found,
             Err((e, attr)) => return fail(e, attr.as_ref(), reply),
         };
-        let attr = page.dir;
-        // Count what fits, then encode it straight into the reply: no
-        // per-entry buffers for a listing of thousands.
-        let mut fit = 0;
-        for e in &page.entries {
-            let name_size = 8 + 4 + padded(e.name.len()) + 8;
-            let entry_size = 4 + name_size + 88 + 4 + 4 + padded(crate::handle::LEN);
-            if size + entry_size > budget
-                || (dir_budget > 0 && dir_size + name_size > dir_budget && fit > 0)
-            {
-                break;
-            }
-            size += entry_size;
-            dir_size += name_size;
-            fit += 1;
-        }
-        if fit == 0 && !page.entries.is_empty() {
-            return fail(Error::TooSmall, Some(&attr), reply);
-        }
-        let eof = page.eof && fit == page.entries.len();
-        reply.reserve(size);
-        put(reply, &nfsstat3::NFS3_OK)?;
-        put(reply, &post_op(Some(&attr), self.fsid()))?;
-        put(reply, &verf)?;
+        let fsid = self.fsid();
         let mut sign = self.export.listing_signer();
-        let mut packed = PackedEntry::default();
-        for e in &page.entries[..fit] {
+        let at_most = |e: &DirEntry| SIZES.plus + padded(e.name.len());
+        let listed = self.list(reply, &page, &verf, budgets, at_most, |out, e| {
             let handle = e.attr.as_ref().map(&mut sign);
-            packed.pack(e, self.fsid(), handle.as_ref());
-            reply.extend_from_slice(packed.bytes());
+            append_entry_plus(out, e, fsid, handle.as_ref())
+        })?;
+        match listed {
+            Some(()) => Ok(()),
+            None => fail(Error::TooSmall, Some(&page.dir), reply),
+        }
+    }
+
+    /// A successful listing's results: the directory's attributes, the
+    /// verifier, and the entries `append` writes while the reply stays
+    /// within `budget` bytes and their directory information within
+    /// `dir_budget` (0: no such limit). `None`, with nothing written, when
+    /// not even the first entry fits. `at_most` bounds an entry's size, for
+    /// the room taken once before.
+    fn list(
+        &self,
+        reply: &mut ReplyBuf,
+        page: &DirPage,
+        verf: &cookieverf3,
+        (budget, dir_budget): (usize, usize),
+        at_most: impl Fn(&DirEntry) -> usize,
+        mut append: impl FnMut(&mut Vec<u8>, &DirEntry) -> usize,
+    ) -> Result<Option<()>, Refusal> {
+        let start = reply.body_len();
+        put(reply, &nfsstat3::NFS3_OK)?;
+        put(reply, &post_op(Some(&page.dir), self.fsid()))?;
+        put(reply, verf)?;
+        let written = reply.body_len() - start;
+        let room = page.entries.iter().map(at_most).sum::<usize>() + LIST_END;
+        reply.reserve(room.min(budget.saturating_sub(written)));
+        let fit = reply.append_with(|out| {
+            let begun = out.len() - written;
+            let (mut fit, mut dir_used) = (0, 0);
+            for e in &page.entries {
+                let mark = out.len();
+                let dir_info = append(out, e);
+                if out.len() - begun + LIST_END > budget
+                    || (dir_budget > 0 && fit > 0 && dir_used + dir_info > dir_budget)
+                {
+                    out.truncate(mark);
+                    break;
+                }
+                dir_used += dir_info;
+                fit += 1;
+            }
+            fit
+        });
+        if fit == 0 && !page.entries.is_empty() {
+            reply.truncate_body(start);
+            return Ok(None);
         }
         put(reply, &false)?;
-        put(reply, &eof)
+        put(reply, &(page.eof && fit == page.entries.len()))?;
+        Ok(Some(()))
     }
 }
 
-/// The longest `entryplus3`: marker, fileid, name (255 bytes, padded),
-/// cookie, attributes, handle.
-const ENTRY_MAX: usize = 4 + 8 + 4 + 256 + 8 + 4 + 84 + 4 + 4 + padded(crate::handle::LEN);
-
-/// One READDIRPLUS entry packed as XDR's `entryplus3` with the list marker
-/// before it, as nfs3_types packs it field by field: a listing of thousands
-/// then costs one copy into the reply per entry.
-struct PackedEntry {
-    buf: [u8; ENTRY_MAX],
-    len: usize,
+/// Appends an `entry3` with the list marker before it. Returns the size of
+/// its directory information (fileid, name, cookie), which READDIRPLUS's
+/// `dircount` counts.
+fn append_entry(out: &mut Vec<u8>, e: &DirEntry) -> usize {
+    out.put_bool(true);
+    let at = out.len();
+    out.put_u64(e.fileid);
+    out.put_opaque(&e.name);
+    out.put_u64(e.cookie);
+    out.len() - at
 }
 
-impl Default for PackedEntry {
-    fn default() -> Self {
-        PackedEntry {
-            buf: [0; ENTRY_MAX],
-            len: 0,
+/// Appends an `entryplus3` with the list marker before it: an `entry3`'s
+/// fields, the attributes and the handle. Returns the size of its
+/// directory information.
+fn append_entry_plus(
+    out: &mut Vec<u8>,
+    e: &DirEntry,
+    fsid: u64,
+    handle: Option<&[u8; HANDLE_LEN]>,
+) -> usize {
+    let dir_info = append_entry(out, e);
+    append_post_op(out, e.attr.as_ref(), fsid);
+    match handle {
+        Some(handle) => {
+            out.put_bool(true);
+            out.put_opaque(handle);
         }
+        None => out.put_bool(false),
+    }
+    dir_info
+}
+
+/// The sizes of entries with an empty name, as the encoders above write
+/// them; a name of `n` bytes adds `padded(n)`.
+struct EntrySizes {
+    /// An `entry3` with its list marker.
+    plain: usize,
+    /// An `entryplus3` with attributes and a handle, with its list marker.
+    plus: usize,
+    /// An entry's directory information.
+    dir_info: usize,
+}
+
+impl EntrySizes {
+    /// An entry of `size` with the shortest name (one byte).
+    fn smallest(&self, size: usize) -> usize {
+        size + padded(1)
     }
 }
 
-impl PackedEntry {
-    fn pack(&mut self, e: &DirEntry, fsid: u64, handle: Option<&[u8; crate::handle::LEN]>) {
-        self.len = 0;
-        self.u32(1);
-        self.u64(e.fileid);
-        self.opaque(&e.name);
-        self.u64(e.cookie);
-        // The attributes are packed as `post_op` converts them, one rule.
-        match &e.attr {
-            Some(attr) => {
-                let a = crate::convert::fattr(attr, fsid);
-                self.u32(1);
-                for word in [a.type_ as u32, a.mode, a.nlink, a.uid, a.gid] {
-                    self.u32(word);
-                }
-                self.u64(a.size);
-                self.u64(a.used);
-                self.u32(a.rdev.specdata1);
-                self.u32(a.rdev.specdata2);
-                self.u64(a.fsid);
-                self.u64(a.fileid);
-                for t in [a.atime, a.mtime, a.ctime] {
-                    self.u32(t.seconds);
-                    self.u32(t.nseconds);
-                }
-            }
-            None => self.u32(0),
-        }
-        match handle {
-            Some(handle) => {
-                self.u32(1);
-                self.opaque(handle);
-            }
-            None => self.u32(0),
-        }
+static SIZES: LazyLock<EntrySizes> = LazyLock::new(|| {
+    let time = Timestamp::default();
+    let e = DirEntry {
+        fileid: 0,
+        name: Default::default(),
+        cookie: 0,
+        attr: Some(Attr {
+            kind: FileKind::Regular,
+            mode: 0,
+            nlink: 0,
+            uid: 0,
+            gid: 0,
+            size: 0,
+            used: 0,
+            rdev: (0, 0),
+            fileid: 0,
+            generation: 0,
+            atime: time,
+            mtime: time,
+            ctime: time,
+        }),
+    };
+    let mut out = Vec::new();
+    let dir_info = append_entry(&mut out, &e);
+    let plain = out.len();
+    out.clear();
+    append_entry_plus(&mut out, &e, 0, Some(&[0; HANDLE_LEN]));
+    EntrySizes {
+        plain,
+        plus: out.len(),
+        dir_info,
     }
-
-    fn bytes(&self) -> &[u8] {
-        &self.buf[..self.len]
-    }
-
-    fn put(&mut self, bytes: &[u8]) {
-        self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
-        self.len += bytes.len();
-    }
-
-    fn u32(&mut self, v: u32) {
-        self.put(&v.to_be_bytes());
-    }
-
-    fn u64(&mut self, v: u64) {
-        self.put(&v.to_be_bytes());
-    }
-
-    /// Length, bytes, zeros to the next four-byte boundary.
-    fn opaque(&mut self, bytes: &[u8]) {
-        self.u32(bytes.len() as u32);
-        self.put(bytes);
-        let pad = padded(bytes.len()) - bytes.len();
-        self.put(&[0; 3][..pad]);
-    }
-}
+});
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use layerfs_vfs::{FileKind, Timestamp};
-    use nfs3_types::xdr_codec::Pack;
+    use nfs3_types::xdr_codec::{Opaque, Pack};
 
-    /// What nfs3_types packs for the same entry.
+    /// What nfs3_types packs for the same entry, its list marker first.
     fn by_nfs3_types<'a>(
         e: &'a DirEntry,
         fsid: u64,
-        handle: Option<&'a [u8; crate::handle::LEN]>,
-    ) -> Vec<u8> {
-        let entry = entryplus3 {
+        handle: Option<&'a [u8; HANDLE_LEN]>,
+    ) -> (Vec<u8>, Vec<u8>) {
+        let plus = entryplus3 {
             fileid: e.fileid,
             name: filename3(Opaque::borrowed(&e.name)),
             cookie: e.cookie,
@@ -280,17 +279,24 @@ mod tests {
                 None => Nfs3Option::None,
             },
         };
-        let mut out = Vec::new();
-        true.pack(&mut out).unwrap();
-        entry.pack(&mut out).unwrap();
-        out
+        let plain = entry3 {
+            fileid: e.fileid,
+            name: filename3(Opaque::borrowed(&e.name)),
+            cookie: e.cookie,
+        };
+        let (mut p, mut q) = (Vec::new(), Vec::new());
+        true.pack(&mut p).unwrap();
+        plus.pack(&mut p).unwrap();
+        true.pack(&mut q).unwrap();
+        plain.pack(&mut q).unwrap();
+        (p, q)
     }
 
     #[test]
-    fn an_entry_packs_as_nfs3_types_packs_it() {
+    fn entries_append_as_nfs3_types_packs_them_and_their_sizes_hold() {
         let attr = Attr {
-            kind: FileKind::Symlink,
-            mode: 0o4755,
+            kind: FileKind::Directory,
+            mode: 0o1777,
             nlink: 3,
             uid: 1000,
             gid: u32::MAX,
@@ -299,7 +305,6 @@ mod tests {
             rdev: (8, 1),
             fileid: 0x0102_0304_0506_0708,
             generation: 9,
-            // Before the epoch, within range, past 2106: clamped alike.
             atime: Timestamp { secs: -5, nanos: 7 },
             mtime: Timestamp {
                 secs: 1_700_000_000,
@@ -310,8 +315,7 @@ mod tests {
                 nanos: 1,
             },
         };
-        let handle: [u8; crate::handle::LEN] = std::array::from_fn(|i| i as u8);
-        let mut packed = PackedEntry::default();
+        let handle: [u8; HANDLE_LEN] = std::array::from_fn(|i| i as u8);
         for len in [1, 2, 3, 4, 5, 7, 8, 254, 255] {
             for with_attr in [true, false] {
                 for with_handle in [true, false] {
@@ -322,12 +326,22 @@ mod tests {
                         attr: with_attr.then_some(attr),
                     };
                     let h = with_handle.then_some(&handle);
-                    packed.pack(&e, 0xfeed, h);
-                    assert_eq!(
-                        packed.bytes(),
-                        by_nfs3_types(&e, 0xfeed, h),
-                        "name of {len}, attributes {with_attr}, handle {with_handle}"
-                    );
+                    let what =
+                        format!("name of {len}, attributes {with_attr}, handle {with_handle}");
+                    let (plus, plain) = by_nfs3_types(&e, 0xfeed, h);
+                    let mut out = Vec::new();
+                    let dir_info = append_entry_plus(&mut out, &e, 0xfeed, h);
+                    assert_eq!(out, plus, "{what}");
+                    assert_eq!(dir_info, SIZES.dir_info + padded(len), "{what}");
+                    let bound = SIZES.plus + padded(len);
+                    assert!(out.len() <= bound, "{what}");
+                    if with_attr && with_handle {
+                        assert_eq!(out.len(), bound, "{what}");
+                    }
+                    out.clear();
+                    append_entry(&mut out, &e);
+                    assert_eq!(out, plain, "{what}");
+                    assert_eq!(out.len(), SIZES.plain + padded(len), "{what}");
                 }
             }
         }
