@@ -65,7 +65,8 @@ pub trait Program: Send + Sync {
     /// The procedure's name for logs and counters; `None` if it does not exist.
     fn procedure_name(&self, proc: u32) -> Option<&'static str>;
     /// Which thread runs `call`, a call whose version is within
-    /// `versions()`.
+    /// `versions()`. Asked on the connection's reader before the call runs;
+    /// `call.peer` is not set.
     fn placement(&self, call: &Call<'_>) -> Placement {
         if call.proc == 0 {
             Placement::Reader
@@ -127,16 +128,6 @@ pub struct Routed {
     envelope: Envelope,
     /// The index of the call's program among the dispatcher's.
     program: Option<usize>,
-}
-
-impl Routed {
-    /// The call's header, when the record is a call.
-    pub fn header(&self) -> Option<&CallHeader> {
-        match &self.envelope {
-            Envelope::Call(header) => Some(header),
-            _ => None,
-        }
-    }
 }
 
 /// Calls answered, per program and procedure.

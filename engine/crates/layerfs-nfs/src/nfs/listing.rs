@@ -74,9 +74,10 @@ impl Served<'_> {
         let listed = self.list(reply, &page, &verf, (budget, 0), at_most, |out, e| {
             append_entry(out, e)
         })?;
-        match listed {
-            Some(()) => Ok(()),
-            None => fail(Error::TooSmall, Some(&page.dir), reply),
+        if listed {
+            Ok(())
+        } else {
+            fail(Error::TooSmall, Some(&page.dir), reply)
         }
     }
 
@@ -116,16 +117,17 @@ impl Served<'_> {
             let handle = e.attr.as_ref().map(&mut sign);
             append_entry_plus(out, e, fsid, handle.as_ref())
         })?;
-        match listed {
-            Some(()) => Ok(()),
-            None => fail(Error::TooSmall, Some(&page.dir), reply),
+        if listed {
+            Ok(())
+        } else {
+            fail(Error::TooSmall, Some(&page.dir), reply)
         }
     }
 
     /// A successful listing's results: the directory's attributes, the
     /// verifier, and the entries `append` writes while the reply stays
     /// within `budget` bytes and their directory information within
-    /// `dir_budget` (0: no such limit). `None`, with nothing written, when
+    /// `dir_budget` (0: no such limit). False, with nothing written, when
     /// not even the first entry fits. `at_most` bounds an entry's size, for
     /// the room taken once before.
     fn list(
@@ -136,7 +138,7 @@ impl Served<'_> {
         (budget, dir_budget): (usize, usize),
         at_most: impl Fn(&DirEntry) -> usize,
         mut append: impl FnMut(&mut Vec<u8>, &DirEntry) -> usize,
-    ) -> Result<Option<()>, Refusal> {
+    ) -> Result<bool, Refusal> {
         let start = reply.body_len();
         put(reply, &nfsstat3::NFS3_OK)?;
         put(reply, &post_op(Some(&page.dir), self.fsid()))?;
@@ -163,11 +165,11 @@ impl Served<'_> {
         });
         if fit == 0 && !page.entries.is_empty() {
             reply.truncate_body(start);
-            return Ok(None);
+            return Ok(false);
         }
         put(reply, &false)?;
         put(reply, &(page.eof && fit == page.entries.len()))?;
-        Ok(Some(()))
+        Ok(true)
     }
 }
 
