@@ -78,11 +78,13 @@ impl<'a> Cursor<'a> {
 pub trait Append {
     fn put_u32(&mut self, v: u32);
 
+    #[inline]
     fn put_u64(&mut self, v: u64) {
         self.put_u32((v >> 32) as u32);
         self.put_u32(v as u32);
     }
 
+    #[inline]
     fn put_bool(&mut self, v: bool) {
         self.put_u32(u32::from(v));
     }
@@ -93,14 +95,17 @@ pub trait Append {
 }
 
 impl Append for Vec<u8> {
+    #[inline]
     fn put_u32(&mut self, v: u32) {
         self.extend_from_slice(&v.to_be_bytes());
     }
 
+    #[inline]
     fn put_u64(&mut self, v: u64) {
         self.extend_from_slice(&v.to_be_bytes());
     }
 
+    #[inline]
     fn put_opaque(&mut self, bytes: &[u8]) {
         self.put_u32(bytes.len() as u32);
         self.extend_from_slice(bytes);
