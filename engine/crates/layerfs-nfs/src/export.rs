@@ -240,11 +240,11 @@ impl Exports {
         self.all.read().clone()
     }
 
-    /// The export of the handle that `args` start with (every NFS
-    /// procedure's arguments but NULL's do): a malformed or forged handle is
+    /// The export of a call's first handle (every NFS procedure's arguments
+    /// but NULL's start with one): none, a malformed or a forged handle is
     /// BADHANDLE, one of ours for an export no longer served is STALE.
-    pub fn of_args(&self, args: &[u8]) -> Result<Arc<Export>, Error> {
-        let bytes = handle_in(args).ok_or(Error::BadHandle)?;
+    pub fn of_handle(&self, bytes: Option<&[u8]>) -> Result<Arc<Export>, Error> {
+        let bytes = bytes.ok_or(Error::BadHandle)?;
         let handle = FileHandle::unchecked(bytes)?;
         match self.get(handle.export) {
             Some(export) => Ok(export),
@@ -311,13 +311,6 @@ fn below<'p>(path: &'p [u8], prefix: &[u8]) -> Option<&'p [u8]> {
     }
     let rest = path.strip_prefix(prefix.strip_suffix(b"/").unwrap_or(prefix))?;
     (rest.is_empty() || rest.starts_with(b"/")).then_some(rest)
-}
-
-/// The bytes of the handle that XDR `args` start with; `None` when there
-/// are no bytes for one.
-fn handle_in(args: &[u8]) -> Option<&[u8]> {
-    let len = u32::from_be_bytes(args.get(..4)?.try_into().expect("4 bytes")) as usize;
-    args.get(4..4 + len.min(64))
 }
 
 #[cfg(test)]

@@ -64,10 +64,11 @@ impl NfsProgram {
         if proc == Proc::Null {
             return Ok(());
         }
-        if !arg_lengths::fit(proc.lengths(), call.args) {
+        let walk = arg_lengths::walk(proc.lengths(), call.args);
+        if !walk.fits {
             return Err(Refusal::GarbageArgs);
         }
-        match self.exports.of_args(call.args) {
+        match self.exports.of_handle(walk.first_handle()) {
             Ok(export) => Served {
                 export: &export,
                 write_verf: self.write_verf,
@@ -290,7 +291,7 @@ impl Served<'_> {
 
     fn write(&self, who: &Caller, a: WriteArgs<'_>, reply: &mut ReplyBuf) -> Result<(), Refusal> {
         let data = a.data;
-        let result = self.export.on(&a.file, |id| {
+        let result = self.export.on(a.file, |id| {
             self.export.fs.write(who, id, a.offset, data, a.stable)
         });
         let res: WRITE3res = match result {
@@ -305,7 +306,7 @@ impl Served<'_> {
                 verf: self.write_verf,
             }),
             Err(e) => {
-                let after = self.export.resolve(&a.file).ok().map(|(_, attr)| attr);
+                let after = self.export.resolve(a.file).ok().map(|(_, attr)| attr);
                 Nfs3Result::Err((
                     status(e),
                     WRITE3resfail {
@@ -679,15 +680,19 @@ impl Program for NfsProgram {
     /// host call per entry, where a cold one could read thousands of
     /// inodes from disk).
     fn placement(&self, call: &Call<'_>) -> Placement {
-        let args = call.args;
         let Some(p) = Proc::from_number(call.proc) else {
             return Placement::Worker;
         };
+        let walk = arg_lengths::walk(p.lengths(), call.args);
+        if !walk.fits {
+            // Answered GARBAGE_ARGS at once.
+            return Placement::Reader;
+        }
         let runs = match p {
-            Proc::Setattr if args::sets_size(args) => Placement::ReaderWhenIdle,
+            Proc::Setattr if walk.sets_size => Placement::ReaderWhenIdle,
             _ => p.runs(),
         };
-        if runs == Placement::Worker || (p == Proc::Write && !args::is_unstable(args)) {
+        if runs == Placement::Worker || (p == Proc::Write && !args::is_unstable(walk.rest)) {
             return Placement::Worker;
         }
         let lists = match p {
@@ -695,9 +700,9 @@ impl Program for NfsProgram {
             Proc::Readdirplus => Some(true),
             _ => None,
         };
-        let at_hand = arg_lengths::all_handles(p.lengths(), args, |handle, entry| {
-            self.exports.is_at_hand(handle, entry, p.copies_up())
-                && lists.is_none_or(|with_attrs| self.exports.lists_at_hand(handle, with_attrs))
+        let at_hand = walk.handles().all(|h| {
+            self.exports.is_at_hand(h.handle, h.entry, p.copies_up())
+                && lists.is_none_or(|with_attrs| self.exports.lists_at_hand(h.handle, with_attrs))
         });
         if at_hand {
             runs

@@ -61,6 +61,9 @@ fn find<'a>(rows: &'a [Row], w: Workload, server: &str, depth: usize) -> Option<
         .filter(|r| r.load.errors == 0)
 }
 
+/// One figure of a row, where the row has it.
+type Figure<'a> = dyn Fn(&Row) -> Option<f64> + 'a;
+
 /// This build over the base build (`--base`), flat, per workload and
 /// depth: the median over rounds of each figure, taken separately (a
 /// round's CPU per call and its rate move apart on a shared machine).
@@ -74,7 +77,7 @@ pub fn print_versus_base(runs: &[Row]) {
     };
     for w in Workload::ALL {
         for depth in w.depths() {
-            let of = |server: &str, figure: &dyn Fn(&Row) -> Option<f64>| {
+            let of = |server: &str, figure: &Figure<'_>| {
                 median(
                     runs.iter()
                         .filter(|r| r.workload == w && r.server == server && r.depth == depth)
@@ -83,7 +86,7 @@ pub fn print_versus_base(runs: &[Row]) {
                 )
             };
             let per_call = |r: &Row, n: f64| n / r.calls_sent.max(1) as f64;
-            let figures: [&dyn Fn(&Row) -> Option<f64>; 3] = [
+            let figures: [&Figure<'_>; 3] = [
                 &|r| Some(r.load.calls_per_sec()),
                 &|r| Some(per_call(r, r.usage.cpu().as_secs_f64() * 1e6)),
                 &|r| r.usage.syscalls.map(|n| per_call(r, n as f64)),

@@ -5,13 +5,13 @@
 use layerfs_rpc::xdr::Cursor;
 use layerfs_rpc::Refusal;
 use layerfs_vfs::Stability;
-use nfs3_types::nfs3::{nfs_fh3, NFS3_FHSIZE};
-use nfs3_types::xdr_codec::Opaque;
+use nfs3_types::nfs3::NFS3_FHSIZE;
 
-/// WRITE3args with the data borrowed from the record: `nfs3_types` would copy
-/// the payload (up to 1 MiB) into a buffer of its own first.
+/// WRITE3args with the handle and the data borrowed from the record:
+/// `nfs3_types` would copy both (the payload up to 1 MiB) into buffers of
+/// their own first.
 pub struct WriteArgs<'a> {
-    pub file: nfs_fh3,
+    pub file: &'a [u8],
     pub offset: u64,
     pub stable: Stability,
     pub data: &'a [u8],
@@ -23,7 +23,7 @@ impl<'a> WriteArgs<'a> {
     }
 
     fn read(r: &mut Cursor<'a>) -> Option<WriteArgs<'a>> {
-        let fh = r.opaque(NFS3_FHSIZE)?.to_vec();
+        let file = r.opaque(NFS3_FHSIZE)?;
         let offset = r.u64()?;
         let count = r.u32()? as usize;
         let stable = match r.u32()? {
@@ -36,9 +36,7 @@ impl<'a> WriteArgs<'a> {
         let len = r.u32()? as usize;
         let data = r.take(len)?;
         Some(WriteArgs {
-            file: nfs_fh3 {
-                data: Opaque::owned(fh),
-            },
+            file,
             offset,
             stable,
             data: &data[..count.min(len)],
@@ -69,30 +67,21 @@ pub fn access(args: &[u8]) -> Result<(&[u8], u32), Refusal> {
     Ok((fh, asked))
 }
 
-/// An UNSTABLE WRITE of at most [`MAX_TRANSFER`](crate::nfs::MAX_TRANSFER)
-/// bytes: a copy into the page cache, with no fsync to wait for.
-pub fn is_unstable(args: &[u8]) -> bool {
-    let mut r = Cursor::new(args);
-    let head = r
-        .opaque(NFS3_FHSIZE)
-        .and_then(|_| Some((r.u64()?, r.u32()?, r.u32()?)));
-    matches!(head, Some((_, count, 0)) if count <= crate::nfs::MAX_TRANSFER)
-}
-
-/// Whether SETATTR3args set a size: a truncation may free a large file's
-/// pages or blocks, no longer a change of a few words of metadata. Arguments
-/// that do not decode count as setting one.
-pub fn sets_size(args: &[u8]) -> bool {
-    let mut r = Cursor::new(args);
-    r.opaque(NFS3_FHSIZE)
-        .and_then(|_| super::arg_lengths::sattr(&mut r))
-        .unwrap_or(true)
+/// Whether WRITE3args, read from past their handle, ask for an UNSTABLE
+/// WRITE of at most [`MAX_TRANSFER`](crate::nfs::MAX_TRANSFER) bytes: a
+/// copy into the page cache, with no fsync to wait for.
+pub fn is_unstable(after_handle: &[u8]) -> bool {
+    let mut r = Cursor::new(after_handle);
+    let head = r.u64().and_then(|_| Some((r.u32()?, r.u32()?)));
+    matches!(head, Some((count, 0)) if count <= crate::nfs::MAX_TRANSFER)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nfs3_types::nfs3::nfs_fh3;
     use nfs3_types::nfs3::{stable_how, WRITE3args};
+    use nfs3_types::xdr_codec::Opaque;
     use nfs3_types::xdr_codec::Pack;
 
     fn packed(args: &WRITE3args<'_>) -> Vec<u8> {
@@ -117,7 +106,7 @@ mod tests {
     fn write_args_borrow_the_payload() {
         let bytes = packed(&sample(b"payload!x"));
         let a = WriteArgs::decode(&bytes).unwrap();
-        assert_eq!(a.file.data.as_ref(), &[7; 25]);
+        assert_eq!(a.file, &[7; 25]);
         assert_eq!((a.offset, a.stable), (0x1_0000_0002, Stability::DataSync));
         assert_eq!(a.data, b"payload!x");
         let at = bytes.len() - 12;
@@ -165,6 +154,8 @@ mod tests {
 
     #[test]
     fn only_unstable_writes_within_the_transfer_size_are_told_unstable() {
+        use crate::nfs::arg_lengths::{walk, Field};
+        let is_unstable = |args: &[u8]| is_unstable(walk(&[Field::Handle], args).rest);
         let most = crate::nfs::MAX_TRANSFER as usize;
         let data = vec![0; most + 1];
         let mut a = sample(&data[..most]);
@@ -175,40 +166,6 @@ mod tests {
         a.data = Opaque::borrowed(&data);
         a.count = data.len() as u32;
         assert!(!is_unstable(&packed(&a)), "past the size");
-    }
-
-    #[test]
-    fn a_setattr_that_truncates_is_told_from_one_that_does_not() {
-        use nfs3_types::nfs3::{sattr3, Nfs3Option, SETATTR3args};
-        let packed = |attrs: sattr3| {
-            let mut out = Vec::new();
-            let object = nfs_fh3 {
-                data: Opaque::owned(vec![7; 33]),
-            };
-            let guard = Nfs3Option::None;
-            SETATTR3args {
-                object,
-                new_attributes: attrs,
-                guard,
-            }
-            .pack(&mut out)
-            .unwrap();
-            out
-        };
-        let chmod = sattr3 {
-            mode: Nfs3Option::Some(0o600),
-            gid: Nfs3Option::Some(7),
-            ..Default::default()
-        };
-        assert!(!sets_size(&packed(chmod)));
-        let truncate = sattr3 {
-            uid: Nfs3Option::Some(7),
-            size: Nfs3Option::Some(0),
-            ..Default::default()
-        };
-        let bytes = packed(truncate);
-        assert!(sets_size(&bytes));
-        assert!(sets_size(&bytes[..40]), "cut: counts as setting one");
     }
 
     #[test]

@@ -50,8 +50,9 @@ macro_rules! procedures {
                 }
             }
 
-            /// The arguments' fields up to the last one with a length, for
-            /// [`super::arg_lengths::fit`].
+            /// The arguments' fields up to the last one with a length, and
+            /// SETATTR's attributes (whether they set a size decides where
+            /// it runs), for [`super::arg_lengths::walk`].
             pub fn lengths(self) -> &'static [super::arg_lengths::Field] {
                 use super::arg_lengths::Field::*;
                 match self {
@@ -73,7 +74,7 @@ macro_rules! procedures {
 procedures! {
     Null = 0, "NULL", changes: false, runs: Reader, copies_up: false, fail: 0, lengths: [];
     Getattr = 1, "GETATTR", changes: false, runs: Reader, copies_up: false, fail: 0, lengths: [Handle];
-    Setattr = 2, "SETATTR", changes: true, runs: Reader, copies_up: true, fail: 2, lengths: [Handle];
+    Setattr = 2, "SETATTR", changes: true, runs: Reader, copies_up: true, fail: 2, lengths: [Handle, Sattr];
     Lookup = 3, "LOOKUP", changes: false, runs: Reader, copies_up: false, fail: 1, lengths: [Handle, Bytes];
     Access = 4, "ACCESS", changes: false, runs: Reader, copies_up: false, fail: 1, lengths: [Handle];
     Readlink = 5, "READLINK", changes: false, runs: Reader, copies_up: false, fail: 1, lengths: [Handle];
