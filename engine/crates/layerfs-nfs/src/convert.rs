@@ -136,7 +136,7 @@ pub fn set_attr(s: &sattr3) -> SetAttr {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -160,10 +160,11 @@ mod tests {
         assert_eq!(from_time(time(now)), now);
     }
 
-    #[test]
-    fn appended_attributes_are_what_nfs3_types_packs() {
-        use nfs3_types::xdr_codec::Pack;
-        let attr = Attr {
+    /// Attributes whose every field is far from zero, with times before
+    /// the epoch, within range and past 2106 (clamped alike by both
+    /// encoders).
+    pub(crate) fn unusual_attr() -> Attr {
+        Attr {
             kind: FileKind::Symlink,
             mode: 0o4755,
             nlink: 3,
@@ -174,7 +175,6 @@ mod tests {
             rdev: (8, 1),
             fileid: 0x0102_0304_0506_0708,
             generation: 9,
-            // Before the epoch, within range, past 2106: clamped alike.
             atime: Timestamp { secs: -5, nanos: 7 },
             mtime: Timestamp {
                 secs: 1_700_000_000,
@@ -184,7 +184,13 @@ mod tests {
                 secs: 1 << 40,
                 nanos: 1,
             },
-        };
+        }
+    }
+
+    #[test]
+    fn appended_attributes_are_what_nfs3_types_packs() {
+        use nfs3_types::xdr_codec::Pack;
+        let attr = unusual_attr();
         for a in [Some(&attr), None] {
             let mut ours = Vec::new();
             append_post_op(&mut ours, a, 0xfeed);

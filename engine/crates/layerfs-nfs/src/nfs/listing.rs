@@ -7,7 +7,7 @@ use std::sync::LazyLock;
 
 use layerfs_rpc::xdr::{padded, Append};
 use layerfs_rpc::{Refusal, ReplyBuf};
-use layerfs_vfs::{Attr, Caller, DirEntry, DirPage, FileKind, Timestamp};
+use layerfs_vfs::{Attr, Caller, DirEntry, DirPage, FileKind};
 use nfs3_types::nfs3::*;
 
 use super::{put, Served};
@@ -225,26 +225,11 @@ impl EntrySizes {
 }
 
 static SIZES: LazyLock<EntrySizes> = LazyLock::new(|| {
-    let time = Timestamp::default();
     let e = DirEntry {
         fileid: 0,
         name: Default::default(),
         cookie: 0,
-        attr: Some(Attr {
-            kind: FileKind::Regular,
-            mode: 0,
-            nlink: 0,
-            uid: 0,
-            gid: 0,
-            size: 0,
-            used: 0,
-            rdev: (0, 0),
-            fileid: 0,
-            generation: 0,
-            atime: time,
-            mtime: time,
-            ctime: time,
-        }),
+        attr: Some(Attr::blank(FileKind::Regular)),
     };
     let mut out = Vec::new();
     let dir_info = append_entry(&mut out, &e);
@@ -296,27 +281,7 @@ mod tests {
 
     #[test]
     fn entries_append_as_nfs3_types_packs_them_and_their_sizes_hold() {
-        let attr = Attr {
-            kind: FileKind::Directory,
-            mode: 0o1777,
-            nlink: 3,
-            uid: 1000,
-            gid: u32::MAX,
-            size: u64::MAX - 1,
-            used: 1 << 40,
-            rdev: (8, 1),
-            fileid: 0x0102_0304_0506_0708,
-            generation: 9,
-            atime: Timestamp { secs: -5, nanos: 7 },
-            mtime: Timestamp {
-                secs: 1_700_000_000,
-                nanos: 999_999_999,
-            },
-            ctime: Timestamp {
-                secs: 1 << 40,
-                nanos: 1,
-            },
-        };
+        let attr = crate::convert::tests::unusual_attr();
         let handle: [u8; HANDLE_LEN] = std::array::from_fn(|i| i as u8);
         for len in [1, 2, 3, 4, 5, 7, 8, 254, 255] {
             for with_attr in [true, false] {
