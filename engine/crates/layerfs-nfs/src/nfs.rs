@@ -1,6 +1,6 @@
 //! NFS version 3 (RFC 1813): the 22 procedures over the exported filesystem.
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::access::granted;
@@ -264,11 +264,9 @@ impl Served<'_> {
                 Err(e) => return put(reply, &read_fail(e, Some(&attr), self.fsid())),
             }
         }
-        // The header is written with the attributes at hand, to take its
-        // room, and again once the data is in: of the same size, attributes
-        // present in both.
+        // Room for the header, written once the data is in.
         let header_at = reply.body_len();
-        read_header(reply, &attr, self.fsid(), 0, false)?;
+        reply.append_with(|body| body.resize(body.len() + *READ_HEADER_LEN, 0));
         let data_at = reply.body_len();
         reply.reserve(count + 4);
         let read = reply.append_with(|body| self.export.fs.read(who, id, a.offset, count, body));
@@ -641,6 +639,14 @@ fn args<T: Unpack>(mut bytes: &[u8]) -> Result<T, Refusal> {
 pub(crate) fn put(out: &mut impl std::io::Write, value: &impl Pack) -> Result<(), Refusal> {
     value.pack(out).map(|_| ()).map_err(|_| Refusal::SystemErr)
 }
+
+/// How long [`read_header`] is: measured once, as the encoder writes it.
+static READ_HEADER_LEN: LazyLock<usize> = LazyLock::new(|| {
+    let mut header = Vec::new();
+    read_header(&mut header, &Attr::blank(FileKind::Regular), 0, 0, false)
+        .expect("packing into memory cannot fail");
+    header.len()
+});
 
 /// A successful READ's results up to its data: status, attributes, count,
 /// eof, and the data's length.

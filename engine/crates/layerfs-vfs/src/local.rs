@@ -447,9 +447,10 @@ impl Filesystem for LocalFs {
     }
 
     fn commit(&self, id: FileId) -> Result<Change> {
-        let file = match id == self.root_id {
-            true => Err(Error::IsDir),
-            false => self.file_fd(id),
+        let file = if id == self.root_id {
+            Err(Error::IsDir)
+        } else {
+            self.file_fd(id)
         };
         let fd = match file {
             // A directory's entries, as fsync(2) of a directory makes durable.

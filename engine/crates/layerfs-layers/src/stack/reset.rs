@@ -151,11 +151,11 @@ impl StackFs {
             // The root: everything the upper holds in it.
             let upper = layers.all[UPPER].root.clone();
             done.files.push(ROOT);
-            return self.clear_upper_dir(layers, upper.as_fd(), ROOT, &parts, done);
-        };
-        let here = Here {
-            dir: ROOT,
-            path: parents,
+            let root = Here {
+                dir: ROOT,
+                path: &[],
+            };
+            return self.clear_upper_dir(layers, upper.as_fd(), &root, &parts, done);
         };
         for name in parents {
             let Some(f) = layers.lookup(&self.inodes, &parts, &cstr(name)?)? else {
@@ -171,17 +171,17 @@ impl StackFs {
             // No upper part here: nothing was changed under the path.
             return Ok(());
         };
-        let here = Here { dir, ..here };
+        let here = Here { dir, path: parents };
         self.remove_from_upper(layers, upper.fd.as_fd(), &here, &parts, last, done)
     }
 
     /// Removes everything the upper directory `upper` (the top of `parts`,
-    /// merged directory `dir`) holds but the directory itself.
+    /// merged directory `here`) holds but the directory itself.
     fn clear_upper_dir(
         &self,
         layers: &Layers,
         upper: BorrowedFd<'_>,
-        dir: FileId,
+        here: &Here<'_>,
         parts: &[Part],
         done: &mut ResetDone,
     ) -> Result<()> {
@@ -189,19 +189,18 @@ impl StackFs {
             if name.starts_with(super::STATE_IN_UPPER.as_bytes()) {
                 continue;
             }
-            let here = Here { dir, path: &[] };
             match name.strip_prefix(b".wh.") {
                 Some(b".wh..opq") => {
                     rustix::fs::unlinkat(upper, &*cstr(&name)?, AtFlags::empty())?;
                     done.changed_dir(upper)?;
-                    done.changed_path(&[]);
+                    done.changed_path(here.path);
                 }
                 Some(hidden) if !is_hidden(hidden) => {
                     let hidden = hidden.to_vec();
-                    self.remove_from_upper(layers, upper, &here, parts, &hidden, done)?
+                    self.remove_from_upper(layers, upper, here, parts, &hidden, done)?
                 }
                 Some(_) => {}
-                None => self.remove_from_upper(layers, upper, &here, parts, &name, done)?,
+                None => self.remove_from_upper(layers, upper, here, parts, &name, done)?,
             }
         }
         Ok(())
