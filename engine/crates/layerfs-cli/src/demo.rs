@@ -53,6 +53,8 @@ fn run(base: &Path, args: DemoArgs) -> Result<(), String> {
         store: store.clone(),
         nfs_port: None,
         server: daemon_server_config(),
+        // The demo's mount lasts as long as the demo.
+        keeper: None,
     };
     let daemon = std::thread::spawn(move || layerfs_daemon::run(config, stop));
     std::fs::create_dir_all(&store).map_err(|e| e.to_string())?;

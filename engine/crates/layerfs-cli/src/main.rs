@@ -106,6 +106,10 @@ enum Command {
     /// unmounts. Logs go to stderr; set RUST_LOG (e.g. RUST_LOG=debug or
     /// RUST_LOG=layerfs_rpc=trace) to see more.
     Serve(serve::ServeArgs),
+    /// Holds the FUSE mounts' descriptors of the store's daemon, so they
+    /// outlive it; the daemon starts it.
+    #[command(hide = true)]
+    Keeper,
 }
 
 fn main() -> ExitCode {
@@ -141,6 +145,7 @@ fn main() -> ExitCode {
         Command::Ls => client.ls(),
         Command::Rm(args) => client.rm(args),
         Command::Stats => client.stats(),
+        Command::Keeper => workspaces::keeper(client),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -177,6 +177,21 @@ pub struct RmArgs {
     force: bool,
 }
 
+/// Holds the store's FUSE sessions for its daemon (`layerfs_daemon::keeper`).
+pub fn keeper(client: Client) -> Result<(), String> {
+    let store = client.store_path()?;
+    let root = store
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", store.display()))?;
+    #[cfg(target_os = "linux")]
+    return layerfs_daemon::keeper::run(&root).map_err(|e| format!("keeper: {e}"));
+    #[cfg(not(target_os = "linux"))]
+    return Err(format!(
+        "{}: FUSE sessions are kept only on Linux",
+        root.display()
+    ));
+}
+
 /// Runs the daemon in the foreground until SIGINT or SIGTERM.
 pub fn daemon(client: Client, args: DaemonArgs) -> Result<(), String> {
     let store = client.store_path()?;
@@ -191,6 +206,7 @@ pub fn daemon(client: Client, args: DaemonArgs) -> Result<(), String> {
         store,
         nfs_port: args.nfs_port,
         server,
+        keeper: std::env::current_exe().ok(),
     };
     layerfs_daemon::run(config, stop)
 }

@@ -29,6 +29,9 @@ pub struct DaemonConfig {
     pub nfs_port: Option<u16>,
     /// The NFS server's settings; its admission list is the daemon's.
     pub server: ServerConfig,
+    /// The program that runs `keeper` (this one), which keeps FUSE mounts
+    /// alive when the daemon dies; `None`: they die with it.
+    pub keeper: Option<PathBuf>,
 }
 
 /// How long a restarted daemon waits for its port, which the dead one's
@@ -57,7 +60,11 @@ pub fn run(config: DaemonConfig, stop: Receiver<()>) -> Result<(), String> {
         .map_err(|e| e.message)?;
     let port = server.local_addr().port();
     *daemon.server.lock() = Some(server);
+    #[cfg(target_os = "linux")]
+    daemon.start_keeper(config.keeper.as_deref());
     daemon.mount_recorded();
+    #[cfg(target_os = "linux")]
+    daemon.forget_unclaimed();
 
     let handler = daemon.clone();
     crate::control::spawn(
@@ -164,9 +171,14 @@ struct Daemon {
     layer_changes: Mutex<()>,
     /// What went wrong with a workspace's recorded mount, by name.
     problems: Mutex<HashMap<String, String>>,
+    /// The keeper of FUSE sessions, and those it held at the start.
+    #[cfg(target_os = "linux")]
+    handover: Mutex<kept::Handover>,
 }
 
 mod images;
+#[cfg(target_os = "linux")]
+mod kept;
 mod requests;
 mod slots;
 
@@ -241,6 +253,8 @@ impl Daemon {
             mounting: Mutex::new(()),
             layer_changes: Mutex::new(()),
             problems: Mutex::new(HashMap::new()),
+            #[cfg(target_os = "linux")]
+            handover: Mutex::default(),
         };
         daemon.sweep_orphans()?;
         daemon.record_unrecorded_commits()?;
@@ -429,7 +443,8 @@ impl Daemon {
     }
 
     /// After the server listens: mounts again what is recorded as mounted
-    /// and is not (a dead FUSE mount is detached first).
+    /// and is not (a dead FUSE mount is detached first). A FUSE mount whose
+    /// session the keeper held is served again as it is.
     fn mount_recorded(&self) {
         let Ok(all) = self.catalog.workspaces() else {
             return;
@@ -475,8 +490,12 @@ impl Daemon {
             passthrough: true,
             source: format!("layerfs:{name}"),
         };
-        let mounted =
-            layerfs_fuse::mount(o.workspace.fs(), path, &options).map_err(|e| e.to_string())?;
+        let fs = o.workspace.fs();
+        let mounted = match self.take_over(name, path, fs.clone(), &options) {
+            Some(mounted) => mounted,
+            None => layerfs_fuse::mount(fs, path, &options).map_err(|e| e.to_string())?,
+        };
+        self.keep(name, &mounted);
         o.fuse = Some(mounted);
         Ok(())
     }
@@ -497,6 +516,7 @@ impl Daemon {
             let Some(o) = held.as_mut() else { continue };
             if o.fuse.as_ref().is_some_and(|m| !m.is_serving()) {
                 o.fuse = None;
+                self.forget_kept(&name);
                 tracing::warn!(workspace = %name, "its FUSE mount was taken away");
                 self.problems
                     .lock()

@@ -15,6 +15,8 @@
 pub mod catalog;
 pub mod control;
 mod daemon;
+#[cfg(target_os = "linux")]
+pub mod keeper;
 pub mod mounting;
 pub mod paths;
 pub mod protocol;

@@ -30,6 +30,12 @@ pub fn control_socket(store: &Path) -> io::Result<PathBuf> {
     )))
 }
 
+/// The socket of the keeper of `store`'s FUSE descriptors (`crate::keeper`),
+/// beside its control socket.
+pub fn keeper_socket(store: &Path) -> io::Result<PathBuf> {
+    Ok(control_socket(store)?.with_extension("keeper"))
+}
+
 /// Makes `dir` if missing (mode 0700) and checks that it is a directory of
 /// this user that nobody else can open: another user who made it first
 /// could otherwise sit between the command and the daemon.

@@ -33,6 +33,7 @@ use rustix::fs::{Gid, Uid};
 
 use crate::attrs::{kind, kind_of_mode, timestamp, Caching, Inos};
 use crate::callers::Callers;
+use crate::handover::KernelInit;
 use crate::opens::{Held, OpenFiles, Way, CACHED, PASSTHROUGH};
 
 /// Largest WRITE the kernel sends; also its readahead.
@@ -53,6 +54,9 @@ pub struct Door {
     /// security.capability it looks for).
     xattrs: bool,
     no_caps: Arc<NoCaps>,
+    /// What the kernel's FUSE_INIT offered, once it came: kept so another
+    /// process can take the session over ([`crate::handover`]).
+    kernel: Arc<parking_lot::Mutex<Option<KernelInit>>>,
 }
 
 /// The inodes known to have no `security.capability`. The kernel looks for
@@ -133,6 +137,7 @@ impl Door {
             callers: Callers::default(),
             passthrough,
             opens: Arc::default(),
+            kernel: Arc::default(),
         }
     }
 
@@ -140,6 +145,16 @@ impl Door {
     /// to forget when it changes files behind the door (a reset).
     pub fn no_caps(&self) -> Arc<NoCaps> {
         self.no_caps.clone()
+    }
+
+    /// Between the filesystem's ids and the kernel's inode numbers.
+    pub fn inos(&self) -> Inos {
+        self.inos
+    }
+
+    /// What the kernel's FUSE_INIT offered, once the session has started.
+    pub fn kernel_init(&self) -> Arc<parking_lot::Mutex<Option<KernelInit>>> {
+        self.kernel.clone()
     }
 
     /// The door's open files, for the mount's owner to ask about.
@@ -252,6 +267,19 @@ fn open_wants(flags: OpenFlags) -> Perm {
 
 impl fuser::Filesystem for Door {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        // Asked first, before anything is added: the capabilities offered,
+        // and the largest readahead (told only by refusing more).
+        let max_readahead = match config.set_max_readahead(u32::MAX) {
+            Err(max) => max,
+            Ok(_) => u32::MAX,
+        };
+        let abi = config.kernel_abi();
+        *self.kernel.lock() = Some(KernelInit {
+            major: abi.0,
+            minor: abi.1,
+            max_readahead,
+            flags: config.capabilities().bits(),
+        });
         // Passthrough needs CAP_SYS_ADMIN to register backing files, and the
         // kernel turns it off beside a writeback cache. Where it is on, the
         // kernel reads and writes host files itself; elsewhere the writeback

@@ -18,9 +18,13 @@ mod callers;
 #[cfg(target_os = "linux")]
 mod door;
 #[cfg(target_os = "linux")]
+mod handover;
+#[cfg(target_os = "linux")]
 mod mount;
 #[cfg(target_os = "linux")]
 mod opens;
 
 #[cfg(target_os = "linux")]
-pub use mount::{mount, Caching, Mounted, Options};
+pub use handover::{Kept, KernelInit};
+#[cfg(target_os = "linux")]
+pub use mount::{mount, resume, Caching, Mounted, Options};

@@ -4,12 +4,15 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use std::os::fd::{AsFd, OwnedFd};
+
 use fuser::{BackgroundSession, BackingId, Config, MountOption, SessionACL};
 use layerfs_vfs::{FileId, Filesystem};
 use rustix::fs::Access;
 
 use crate::attrs::Inos;
 use crate::door::Door;
+use crate::handover::{self, Kept, KernelInit};
 use crate::opens::OpenFiles;
 
 pub use crate::attrs::Caching;
@@ -49,9 +52,12 @@ impl Default for Options {
 pub struct Mounted {
     session: Option<BackgroundSession>,
     mountpoint: PathBuf,
-    opens: Arc<OpenFiles<BackingId>>,
-    inos: Inos,
-    no_caps: Arc<crate::door::NoCaps>,
+    shared: Shared,
+    /// A copy of the session's device descriptor, for [`Mounted::kept`].
+    device: OwnedFd,
+    /// Taken over from another process: fuser did not mount it, so it
+    /// cannot unmount it either.
+    resumed: bool,
 }
 
 /// Mounts `fs` at `mountpoint` and serves it on background threads.
@@ -62,6 +68,47 @@ pub struct Mounted {
 pub fn mount(fs: Arc<dyn Filesystem>, mountpoint: &Path, options: &Options) -> io::Result<Mounted> {
     let mountpoint = usable_mountpoint(mountpoint)?;
     usable_fuse()?;
+    let (door, config) = door(fs, options);
+    let shared = Shared::of(&door);
+    let session = fuser::Session::new(door, &mountpoint, &config).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("cannot mount on {}: {e}", mountpoint.display()),
+        )
+    })?;
+    let mounted = Mounted::serve(session, mountpoint, shared, false)?;
+    // Served first: it asks the mount for its device.
+    widen_readahead(&mounted.mountpoint);
+    Ok(mounted)
+}
+
+/// Serves `fs` through the live session `kept`, mounted at `mountpoint` by
+/// another process that is gone (see [`crate::handover`]): the mount stays
+/// as it is, and requests the kernel holds for it are answered from now.
+pub fn resume(
+    fs: Arc<dyn Filesystem>,
+    mountpoint: &Path,
+    kept: Kept,
+    options: &Options,
+) -> io::Result<Mounted> {
+    let (door, config) = door(fs, options);
+    let shared = Shared::of(&door);
+    let session = handover::start(door, kept.device, kept.kernel, config)?;
+    let mounted = Mounted::serve(session, mountpoint.to_path_buf(), shared, true)?;
+    match handover::ask_resend(&mounted.device) {
+        Ok(true) => {}
+        Ok(false) => tracing::warn!(
+            "{}: this kernel cannot send again the requests the last server had read \
+             (FUSE_NOTIFY_RESEND, Linux 6.9): their callers wait until killed",
+            mountpoint.display()
+        ),
+        Err(e) => tracing::warn!("{}: asking for requests again: {e}", mountpoint.display()),
+    }
+    Ok(mounted)
+}
+
+/// The door for `fs` and fuser's settings to serve it with.
+fn door(fs: Arc<dyn Filesystem>, options: &Options) -> (Door, Config) {
     static LARGE_BUFFERS_MAPPED: std::sync::Once = std::sync::Once::new();
     LARGE_BUFFERS_MAPPED.call_once(map_large_buffers);
     let threads = match options.threads {
@@ -87,25 +134,30 @@ pub fn mount(fs: Arc<dyn Filesystem>, mountpoint: &Path, options: &Options) -> i
         SessionACL::Owner
     };
     config.n_threads = Some(threads);
-    config.clone_fd = true;
-    let inos = Inos::new(fs.root());
-    let door = Door::new(fs, options.caching, options.passthrough);
-    let opens = door.open_files();
-    let no_caps = door.no_caps();
-    let session = fuser::spawn_mount(door, &mountpoint, &config).map_err(|e| {
-        io::Error::new(
-            e.kind(),
-            format!("cannot mount on {}: {e}", mountpoint.display()),
-        )
-    })?;
-    widen_readahead(&mountpoint);
-    Ok(Mounted {
-        session: Some(session),
-        mountpoint,
-        opens,
-        inos,
-        no_caps,
-    })
+    // A descriptor of its own per thread, but for one thread the session's
+    // own: then every request is read through the descriptor a keeper holds
+    // a copy of (a clone closed with a dead server fails its requests).
+    config.clone_fd = threads > 1;
+    (Door::new(fs, options.caching, options.passthrough), config)
+}
+
+/// What the mount's owner keeps of the door once the session has it.
+struct Shared {
+    opens: Arc<OpenFiles<BackingId>>,
+    no_caps: Arc<crate::door::NoCaps>,
+    kernel: Arc<parking_lot::Mutex<Option<KernelInit>>>,
+    inos: Inos,
+}
+
+impl Shared {
+    fn of(door: &Door) -> Shared {
+        Shared {
+            opens: door.open_files(),
+            no_caps: door.no_caps(),
+            kernel: door.kernel_init(),
+            inos: door.inos(),
+        }
+    }
 }
 
 /// Lets the kernel read ahead as much as one READ may carry.
@@ -154,6 +206,35 @@ fn map_large_buffers() {
 }
 
 impl Mounted {
+    fn serve(
+        session: fuser::Session<Door>,
+        mountpoint: PathBuf,
+        shared: Shared,
+        resumed: bool,
+    ) -> io::Result<Mounted> {
+        let device = session.as_fd().try_clone_to_owned()?;
+        Ok(Mounted {
+            session: Some(session.spawn()?),
+            mountpoint,
+            shared,
+            device,
+            resumed,
+        })
+    }
+
+    /// A copy of the session's device and what its INIT said: given to a
+    /// process that outlives this one, it keeps the mount alive, and
+    /// [`resume`] serves it again (see [`crate::handover`]).
+    pub fn kept(&self) -> io::Result<Kept> {
+        let kernel = (*self.shared.kernel.lock()).ok_or_else(|| {
+            io::Error::other("the session has no FUSE_INIT yet: nothing to hand over")
+        })?;
+        Ok(Kept {
+            device: self.device.try_clone()?,
+            kernel,
+        })
+    }
+
     pub fn mountpoint(&self) -> &Path {
         &self.mountpoint
     }
@@ -168,7 +249,7 @@ impl Mounted {
     /// request to the door: a filesystem that must see every change (a
     /// commit) has to treat them as written at any moment.
     pub fn written_directly(&self) -> Vec<FileId> {
-        self.opens.passed_through()
+        self.shared.opens.passed_through()
     }
 
     /// Sends the kernel's dirty pages of this mount (a writeback cache) to
@@ -189,13 +270,16 @@ impl Mounted {
         let Some(session) = &self.session else {
             return;
         };
-        self.no_caps.forget();
+        self.shared.no_caps.forget();
         let notifier = session.notifier();
         for (dir, name) in names {
-            let _ = notifier.inval_entry(self.inos.ino(*dir), std::ffi::OsStr::from_bytes(name));
+            let _ = notifier.inval_entry(
+                self.shared.inos.ino(*dir),
+                std::ffi::OsStr::from_bytes(name),
+            );
         }
         for id in files {
-            let _ = notifier.inval_inode(self.inos.ino(*id), 0, 0);
+            let _ = notifier.inval_inode(self.shared.inos.ino(*id), 0, 0);
         }
     }
 
@@ -211,7 +295,12 @@ impl Mounted {
         let Some(session) = self.session.take() else {
             return Ok(());
         };
-        match session.umount_and_join() {
+        let unmounted = if self.resumed {
+            unmount(&self.mountpoint).and_then(|()| session.join())
+        } else {
+            session.umount_and_join()
+        };
+        match unmounted {
             Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
                 // In use: detached now, gone once its last user leaves.
                 tracing::warn!("{} is busy: detached", self.mountpoint.display());
@@ -238,22 +327,39 @@ impl Drop for Mounted {
     }
 }
 
+/// Unmounts: directly where allowed, else through `fusermount3`.
+fn unmount(path: &Path) -> io::Result<()> {
+    unmount_with(path, rustix::mount::UnmountFlags::empty())
+}
+
 /// Detaches a busy mount: directly where allowed, else through `fusermount3`.
 fn detach(path: &Path) -> io::Result<()> {
-    use rustix::mount::{unmount, UnmountFlags};
-    match unmount(path, UnmountFlags::DETACH) {
+    unmount_with(path, rustix::mount::UnmountFlags::DETACH)
+}
+
+fn unmount_with(path: &Path, flags: rustix::mount::UnmountFlags) -> io::Result<()> {
+    match rustix::mount::unmount(path, flags) {
         Err(rustix::io::Errno::PERM) => {
+            let lazy = flags.contains(rustix::mount::UnmountFlags::DETACH);
             let status = std::process::Command::new("fusermount3")
-                .args(["-u", "-z", "--"])
+                .args(if lazy {
+                    &["-u", "-z", "--"][..]
+                } else {
+                    &["-u", "--"]
+                })
                 .arg(path)
+                .stderr(std::process::Stdio::null())
                 .status()?;
             if status.success() {
                 Ok(())
-            } else {
+            } else if lazy {
                 Err(io::Error::other(format!(
                     "fusermount3 -u -z {} failed: {status}",
                     path.display()
                 )))
+            } else {
+                // fusermount3 says why only in words; busy is the usual.
+                Err(io::Error::from_raw_os_error(libc::EBUSY))
             }
         }
         other => Ok(other?),

@@ -362,10 +362,11 @@ impl Daemon {
                 }
                 self.exports.remove(record.export_id);
             }
-            Door::Fuse =>
-            {
+            Door::Fuse => {
                 #[cfg(target_os = "linux")]
                 if let Some(mounted) = open.as_mut().and_then(|o| o.fuse.take()) {
+                    // The keeper's copy would keep the session alive.
+                    self.forget_kept(name);
                     mounted
                         .unmount()
                         .map_err(|e| format!("cannot unmount {}: {e}", mount.path.display()))?;
