@@ -313,6 +313,26 @@ grep -q "FUSE session taken over" "$t/daemon.log" || fail "the restarted daemon 
 [[ $(sha256sum <"$t/w/synced") == "$want" ]] || fail "synced data changed across the crash"
 cmp "$t/w/inflight" "$t/blocks" || fail "the file written across the kill differs from what was written"
 echo "   512 blocks written, a lower file read and ls run across a kill -9 and restart: no error, all whole"
+
+step "daemon --upgrade: the running daemon hands its mounts over, nothing is unmounted"
+old=$daemon
+rm -f "$t/stop" "$t/ls-failed"
+(while [[ ! -e $t/stop ]]; do ls "$t/w" >/dev/null || echo failed >>"$t/ls-failed"; done) &
+lister=$!
+taken=$(grep -c "FUSE session taken over" "$t/daemon.log")
+coproc DAEMON { exec "$layerfs" daemon --upgrade 2>>"$t/daemon.log"; } 2>/dev/null
+daemon=$DAEMON_PID
+read -r -t 60 ready <&"${DAEMON[0]}" || fail "the upgrading daemon never said it was ready"
+[[ $ready == "layerfs daemon ready"* ]] || fail "first line after the upgrade: $ready"
+rc=0
+wait "$old" || rc=$?
+[[ $rc == 0 ]] || fail "the daemon handing over exited with $rc"
+touch "$t/stop"
+wait "$lister"
+lister=
+[[ -e $t/ls-failed ]] && fail "ls failed across the hand-over"
+[[ $(grep -c "FUSE session taken over" "$t/daemon.log") == $((taken + 2)) ]] ||
+	fail "the new daemon did not take over both FUSE mounts"
 check "$t/w/new" new
 check "$t/w2/new" new
 grep -q "^w2 .*mounted" <<<"$("$layerfs" ls)" || fail "ls after restart: $("$layerfs" ls)"

@@ -31,6 +31,12 @@ pub struct DaemonArgs {
     /// its next call; 0 for never.
     #[arg(long, default_value_t = ServerConfig::default().stay_awake.as_micros() as u64, value_name = "MICROS")]
     stay_awake: u64,
+    /// Take over from the daemon running for this store (an older binary,
+    /// say) with nothing unmounted: it stops serving, and this one serves
+    /// its NFS and FUSE mounts from where it left them. Programs using them
+    /// wait for the moment between and see no error.
+    #[arg(long)]
+    upgrade: bool,
 }
 
 #[derive(clap::Subcommand)]
@@ -201,12 +207,20 @@ pub fn daemon(client: Client, args: DaemonArgs) -> Result<(), String> {
         stay_awake: Duration::from_micros(args.stay_awake),
         ..daemon_server_config()
     };
+    if args.upgrade {
+        let pid: u32 = client
+            .call(Request::HandOver)?
+            .ok_or("no answer to the hand-over")?;
+        tracing::info!("the daemon (pid {pid}) hands over");
+    }
     let stop = interrupted()?;
     let config = layerfs_daemon::DaemonConfig {
         store,
         nfs_port: args.nfs_port,
         server,
         keeper: std::env::current_exe().ok(),
+        // The daemon handing over lets go of the store within a second.
+        lock_wait: Duration::from_secs(if args.upgrade { 60 } else { 0 }),
     };
     layerfs_daemon::run(config, stop)
 }

@@ -9,6 +9,7 @@ use std::fs::File;
 use std::io::{self, Read, Seek, Write};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -32,6 +33,9 @@ pub struct DaemonConfig {
     /// The program that runs `keeper` (this one), which keeps FUSE mounts
     /// alive when the daemon dies; `None`: they die with it.
     pub keeper: Option<PathBuf>,
+    /// How long to wait for another daemon to let go of the store (one
+    /// handing over) before giving up.
+    pub lock_wait: Duration,
 }
 
 /// How long a restarted daemon waits for its port, which the dead one's
@@ -48,7 +52,7 @@ pub fn run(config: DaemonConfig, stop: Receiver<()>) -> Result<(), String> {
         .store
         .canonicalize()
         .map_err(|e| format!("{}: {e}", config.store.display()))?;
-    let _lock = lock_store(&root)?;
+    let _lock = lock_store(&root, config.lock_wait)?;
     // Bound before anything is exported or mounted, so a socket that cannot
     // be made stops the daemon before it has touched a mount.
     let socket = crate::paths::control_socket(&root).map_err(|e| e.to_string())?;
@@ -83,10 +87,18 @@ pub fn run(config: DaemonConfig, stop: Receiver<()>) -> Result<(), String> {
     drop(out);
 
     while let Err(RecvTimeoutError::Timeout) = stop.recv_timeout(Duration::from_secs(1)) {
+        if daemon.handing_over.load(Ordering::SeqCst) {
+            break;
+        }
         daemon.notice_lost_mounts();
     }
-    tracing::info!("stopping: unmounting every workspace");
-    daemon.unmount_all();
+    if daemon.handing_over.load(Ordering::SeqCst) {
+        tracing::info!("handing over: every mount is left to the next daemon");
+        daemon.leave_mounts();
+    } else {
+        tracing::info!("stopping: unmounting every workspace");
+        daemon.unmount_all();
+    }
     if let Some(mut server) = daemon.server.lock().take() {
         server.stop();
     }
@@ -95,7 +107,7 @@ pub fn run(config: DaemonConfig, stop: Receiver<()>) -> Result<(), String> {
 }
 
 /// Takes the store's lock, or says which daemon holds it.
-fn lock_store(root: &Path) -> Result<File, String> {
+fn lock_store(root: &Path, wait: Duration) -> Result<File, String> {
     let path = root.join("daemon.lock");
     let mut file = std::fs::OpenOptions::new()
         .read(true)
@@ -109,7 +121,16 @@ fn lock_store(root: &Path) -> Result<File, String> {
                 path.display()
             )
         })?;
-    if let Err(e) = rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+    let deadline = std::time::Instant::now() + wait;
+    let locked = loop {
+        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Err(rustix::io::Errno::WOULDBLOCK) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            other => break other,
+        }
+    };
+    if let Err(e) = locked {
         let mut pid = String::new();
         let _ = file.read_to_string(&mut pid);
         return Err(match e {
@@ -174,6 +195,8 @@ struct Daemon {
     /// The keeper of FUSE sessions, and those it held at the start.
     #[cfg(target_os = "linux")]
     handover: Mutex<kept::Handover>,
+    /// Set by a request to hand over: the daemon stops, leaving its mounts.
+    handing_over: AtomicBool,
 }
 
 mod images;
@@ -255,6 +278,7 @@ impl Daemon {
             problems: Mutex::new(HashMap::new()),
             #[cfg(target_os = "linux")]
             handover: Mutex::default(),
+            handing_over: AtomicBool::new(false),
         };
         daemon.sweep_orphans()?;
         daemon.record_unrecorded_commits()?;
@@ -522,6 +546,42 @@ impl Daemon {
                     .lock()
                     .insert(name, "unmounted from outside layerfs".into());
             }
+        }
+    }
+
+    /// Agrees to hand over to a daemon that starts next: refused where a
+    /// FUSE mount has no keeper to hold it meanwhile (it would die).
+    fn hand_over(&self) -> Outcome<u32> {
+        #[cfg(target_os = "linux")]
+        if !self.has_keeper() {
+            for name in self.open.names() {
+                let held = self.open.hold(&name);
+                if held.as_ref().is_some_and(|o| o.fuse.is_some()) {
+                    return Err(ControlError::new(
+                        ErrorKind::Failed,
+                        format!(
+                            "no keeper holds the FUSE mount of {name}: a hand-over would end \
+                             it; stop this daemon (its mounts are unmounted) and start the new one"
+                        ),
+                    ));
+                }
+            }
+        }
+        self.handing_over.store(true, Ordering::SeqCst);
+        Ok(std::process::id())
+    }
+
+    /// On a hand-over: every FUSE mount stops being served and stays
+    /// mounted, its session held by the keeper for the next daemon; NFS
+    /// mounts wait for the next daemon's server, as after a crash.
+    fn leave_mounts(&self) {
+        for name in self.open.names() {
+            let mut open = self.open.hold(&name);
+            #[cfg(target_os = "linux")]
+            if let Some(mounted) = open.as_mut().and_then(|o| o.fuse.take()) {
+                mounted.leave();
+            }
+            *open = None;
         }
     }
 

@@ -88,6 +88,9 @@ pub enum Request {
     ImageRm {
         reference: String,
     },
+    /// Stop serving, leaving every mount as it is, for a daemon that takes
+    /// over (`layerfs daemon --upgrade`); answered with this daemon's pid.
+    HandOver,
 }
 
 /// How to pull from a registry (`layerfs pull`, `create --from REF`).
@@ -178,6 +181,8 @@ pub enum Response {
     Image(ImageInfo),
     Images(Vec<ImageInfo>),
     Pushed(PushInfo),
+    /// The pid of a daemon handing over: gone once it has.
+    HandingOver(u32),
 }
 
 /// A value one variant of [`Response`] carries: what a caller expects of
@@ -211,6 +216,7 @@ answers! {
     Image => ImageInfo,
     Images => Vec<ImageInfo>,
     Pushed => PushInfo,
+    HandingOver => u32,
 }
 
 /// Why a request was refused or failed: a kind a program can match on,

@@ -83,7 +83,7 @@ pub fn mount(fs: Arc<dyn Filesystem>, mountpoint: &Path, options: &Options) -> i
 }
 
 /// Serves `fs` through the live session `kept`, mounted at `mountpoint` by
-/// another process that is gone (see [`crate::handover`]): the mount stays
+/// another process that is gone (see [`Kept`]): the mount stays
 /// as it is, and requests the kernel holds for it are answered from now.
 pub fn resume(
     fs: Arc<dyn Filesystem>,
@@ -224,7 +224,7 @@ impl Mounted {
 
     /// A copy of the session's device and what its INIT said: given to a
     /// process that outlives this one, it keeps the mount alive, and
-    /// [`resume`] serves it again (see [`crate::handover`]).
+    /// [`resume`] serves it again (see [`Kept`]).
     pub fn kept(&self) -> io::Result<Kept> {
         let kernel = (*self.shared.kernel.lock()).ok_or_else(|| {
             io::Error::other("the session has no FUSE_INIT yet: nothing to hand over")
@@ -243,6 +243,18 @@ impl Mounted {
     /// leaves), and stops the threads serving it.
     pub fn unmount(mut self) -> io::Result<()> {
         self.take_down()
+    }
+
+    /// Stops answering without unmounting, for a process about to exit
+    /// whose keeper holds the session for the next server: what the
+    /// threads serving it have read and not answered by then is sent
+    /// again to that server.
+    pub fn leave(mut self) {
+        if let Some(session) = self.session.take() {
+            // Its threads end with the process; joining would wait for
+            // the next request.
+            std::mem::forget(session);
+        }
     }
 
     /// The files the kernel writes itself (passthrough opens), with no

@@ -41,6 +41,11 @@ impl Daemon {
         handover.keeper = Some(keeper);
     }
 
+    /// Whether a keeper holds this daemon's FUSE sessions.
+    pub(super) fn has_keeper(&self) -> bool {
+        self.handover.lock().keeper.is_some()
+    }
+
     /// The live session the keeper holds for workspace `name`, if any.
     pub(super) fn handed_over(&self, name: &str) -> Option<Kept> {
         self.handover.lock().waiting.remove(name)

@@ -63,6 +63,7 @@ impl Daemon {
                 .map(Response::Pushed),
             Request::ImageLs => self.image_ls().map(Response::Images),
             Request::ImageRm { reference } => self.image_rm(&reference).map(Response::Removed),
+            Request::HandOver => self.hand_over().map(Response::HandingOver),
         };
         if let Err(e) = &outcome {
             tracing::info!(kind = ?e.kind, "request refused: {e}");
