@@ -1,10 +1,9 @@
 //! Mounting a filesystem through the door, and taking it down.
 
 use std::io;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-use std::os::fd::{AsFd, OwnedFd};
 
 use fuser::{BackgroundSession, BackingId, Config, MountOption, SessionACL};
 use layerfs_vfs::{FileId, Filesystem};
