@@ -5,7 +5,7 @@
 //! last copy closes. So a server that gives a copy to a process that
 //! outlives it (the daemon's keeper) leaves its mount alive when it dies;
 //! requests then wait in the kernel's queue until a new server takes the
-//! session over from that copy ([`resume`]).
+//! session over from that copy ([`crate::resume`]).
 //!
 //! Two things stand in the way, and this module does both:
 //! - The kernel sends FUSE_INIT once per connection, and fuser starts every

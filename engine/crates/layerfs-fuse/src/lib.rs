@@ -18,7 +18,7 @@ mod callers;
 #[cfg(target_os = "linux")]
 mod door;
 #[cfg(target_os = "linux")]
-mod handover;
+pub mod handover;
 #[cfg(target_os = "linux")]
 mod mount;
 #[cfg(target_os = "linux")]

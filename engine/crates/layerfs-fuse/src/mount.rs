@@ -82,7 +82,7 @@ pub fn mount(fs: Arc<dyn Filesystem>, mountpoint: &Path, options: &Options) -> i
 }
 
 /// Serves `fs` through the live session `kept`, mounted at `mountpoint` by
-/// another process that is gone (see [`Kept`]): the mount stays
+/// another process that is gone (see [`crate::handover`]): the mount stays
 /// as it is, and requests the kernel holds for it are answered from now.
 pub fn resume(
     fs: Arc<dyn Filesystem>,
@@ -223,7 +223,7 @@ impl Mounted {
 
     /// A copy of the session's device and what its INIT said: given to a
     /// process that outlives this one, it keeps the mount alive, and
-    /// [`resume`] serves it again (see [`Kept`]).
+    /// [`resume`] serves it again (see [`crate::handover`]).
     pub fn kept(&self) -> io::Result<Kept> {
         let kernel = (*self.shared.kernel.lock()).ok_or_else(|| {
             io::Error::other("the session has no FUSE_INIT yet: nothing to hand over")
