@@ -297,6 +297,7 @@ reader=$!
 lister=$!
 for _ in $(seq 300); do [[ $(wc -l 2>/dev/null <"$t/synced-blocks" || echo 0) -ge 8 ]] && break; sleep 0.05; done
 kill -0 "$writer" 2>/dev/null || fail "the writer was not running at the kill"
+kill -0 "$reader" 2>/dev/null || fail "the reader was not running at the kill"
 kill -9 "$daemon"
 wait "$daemon" 2>/dev/null || true
 daemon=
@@ -393,7 +394,7 @@ nobody() { setpriv --reuid 65534 --regid 65534 --clear-groups env HOME="$t/nobod
 if ! command -v fusermount3 >/dev/null; then
 	skip_or_fail "the daemon through FUSE: a user who is not root" "fusermount3 is not installed (apt-get install fuse3)"
 elif ! nobody sh -c ': <>/dev/fuse' 2>/dev/null; then
-	skipped "the daemon through FUSE: a user who is not root" "/dev/fuse is not open to users who are not root here (Debian makes it 0666; verify.sh opens it for its run)"
+	skip_or_fail "the daemon through FUSE: a user who is not root" "/dev/fuse is not open to users who are not root here (Debian makes it 0666; verify.sh opens it for its run)"
 else
 	mkdir -p "$t/nobody/run" "$t/nobody/mnt"
 	chmod 755 "$t"

@@ -87,12 +87,11 @@ impl Keeper {
     /// Has the keeper hold `kept` under `name`, in place of what it held
     /// under that name.
     pub fn keep(&self, name: &str, kept: &Kept) -> io::Result<()> {
-        let k = kept.kernel;
-        let line = format!(
-            "keep {name} {} {} {} {}",
-            k.major, k.minor, k.max_readahead, k.flags
-        );
-        send(&self.socket, &line, Some(kept.device.as_fd()))?;
+        send(
+            &self.socket,
+            &kept_line("keep", name, kept.kernel),
+            Some(kept.device.as_fd()),
+        )?;
         self.expect_done()
     }
 
@@ -183,22 +182,23 @@ fn serve(path: &Path) -> io::Result<()> {
             tracing::info!("keeper: {name}'s FUSE connection ended");
             held.remove(&name);
         }
-        if first.is_empty() {
-        } else if let Some(d) = &daemon {
-            match serve_one(d, &mut held) {
+        match &daemon {
+            _ if first.is_empty() => {}
+            Some(d) => match serve_one(d, &mut held) {
                 Ok(true) => {}
                 Ok(false) => daemon = None,
                 Err(e) => {
                     tracing::warn!("keeper: the daemon's connection: {e}");
                     daemon = None;
                 }
-            }
-        } else {
-            let conn = rustix::net::accept_with(&listener, SocketFlags::CLOEXEC)?;
-            let peer = rustix::net::sockopt::socket_peercred(&conn)?;
-            if peer.uid == rustix::process::geteuid() {
-                daemon = Some(conn);
-                ever_connected = true;
+            },
+            None => {
+                let conn = rustix::net::accept_with(&listener, SocketFlags::CLOEXEC)?;
+                let peer = rustix::net::sockopt::socket_peercred(&conn)?;
+                if peer.uid == rustix::process::geteuid() {
+                    daemon = Some(conn);
+                    ever_connected = true;
+                }
             }
         }
         if daemon.is_none() && held.is_empty() && ever_connected {
@@ -228,12 +228,11 @@ fn serve_one(daemon: &OwnedFd, held: &mut BTreeMap<String, Kept>) -> io::Result<
         }
         (Some("give"), None) => {
             for (name, k) in held.iter() {
-                let i = k.kernel;
-                let line = format!(
-                    "kept {name} {} {} {} {}",
-                    i.major, i.minor, i.max_readahead, i.flags
-                );
-                send(daemon, &line, Some(k.device.as_fd()))?;
+                send(
+                    daemon,
+                    &kept_line("kept", name, k.kernel),
+                    Some(k.device.as_fd()),
+                )?;
             }
             send(daemon, "end", None)?;
             return Ok(true);
@@ -242,6 +241,14 @@ fn serve_one(daemon: &OwnedFd, held: &mut BTreeMap<String, Kept>) -> io::Result<
     }
     send(daemon, "done", None)?;
     Ok(true)
+}
+
+/// `VERB NAME MAJOR MINOR READAHEAD FLAGS`, as [`parse_kept`] reads it.
+fn kept_line(verb: &str, name: &str, k: KernelInit) -> String {
+    format!(
+        "{verb} {name} {} {} {} {}",
+        k.major, k.minor, k.max_readahead, k.flags
+    )
 }
 
 /// `VERB NAME MAJOR MINOR READAHEAD FLAGS`.
@@ -324,7 +331,8 @@ mod tests {
             max_readahead: 131072,
             flags: u64::MAX,
         };
-        let line = format!("keep w-1 7 41 131072 {}", u64::MAX);
+        let line = kept_line("keep", "w-1", kernel);
+        assert_eq!(line, format!("keep w-1 7 41 131072 {}", u64::MAX));
         assert_eq!(parse_kept(&line, "keep"), Some(("w-1".into(), kernel)));
         assert_eq!(parse_kept(&line, "kept"), None, "another verb");
         assert_eq!(parse_kept("keep w 7 41", "keep"), None, "short");

@@ -352,15 +352,16 @@ fn unmount_with(path: &Path, flags: rustix::mount::UnmountFlags) -> io::Result<(
     match rustix::mount::unmount(path, flags) {
         Err(rustix::io::Errno::PERM) => {
             let lazy = flags.contains(rustix::mount::UnmountFlags::DETACH);
-            let status = std::process::Command::new("fusermount3")
-                .args(if lazy {
-                    &["-u", "-z", "--"][..]
-                } else {
-                    &["-u", "--"]
-                })
-                .arg(path)
-                .stderr(std::process::Stdio::null())
-                .status()?;
+            let mut command = std::process::Command::new("fusermount3");
+            if lazy {
+                command.args(["-u", "-z", "--"]);
+            } else {
+                // A refusal is met with a lazy detach: its words are not shown.
+                command
+                    .args(["-u", "--"])
+                    .stderr(std::process::Stdio::null());
+            }
+            let status = command.arg(path).status()?;
             if status.success() {
                 Ok(())
             } else if lazy {
@@ -369,7 +370,8 @@ fn unmount_with(path: &Path, flags: rustix::mount::UnmountFlags) -> io::Result<(
                     path.display()
                 )))
             } else {
-                // fusermount3 says why only in words; busy is the usual.
+                // fusermount3 says why only in words; busy is the usual
+                // reason, and the caller detaches lazily on it.
                 Err(io::Error::from_raw_os_error(libc::EBUSY))
             }
         }
