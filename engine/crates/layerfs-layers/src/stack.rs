@@ -1,27 +1,24 @@
 //! [`StackFs`]: the [`Filesystem`](layerfs_vfs::Filesystem) over a stack of
 //! read-only layers under one private writable upper.
 //!
-//! Files are found as in [`layerfs_vfs::LocalFs`]: a table maps each id handed
-//! out to its parent and name, and an id it does not know (after a restart)
-//! is found again by walking the merged tree. What a name shows is decided by
-//! [`merge`]; ids come from [`inodes`]; changes to lower files go through
-//! [`copy_up`] first. The upper is private: nothing but this changes it, so
-//! caches are dropped exactly when this changes what they hold. The order
-//! its locks are taken in is written (and checked in debug builds) in
-//! [`order`].
+//! It is two parts. [`tree`] reads: files are found as in
+//! [`layerfs_vfs::LocalFs`], a table mapping each id handed out to its
+//! parent and name, and an id it does not know (after a restart) is found
+//! again by walking the merged tree; what a name shows is decided by
+//! [`merge`], ids come from [`inodes`]. [`upper`] changes: names are made
+//! and removed, and lower files copied up ([`copy_up`]) first, under the
+//! namespace lock it hands out. The upper is private: nothing but this
+//! changes it, so caches are dropped exactly when this changes what they
+//! hold. The order its locks are taken in is written (and checked in debug
+//! builds) in [`order`].
 
-use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use layerfs_vfs::hostdir::{self, Host};
-use layerfs_vfs::ids::{IdTable, Place, Seen};
-use layerfs_vfs::stripes::Stripes;
-use layerfs_vfs::{Error, FileId, FileKind, Result};
+use layerfs_vfs::Result;
 use rustix::fs::{Mode, OFlags};
 
 mod caches;
@@ -35,16 +32,19 @@ mod order;
 mod origin_log;
 mod quota;
 mod reset;
+mod tree;
+mod upper;
 mod whiteouts;
 mod xattrs;
 
-use caches::{Caches, Indexes, LinkIndex, Listing};
+use caches::Indexes;
 pub use diff::{Change, ChangeKind};
-use inodes::{Inodes, ROOT};
-use merge::{Found, Layer, Layers, Part, UPPER};
-use order::{Level, Ordered};
+use inodes::Inodes;
+use merge::{Layer, Layers, UPPER};
 pub use quota::ENTRY_CHARGE;
 pub use reset::ResetDone;
+use tree::Tree;
+use upper::{Changing, Upper};
 
 /// Why a second `StackFs` cannot serve an upper that one already serves.
 pub const IN_USE: &str = "already served by another layerfs (over NFS or FUSE); \
@@ -58,28 +58,11 @@ across filesystems, 9p, FUSE?); put the layers and the upper on ext4, xfs, btrfs
 /// whiteout-style name, so never shown.
 pub const STATE_IN_UPPER: &str = ".wh..wh..layerfs";
 
+/// A stack of layers served as one [`Filesystem`](layerfs_vfs::Filesystem):
+/// what reads it and what changes it, each with its own locks.
 pub struct StackFs {
-    layers: RwLock<Arc<Layers>>,
-    inodes: Inodes,
-    /// Serialises changes to the namespace, and copy-ups.
-    ns: Mutex<()>,
-    ids: IdTable,
-    /// Serialise writes per file, with their before and after attributes.
-    stripes: Stripes,
-    caches: Caches,
-    /// Where copies are staged, on the upper's filesystem.
-    work: OwnedFd,
-    /// The directory holding `work`, the inode map and the commit journal.
-    state: PathBuf,
-    /// Held while this `StackFs` serves the upper: see [`IN_USE`].
-    _serving: OwnedFd,
-    staged: AtomicU64,
-    /// The upper's path and each layer's, top first, as opened.
-    paths: Mutex<Vec<PathBuf>>,
-    /// The limit on what the upper holds, if any.
-    quota: quota::Quota,
-    /// What copy-ups left to make durable at the next point that promises it.
-    unsynced: copy_up::Unsynced,
+    tree: Tree,
+    upper: Upper,
 }
 
 fn open_root(path: &Path) -> Result<OwnedFd> {
@@ -141,19 +124,8 @@ impl StackFs {
             return Err(at(state, &"not on the upper's filesystem"));
         }
         Ok(StackFs {
-            layers: RwLock::new(Arc::new(layers)),
-            inodes,
-            ns: Mutex::new(()),
-            ids: IdTable::new(ROOT),
-            stripes: Stripes::default(),
-            caches: Caches::for_layers(paths.len()),
-            work,
-            state: state.to_path_buf(),
-            _serving: serving,
-            staged: AtomicU64::new(0),
-            paths: Mutex::new(paths),
-            quota: quota::Quota::default(),
-            unsynced: copy_up::Unsynced::default(),
+            tree: Tree::new(layers, inodes, paths),
+            upper: Upper::new(work, state.to_path_buf(), serving),
         })
     }
 
@@ -212,193 +184,16 @@ impl StackFs {
 
     /// The stack's directories, bottom first, the upper last.
     pub fn stack(&self) -> Vec<PathBuf> {
-        let mut paths = self.paths.lock().clone();
-        paths.reverse();
-        paths
+        self.tree.stack()
     }
 
-    fn current(&self) -> Arc<Layers> {
-        self.read_layers().clone()
+    /// Takes the namespace lock for a change over `layers`.
+    fn changing<'a>(&'a self, layers: &'a Layers) -> Changing<'a> {
+        self.upper.changing(&self.tree, layers)
     }
 
-    /// Where `id` was last seen, found by walking the merged tree if the
-    /// table does not know (an id handed out before a restart).
-    fn node(&self, layers: &Layers, id: FileId) -> Result<Place> {
-        self.ids.place(id, |dir| {
-            let parts = self.dir_parts(layers, dir)?;
-            Ok(layers
-                .list(&self.inodes, &parts)?
-                .into_iter()
-                .map(|e| Seen {
-                    name: e.name,
-                    id: e.id,
-                    is_dir: e.is_dir,
-                })
-                .collect())
-        })
+    /// Makes every copy-up so far durable (see [`copy_up`]).
+    fn make_durable(&self) -> Result<()> {
+        self.upper.make_durable(&self.tree.inodes)
     }
-
-    fn remember(&self, parent: FileId, name: &[u8], id: FileId) {
-        self.ids.remember(parent, name, id);
-    }
-
-    /// `name` in `parent`, which named `id`, is gone; `links_left` names of
-    /// the file stay.
-    fn unlinked(&self, parent: FileId, name: &[u8], id: FileId, links_left: u32) {
-        self.ids.unlinked(parent, name, id, links_left);
-        self.dropped_file(id);
-    }
-
-    /// Some directory's entries changed: listings are read again.
-    fn changed_entries(&self) {
-        self.caches.entries_changed();
-    }
-
-    /// Directories gained or lost parts, or moved: their parts are found again.
-    fn changed_dirs(&self) {
-        self.caches.dirs_changed();
-    }
-
-    fn dropped_file(&self, id: FileId) {
-        self.caches.forget_file(id);
-    }
-
-    /// The entry `id` names now.
-    fn found(&self, layers: &Layers, id: FileId) -> Result<Found> {
-        if id == ROOT {
-            return layers.dir_found(&self.inodes, ROOT, layers.root_parts.clone());
-        }
-        // A directory's parts stay until directories change.
-        if let Some(f) = self.caches.dir(id, layers.generation) {
-            let top = &f.parts[0];
-            let host = layers.all[top.layer].host.stats.fd(top.fd.as_fd())?;
-            let attr = f.shown(host);
-            return Ok(Found { host, attr, ..f });
-        }
-        // Where a file was found, while nothing in the namespace has changed.
-        if let Some(f) = self.caches.located(id, layers.generation) {
-            let stats = &layers.all[f.layer].host.stats;
-            if let Ok(host) = stats.at(f.parent.as_fd(), &f.name) {
-                if host.fileid == f.host.fileid {
-                    let attr = f.shown(host);
-                    return Ok(Found { host, attr, ..f });
-                }
-            }
-        }
-        let stamp = self.caches.stamp(layers.generation);
-        for attempt in 0..2 {
-            let node = self.node(layers, id)?;
-            let parts = match self.dir_parts(layers, node.parent) {
-                Ok(parts) => parts,
-                Err(_) if attempt == 0 => {
-                    self.ids.lost(id);
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            let name = hostdir::cstr(&node.name)?;
-            match layers.lookup(&self.inodes, &parts, &name)? {
-                Some(f) if f.attr.fileid == id => {
-                    if f.kind() == FileKind::Directory {
-                        self.caches.keep_dir(id, stamp, f.clone());
-                    } else {
-                        self.caches.keep_located(id, stamp, f.clone());
-                    }
-                    return Ok(f);
-                }
-                // Renamed or removed: look for it once more.
-                _ => {
-                    self.ids.lost(id);
-                }
-            }
-        }
-        Err(Error::Stale)
-    }
-
-    /// The parts of directory `id`.
-    fn dir_parts(&self, layers: &Layers, id: FileId) -> Result<Vec<Part>> {
-        if id == ROOT {
-            return Ok(layers.root_parts.clone());
-        }
-        if let Some(f) = self.caches.dir(id, layers.generation) {
-            return Ok(f.parts);
-        }
-        let f = self.found(layers, id)?;
-        if f.kind() != FileKind::Directory {
-            return Err(Error::NotDir);
-        }
-        Ok(f.parts)
-    }
-
-    /// The directory at `path` (components from the root) and the entry
-    /// that path names.
-    fn resolve_path(&self, layers: &Layers, path: &[Vec<u8>]) -> Result<(FileId, Found)> {
-        let (last, dirs) = path.split_last().ok_or(Error::Inval)?;
-        let mut dir = ROOT;
-        for name in dirs {
-            let parts = self.dir_parts(layers, dir)?;
-            let f = layers
-                .lookup(&self.inodes, &parts, &hostdir::cstr(name)?)?
-                .ok_or(Error::NoEnt)?;
-            self.remember(dir, name, f.attr.fileid);
-            dir = f.attr.fileid;
-        }
-        let parts = self.dir_parts(layers, dir)?;
-        let f = layers
-            .lookup(&self.inodes, &parts, &hostdir::cstr(last)?)?
-            .ok_or(Error::NoEnt)?;
-        self.remember(dir, last, f.attr.fileid);
-        Ok((dir, f))
-    }
-
-    /// The paths, within layer `layer`, of the host file `ino`, when it has
-    /// several names. Each layer is walked once, the first time it is asked.
-    fn links_of(&self, layers: &Layers, layer: usize, ino: u64) -> Result<Vec<Vec<Vec<u8>>>> {
-        let index = self
-            .caches
-            .links(layers.tag(layer), || link_index(&layers.all[layer]))?;
-        Ok(index.get(&ino).cloned().unwrap_or_default())
-    }
-
-    fn read_layers(&self) -> Ordered<RwLockReadGuard<'_, Arc<Layers>>> {
-        Ordered::take(Level::Layers, || self.layers.read())
-    }
-
-    fn write_layers(&self) -> Ordered<RwLockWriteGuard<'_, Arc<Layers>>> {
-        Ordered::take(Level::Layers, || self.layers.write())
-    }
-
-    fn lock_stripe(&self, id: FileId) -> Ordered<MutexGuard<'_, ()>> {
-        Ordered::take(Level::Stripe, || self.stripes.lock(id))
-    }
-
-    fn lock_ns(&self) -> Ordered<MutexGuard<'_, ()>> {
-        Ordered::take(Level::Ns, || self.ns.lock())
-    }
-}
-
-/// Host inode → paths of the regular files with several names in `layer`.
-fn link_index(layer: &Layer) -> Result<LinkIndex> {
-    let mut index = LinkIndex::new();
-    let mut queue = VecDeque::from([(layer.root.clone(), Vec::<Vec<u8>>::new())]);
-    while let Some((fd, path)) = queue.pop_front() {
-        for (name, ino, is_dir) in hostdir::list(fd.as_fd())? {
-            if whiteouts::is_hidden(&name) {
-                continue;
-            }
-            let cname = hostdir::cstr(&name)?;
-            let mut child = path.clone();
-            child.push(name);
-            if is_dir {
-                let sub = hostdir::open_dir(fd.as_fd(), &cname)?;
-                queue.push_back((Arc::new(sub), child));
-                continue;
-            }
-            let attr = layer.host.stats.at(fd.as_fd(), &cname)?;
-            if attr.kind == FileKind::Regular && attr.nlink > 1 {
-                index.entry(ino).or_default().push(child);
-            }
-        }
-    }
-    Ok(index)
 }

@@ -83,8 +83,8 @@ impl StackFs {
         written_directly: &[FileId],
         persist: impl FnOnce(&[PathBuf]) -> Result<()>,
     ) -> Result<()> {
-        let mut current = self.write_layers();
-        let _ns = self.lock_ns();
+        let mut current = self.tree.write_layers();
+        let _ns = self.upper.lock_ns();
         // Copy-ups' records and entries, so the layer is named by what lasts.
         self.make_durable()?;
         std::fs::create_dir_all(new_upper)?;
@@ -92,11 +92,11 @@ impl StackFs {
         if std::fs::read_dir(&new_path)?.next().is_some() {
             return Err(Error::NotEmpty);
         }
-        let mut paths = self.paths.lock().clone();
+        let mut paths = self.tree.paths.lock().clone();
         paths.insert(0, new_path.clone());
-        let next = Self::layers_at(&self.inodes, &paths, current.generation + 1)?;
+        let next = Self::layers_at(&self.tree.inodes, &paths, current.generation + 1)?;
         if rustix::fs::fstat(&*next.all[UPPER].root)?.st_dev
-            != rustix::fs::fstat(&self.work)?.st_dev
+            != rustix::fs::fstat(&self.upper.work)?.st_dev
         {
             return Err(Error::XDev);
         }
@@ -118,13 +118,13 @@ impl StackFs {
         }
         let committed = current.all[UPPER].root.clone();
         *current = Arc::new(next);
-        *self.paths.lock() = paths;
-        self.caches.layers_changed();
+        *self.tree.paths.lock() = paths;
+        self.tree.caches.layers_changed();
         // The new upper holds nothing yet.
-        self.freed();
+        self.upper.freed();
         // The new stack is recorded: from here on a crash is finished by the
         // next open, from the journal.
-        finish_in(self.work.as_fd(), committed.as_fd(), &moving, &copies)?;
+        finish_in(self.upper.work.as_fd(), committed.as_fd(), &moving, &copies)?;
         self.drop_journal()
     }
 
@@ -134,7 +134,7 @@ impl StackFs {
         let mut inodes = HashSet::new();
         for &id in written_directly {
             // A file gone since (removed while open) is in no layer.
-            if let Ok(f) = self.found(layers, id) {
+            if let Ok(f) = self.tree.found(layers, id) {
                 if f.layer == UPPER && f.kind() == FileKind::Regular {
                     inodes.insert(f.host.fileid);
                 }
@@ -186,7 +186,7 @@ impl StackFs {
             let new_dir = make_parents(&old.host, old.root.as_fd(), new.root.as_fd(), &m.path)?;
             rustix::fs::linkat(&old_dir, &name, &new_dir, &name, AtFlags::empty())?;
             let host = old.host.stats.at(old_dir.as_fd(), &*name)?;
-            let shown = self.shown(current, UPPER, host)?;
+            let shown = self.tree.shown(current, UPPER, host)?;
             let origin = super::inodes::Origin {
                 id: shown.fileid,
                 generation: shown.generation,
@@ -196,7 +196,7 @@ impl StackFs {
         let mut n = 0;
         let copies = stage_copies(
             &old.host,
-            self.work.as_fd(),
+            self.upper.work.as_fd(),
             old.root.as_fd(),
             moving,
             || {
@@ -204,7 +204,7 @@ impl StackFs {
                 format!("commit-{n}")
             },
         )?;
-        self.inodes.record(&origins)?;
+        self.tree.inodes.record(&origins)?;
         Ok(copies)
     }
 
@@ -214,10 +214,10 @@ impl StackFs {
         if let Err(e) = crate::remove_tree(new_path) {
             tracing::warn!("{}: {e}", new_path.display());
         }
-        for (name, _, _) in hostdir::list(self.work.as_fd()).unwrap_or_default() {
+        for (name, _, _) in hostdir::list(self.upper.work.as_fd()).unwrap_or_default() {
             if name.starts_with(b"commit-") {
                 if let Ok(name) = cstr(&name) {
-                    let _ = rustix::fs::unlinkat(&self.work, &name, AtFlags::empty());
+                    let _ = rustix::fs::unlinkat(&self.upper.work, &name, AtFlags::empty());
                 }
             }
         }
@@ -232,18 +232,18 @@ impl StackFs {
             text.extend_from_slice(&m.path.join(&b'/'));
             text.push(0);
         }
-        let aside = self.state.join(format!("{JOURNAL}.new"));
+        let aside = self.upper.state.join(format!("{JOURNAL}.new"));
         let mut file = std::fs::File::create(&aside)?;
         file.write_all(&text)?;
         file.sync_all()?;
-        std::fs::rename(&aside, self.state.join(JOURNAL))?;
-        std::fs::File::open(&self.state)?.sync_all()?;
+        std::fs::rename(&aside, self.upper.state.join(JOURNAL))?;
+        std::fs::File::open(&self.upper.state)?.sync_all()?;
         Ok(())
     }
 
     fn drop_journal(&self) -> Result<()> {
-        match std::fs::remove_file(self.state.join(JOURNAL)) {
-            Ok(()) => Ok(std::fs::File::open(&self.state)?.sync_all()?),
+        match std::fs::remove_file(self.upper.state.join(JOURNAL)) {
+            Ok(()) => Ok(std::fs::File::open(&self.upper.state)?.sync_all()?),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(e.into()),
         }

@@ -28,11 +28,11 @@ use layerfs_vfs::{Attr, Error, FileId, FileKind, Result, SetAttr, SetTime};
 use rustix::fs::{AtFlags, Mode, OFlags};
 
 use super::inodes::Origin;
-use super::merge::{Found, Layers, UPPER};
+use super::merge::{Found, UPPER};
 use super::quota::ENTRY_CHARGE;
+use super::upper::Changing;
 use super::whiteouts::mark_opaque;
 use super::xattrs;
-use super::StackFs;
 
 /// Directories of the upper given new entries by copy-ups since they were
 /// last synced; past this many they are synced at once.
@@ -43,7 +43,7 @@ const UNSYNCED_DIRS: usize = 64;
 pub(super) struct Unsynced {
     /// Upper directories with entries renamed in and not yet synced (a leaf
     /// lock: nothing is taken while it is held).
-    dirs: Mutex<Vec<Arc<OwnedFd>>>,
+    pub dirs: Mutex<Vec<Arc<OwnedFd>>>,
     /// The upper's filesystem refused a clone (no reflink): not tried again.
     #[cfg(target_os = "linux")]
     no_clone: std::sync::atomic::AtomicBool,
@@ -52,11 +52,11 @@ pub(super) struct Unsynced {
 /// A name in the work directory, removed when dropped unless it was renamed
 /// into place first: a copy that failed half way (a full disk) leaves nothing.
 pub(super) struct Staged<'a> {
-    work: BorrowedFd<'a>,
+    pub work: BorrowedFd<'a>,
     pub name: std::ffi::CString,
-    dir: bool,
+    pub dir: bool,
     /// Renamed into place: nothing to remove.
-    placed: bool,
+    pub placed: bool,
 }
 
 impl Drop for Staged<'_> {
@@ -79,38 +79,10 @@ impl Drop for Staged<'_> {
     }
 }
 
-impl StackFs {
-    /// A fresh name in the work directory, for a file or a directory.
-    pub(super) fn stage(&self, dir: bool) -> Staged<'_> {
-        let n = self.staged.fetch_add(1, Relaxed);
-        Staged {
-            work: self.work.as_fd(),
-            name: std::ffi::CString::new(format!("t{n}")).expect("no NUL"),
-            dir,
-            placed: false,
-        }
-    }
-
-    /// Makes every copy-up so far durable: their identities' records first
-    /// (a record of a copy that is not in place is never used), then the
-    /// directories they were renamed into. Called wherever a caller is
-    /// promised durability (see the module doc).
-    pub(super) fn make_durable(&self) -> Result<()> {
-        self.inodes.sync()?;
-        let dirs = std::mem::take(&mut *self.unsynced.dirs.lock());
-        for (i, dir) in dirs.iter().enumerate() {
-            if let Err(e) = hostdir::sync_all(dir.as_fd()) {
-                // Synced again next time.
-                self.unsynced.dirs.lock().extend_from_slice(&dirs[i..]);
-                return Err(e);
-            }
-        }
-        Ok(())
-    }
-
+impl Changing<'_> {
     /// Notes that a copy was renamed into the upper directory `dir`.
     fn placed_in(&self, dir: &Arc<OwnedFd>) -> Result<()> {
-        let mut dirs = self.unsynced.dirs.lock();
+        let mut dirs = self.upper.unsynced.dirs.lock();
         if dirs.iter().any(|d| Arc::ptr_eq(d, dir)) {
             return Ok(());
         }
@@ -119,40 +91,35 @@ impl StackFs {
             return Ok(());
         }
         drop(dirs);
-        self.make_durable()
+        self.upper.make_durable(&self.tree.inodes)
     }
 
     /// [`StackFs::upper_dir`] of directory `dir`, found as `d` under the
     /// same lock: no host call when `d` has its upper part already (a part
     /// it lacks may have been made since, so that case looks again).
-    pub(super) fn upper_dir_of(
-        &self,
-        layers: &Layers,
-        dir: FileId,
-        d: &Found,
-    ) -> Result<Arc<OwnedFd>> {
+    pub(super) fn upper_dir_of(&self, dir: FileId, d: &Found) -> Result<Arc<OwnedFd>> {
         match d.parts.first() {
             Some(top) if top.layer == UPPER => Ok(top.fd.clone()),
-            _ => self.upper_dir(layers, dir),
+            _ => self.upper_dir(dir),
         }
     }
 
     /// The upper's part of directory `dir`, made (with the lower one's mode,
     /// owner and times) if it has none yet.
-    pub(super) fn upper_dir(&self, layers: &Layers, dir: FileId) -> Result<Arc<OwnedFd>> {
-        let found = self.found(layers, dir)?;
+    pub(super) fn upper_dir(&self, dir: FileId) -> Result<Arc<OwnedFd>> {
+        let found = self.tree.found(self.layers, dir)?;
         if found.kind() != FileKind::Directory {
             return Err(Error::NotDir);
         }
         if found.parts[0].layer == UPPER {
             return Ok(found.parts[0].fd.clone());
         }
-        let node = self.node(layers, dir)?;
-        let parent = self.upper_dir(layers, node.parent)?;
-        self.reserve(layers, ENTRY_CHARGE)?;
-        let mut staged = self.stage(true);
+        let node = self.tree.node(self.layers, dir)?;
+        let parent = self.upper_dir(node.parent)?;
+        self.upper.reserve(self.layers, ENTRY_CHARGE)?;
+        let mut staged = self.upper.stage(true);
         let tmp = &staged.name.clone();
-        let work = self.work.as_fd();
+        let work = self.upper.work.as_fd();
         rustix::fs::mkdirat(work, tmp, Mode::from_raw_mode(0o700))?;
         xattrs::copy(
             found.parent.as_fd(),
@@ -160,59 +127,53 @@ impl StackFs {
             work,
             tmp.to_bytes(),
         )?;
-        copy_owner_mode_times(&layers.all[UPPER].host, work, tmp, &found.host)?;
+        copy_owner_mode_times(&self.layers.all[UPPER].host, work, tmp, &found.host)?;
         let name = hostdir::cstr(&node.name)?;
-        keeping_times(&layers.all[UPPER].host, parent.as_fd(), || {
+        keeping_times(&self.layers.all[UPPER].host, parent.as_fd(), || {
             Ok(rustix::fs::renameat(work, tmp, &*parent, &name)?)
         })?;
         staged.placed = true;
         self.placed_in(&parent)?;
-        self.changed_dirs();
+        self.tree.changed_dirs();
         Ok(Arc::new(hostdir::open_dir(parent.as_fd(), &name)?))
     }
 
     /// Brings the non-directory `id` into the upper. A regular file with
     /// other names in its lower layer brings them all, so they stay one file.
-    pub(super) fn copy_up(&self, layers: &Layers, id: FileId) -> Result<()> {
-        let found = self.found(layers, id)?;
+    pub(super) fn copy_up(&self, id: FileId) -> Result<()> {
+        let found = self.tree.found(self.layers, id)?;
         if found.layer == UPPER {
             return Ok(());
         }
         if found.kind() == FileKind::Directory {
-            self.upper_dir(layers, id)?;
+            self.upper_dir(id)?;
             return Ok(());
         }
-        let node = self.node(layers, id)?;
-        let parent = self.upper_dir(layers, node.parent)?;
+        let node = self.tree.node(self.layers, id)?;
+        let parent = self.upper_dir(node.parent)?;
         let name = hostdir::cstr(&node.name)?;
         // The whole copy's room first: a copy-up never half happens.
         let bytes = match found.kind() {
             FileKind::Regular | FileKind::Symlink => found.host.size,
             _ => 0,
         };
-        self.reserve(layers, ENTRY_CHARGE + bytes)?;
-        self.place_copy(layers, &found, &parent, &name)
-            .inspect_err(|_| self.freed())?;
-        self.caches.copied_up(id);
+        self.upper.reserve(self.layers, ENTRY_CHARGE + bytes)?;
+        self.place_copy(&found, &parent, &name)
+            .inspect_err(|_| self.upper.freed())?;
+        self.tree.caches.copied_up(id);
         if found.kind() == FileKind::Regular && found.host.nlink > 1 {
-            self.copy_up_links(layers, &found, parent.as_fd(), &name)?;
+            self.copy_up_links(&found, parent.as_fd(), &name)?;
         }
-        self.dropped_file(id);
+        self.tree.dropped_file(id);
         Ok(())
     }
 
     /// Copies `found` into the work directory and renames the copy to `name`
     /// in the upper directory `parent`.
-    fn place_copy(
-        &self,
-        layers: &Layers,
-        found: &Found,
-        parent: &Arc<OwnedFd>,
-        name: &CStr,
-    ) -> Result<()> {
-        let host = &layers.all[UPPER].host;
-        let work = self.work.as_fd();
-        let mut staged = self.stage(false);
+    fn place_copy(&self, found: &Found, parent: &Arc<OwnedFd>, name: &CStr) -> Result<()> {
+        let host = &self.layers.all[UPPER].host;
+        let work = self.upper.work.as_fd();
+        let mut staged = self.upper.stage(false);
         let tmp = &staged.name.clone();
         let src_name = &found.name;
         match found.kind() {
@@ -251,35 +212,32 @@ impl StackFs {
             work,
             tmp.to_bytes(),
         )?;
-        self.keep_identity(layers, &host.stats.at(work, tmp)?, found)?;
+        self.keep_identity(&host.stats.at(work, tmp)?, found)?;
         keeping_times(host, parent.as_fd(), || {
             Ok(rustix::fs::renameat(work, tmp, &**parent, name)?)
         })?;
         staged.placed = true;
         self.placed_in(parent)?;
-        self.changed_entries();
+        self.tree.changed_entries();
         Ok(())
     }
 
     /// Links the other lower names of `found`'s file to its upper copy.
-    fn copy_up_links(
-        &self,
-        layers: &Layers,
-        found: &Found,
-        parent: BorrowedFd<'_>,
-        name: &CStr,
-    ) -> Result<()> {
-        for path in self.links_of(layers, found.layer, found.host.fileid)? {
-            let Ok((dir, other)) = self.resolve_path(layers, &path) else {
+    fn copy_up_links(&self, found: &Found, parent: BorrowedFd<'_>, name: &CStr) -> Result<()> {
+        for path in self
+            .tree
+            .links_of(self.layers, found.layer, found.host.fileid)?
+        {
+            let Ok((dir, other)) = self.tree.resolve_path(self.layers, &path) else {
                 continue;
             };
             // Only names that still show this very lower file.
             if other.layer != found.layer || other.host.fileid != found.host.fileid {
                 continue;
             }
-            let up = self.upper_dir(layers, dir)?;
+            let up = self.upper_dir(dir)?;
             let last = hostdir::cstr(path.last().expect("a path has a name"))?;
-            keeping_times(&layers.all[UPPER].host, up.as_fd(), || {
+            keeping_times(&self.layers.all[UPPER].host, up.as_fd(), || {
                 Ok(rustix::fs::linkat(
                     parent,
                     name,
@@ -289,58 +247,57 @@ impl StackFs {
                 )?)
             })?;
         }
-        self.changed_entries();
+        self.tree.changed_entries();
         Ok(())
     }
 
     /// Makes the whole merged tree under directory `id` part of the upper,
     /// opaque, keeping every identity: what a rename of a directory with
     /// lower parts needs, since a lower directory cannot move.
-    pub(super) fn copy_up_tree(&self, layers: &Layers, id: FileId) -> Result<()> {
-        let up = self.upper_dir(layers, id)?;
-        let found = self.found(layers, id)?;
-        for e in layers.list(&self.inodes, &found.parts)? {
+    pub(super) fn copy_up_tree(&self, id: FileId) -> Result<()> {
+        let up = self.upper_dir(id)?;
+        let found = self.tree.found(self.layers, id)?;
+        for e in self.layers.list(&self.tree.inodes, &found.parts)? {
             let child = e.id;
-            self.remember(id, &e.name, child);
-            let f = self.found(layers, child)?;
+            self.tree.remember(id, &e.name, child);
+            let f = self.tree.found(self.layers, child)?;
             if f.kind() == FileKind::Directory {
-                self.copy_up_tree(layers, child)?;
+                self.copy_up_tree(child)?;
             } else {
-                self.copy_up(layers, child)?;
+                self.copy_up(child)?;
             }
         }
-        self.keep_identity(
-            layers,
-            &layers.all[UPPER].host.stats.fd(up.as_fd())?,
-            &found,
-        )?;
+        self.keep_identity(&self.layers.all[UPPER].host.stats.fd(up.as_fd())?, &found)?;
         mark_opaque(up.as_fd())?;
-        self.changed_dirs();
+        self.tree.changed_dirs();
         Ok(())
     }
 }
 
-impl StackFs {
+impl Changing<'_> {
     /// Notes that the upper file `copy` is `original` (durable with the
     /// copy-up, at [`StackFs::make_durable`]).
-    fn keep_identity(&self, layers: &Layers, copy: &Attr, original: &Found) -> Result<()> {
+    fn keep_identity(&self, copy: &Attr, original: &Found) -> Result<()> {
         let origin = Origin {
             id: original.attr.fileid,
             generation: original.attr.generation,
         };
-        self.inodes
-            .note(&[(layers.tag(UPPER), copy.fileid, copy.generation, origin)])
+        self.tree
+            .inodes
+            .note(&[(self.layers.tag(UPPER), copy.fileid, copy.generation, origin)])
     }
 
     /// [`copy_data`], with no clone tried once the upper's filesystem has
     /// refused one.
     fn copy_data(&self, src: OwnedFd, dst: &OwnedFd) -> Result<()> {
         #[cfg(target_os = "linux")]
-        if !self.unsynced.no_clone.load(Relaxed) {
+        if !self.upper.unsynced.no_clone.load(Relaxed) {
             match rustix::fs::ioctl_ficlone(dst, &src) {
                 Ok(()) => return Ok(()),
                 // Another layer's file (XDEV) may clone where this one did not.
-                Err(rustix::io::Errno::OPNOTSUPP) => self.unsynced.no_clone.store(true, Relaxed),
+                Err(rustix::io::Errno::OPNOTSUPP) => {
+                    self.upper.unsynced.no_clone.store(true, Relaxed)
+                }
                 Err(_) => {}
             }
         }

@@ -46,8 +46,8 @@ impl StackFs {
     /// one moment: no change waits behind it nor runs beside it (a FUSE
     /// passthrough write, which asks no one, aside).
     pub fn diff(&self) -> Result<Vec<Change>> {
-        let layers = self.write_layers();
-        let _ns = self.lock_ns();
+        let layers = self.tree.write_layers();
+        let _ns = self.upper.lock_ns();
         let mut out = Vec::new();
         let root = &layers.root_parts;
         let upper = root.first().filter(|p| p.layer == UPPER);
@@ -90,7 +90,7 @@ impl StackFs {
             let mine = host.stats.at(upper, &*c)?;
             let below = match lower.is_empty() {
                 true => None,
-                false => layers.lookup(&self.inodes, lower, &c)?,
+                false => layers.lookup(&self.tree.inodes, lower, &c)?,
             };
             let at = child(path, name);
             let sub = (mine.kind == FileKind::Directory)
@@ -125,7 +125,7 @@ impl StackFs {
             if lower.is_empty() || opaque {
                 continue;
             }
-            if let Some(f) = layers.lookup(&self.inodes, lower, &c)? {
+            if let Some(f) = layers.lookup(&self.tree.inodes, lower, &c)? {
                 let at = child(path, &hidden);
                 out.push(change(&at, ChangeKind::Deleted, Vec::new()));
                 if f.kind() == FileKind::Directory {
@@ -134,7 +134,7 @@ impl StackFs {
             }
         }
         if opaque && !lower.is_empty() {
-            for e in layers.list(&self.inodes, lower)? {
+            for e in layers.list(&self.tree.inodes, lower)? {
                 if entries.iter().any(|n| n[..] == e.name[..]) {
                     continue;
                 }
@@ -142,7 +142,7 @@ impl StackFs {
                 out.push(change(&at, ChangeKind::Deleted, Vec::new()));
                 if e.is_dir {
                     let c = cstr(&e.name)?;
-                    if let Some(f) = layers.lookup(&self.inodes, lower, &c)? {
+                    if let Some(f) = layers.lookup(&self.tree.inodes, lower, &c)? {
                         self.all_deleted(layers, &at, &f.parts, out)?;
                     }
                 }
@@ -159,11 +159,11 @@ impl StackFs {
         parts: &[Part],
         out: &mut Vec<Change>,
     ) -> Result<()> {
-        for e in layers.list(&self.inodes, parts)? {
+        for e in layers.list(&self.tree.inodes, parts)? {
             let at = child(path, &e.name);
             out.push(change(&at, ChangeKind::Deleted, Vec::new()));
             if e.is_dir {
-                if let Some(f) = layers.lookup(&self.inodes, parts, &cstr(&e.name)?)? {
+                if let Some(f) = layers.lookup(&self.tree.inodes, parts, &cstr(&e.name)?)? {
                     self.all_deleted(layers, &at, &f.parts, out)?;
                 }
             }

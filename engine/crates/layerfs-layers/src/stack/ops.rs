@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use layerfs_vfs::access::{self, Caller, Perm};
 use layerfs_vfs::hostdir::{
-    self, check_name, check_setattr, creatable, cstr, exclusive_times, may_change_entries,
-    may_rename, name_cookie, removable, sticky_allows,
+    self, check_name, check_setattr, creatable, exclusive_times, may_change_entries, may_rename,
+    removable, sticky_allows,
 };
 use layerfs_vfs::XattrFlags;
 use layerfs_vfs::{
@@ -17,12 +17,13 @@ use layerfs_vfs::{
 use rustix::fs::AtFlags;
 
 use super::inodes::ROOT;
-use super::merge::{Found, Layers, Listed, UPPER};
+use super::merge::{Found, Layers, UPPER};
 use super::quota::ENTRY_CHARGE;
+use super::upper::links_left;
 use super::whiteouts::{
     clear_markers, clear_whiteout, has_whiteout, is_hidden, mark_opaque, whiteout,
 };
-use super::{Listing, StackFs};
+use super::StackFs;
 
 /// A name clients may give a new entry: whiteout names would hide files.
 fn new_name(name: &[u8]) -> Result<std::ffi::CString> {
@@ -41,45 +42,19 @@ fn change(before: &Attr, after: Option<Attr>) -> Change {
 }
 
 impl StackFs {
-    /// A directory, checked to be one and that `caller` has `want` on it.
-    fn dir_for(&self, layers: &Layers, caller: &Caller, dir: FileId, want: Perm) -> Result<Found> {
-        let d = self.found(layers, dir)?;
-        if d.kind() != FileKind::Directory {
-            return Err(Error::NotDir);
-        }
-        if !access::permits(&d.attr, caller, want) {
-            return Err(Error::Access);
-        }
-        Ok(d)
-    }
-
     /// The entry just made as `name` in `dir`: directories' entries have
     /// changed, and the new one is found and remembered.
     fn made(&self, layers: &Layers, dir: FileId, name: &[u8], cname: &CStr) -> Result<Found> {
-        self.changed_entries();
+        self.tree.changed_entries();
         let f = layers
-            .lookup(&self.inodes, &self.dir_parts(layers, dir)?, cname)?
+            .lookup(&self.tree.inodes, &self.tree.dir_parts(layers, dir)?, cname)?
             .ok_or(Error::Io)?;
-        self.remember(dir, name, f.attr.fileid);
+        self.tree.remember(dir, name, f.attr.fileid);
         Ok(f)
     }
 
     fn dir_after(&self, layers: &Layers, dir: FileId) -> Option<Attr> {
-        self.found(layers, dir).ok().map(|f| f.attr)
-    }
-
-    /// What clients see of `host`, an entry whose only instance is in layer
-    /// `layer` (a directory merged from several takes its identity from
-    /// its bottom part instead).
-    pub(super) fn shown(&self, layers: &Layers, layer: usize, host: Attr) -> Result<Attr> {
-        let o = self
-            .inodes
-            .identity(layers.tag(layer), host.fileid, Some(host.generation))?;
-        Ok(Attr {
-            fileid: o.id,
-            generation: o.generation,
-            ..host
-        })
+        self.tree.found(layers, dir).ok().map(|f| f.attr)
     }
 
     /// An open file for `id`, and what clients see as its attributes, once
@@ -92,20 +67,20 @@ impl StackFs {
         write: bool,
         allowed: impl Fn(&Attr) -> Result<()>,
     ) -> Result<(Arc<OwnedFd>, Attr)> {
-        if let Some((layer, fd)) = self.caches.file(id, layers.generation) {
+        if let Some((layer, fd)) = self.tree.caches.file(id, layers.generation) {
             if layer == UPPER || !write {
                 let host = layers.all[layer].host.stats.fd(fd.as_fd())?;
                 // No name leads to it any more (removed on the host behind
                 // the workspace): it is looked for, and is most likely gone.
                 if host.nlink > 0 {
-                    let attr = self.shown(layers, layer, host)?;
+                    let attr = self.tree.shown(layers, layer, host)?;
                     allowed(&attr)?;
                     return Ok((fd, attr));
                 }
-                self.dropped_file(id);
+                self.tree.dropped_file(id);
             }
         }
-        let mut f = self.found(layers, id)?;
+        let mut f = self.tree.found(layers, id)?;
         match f.kind() {
             FileKind::Regular => {}
             FileKind::Directory => return Err(Error::IsDir),
@@ -113,13 +88,13 @@ impl StackFs {
         }
         allowed(&f.attr)?;
         if write && f.layer != UPPER {
-            let _ns = self.lock_ns();
-            self.copy_up(layers, id)?;
-            f = self.found(layers, id)?;
+            self.changing(layers).copy_up(id)?;
+            f = self.tree.found(layers, id)?;
         }
         let fd = Arc::new(hostdir::open_file(f.parent.as_fd(), &f.name)?);
-        let stamp = self.caches.stamp(layers.generation);
-        self.caches
+        let stamp = self.tree.caches.stamp(layers.generation);
+        self.tree
+            .caches
             .keep_file(id, stamp, f.layer, fd.clone(), f.attr.generation);
         Ok((fd, f.attr))
     }
@@ -151,91 +126,6 @@ impl StackFs {
         })
     }
 
-    /// Removes `name` (found as `f`) from directory `d`, leaving a whiteout
-    /// where a lower layer would show through.
-    fn unlink_entry(
-        &self,
-        layers: &Layers,
-        dir: FileId,
-        d: &Found,
-        f: &Found,
-        name: &[u8],
-    ) -> Result<()> {
-        if f.layer != UPPER && f.kind() == FileKind::Regular && f.host.nlink > 1 {
-            // Its other names lose a link: they become one upper file first.
-            self.remember(dir, name, f.attr.fileid);
-            self.copy_up(layers, f.attr.fileid)?;
-            let d = self.found(layers, dir)?;
-            let f = layers
-                .lookup(&self.inodes, &d.parts, &f.name)?
-                .ok_or(Error::Io)?;
-            return self.unlink_entry(layers, dir, &d, &f, name);
-        }
-        let below = f.layer != UPPER || layers.shows_below(&d.parts, UPPER, &f.name)?;
-        let up = self.upper_dir_of(layers, dir, d)?;
-        if f.layer == UPPER && f.kind() == FileKind::Directory {
-            let child = f.parts[0].fd.as_fd();
-            if below {
-                // Empty and opaque first: it shows nothing from then on.
-                mark_opaque(child)?;
-                whiteout(up.as_fd(), name)?;
-            }
-            clear_markers(child)?;
-            rustix::fs::unlinkat(&*up, &f.name, AtFlags::REMOVEDIR)?;
-            self.inodes.forget(layers.tag(UPPER), f.host.fileid);
-        } else if f.layer == UPPER {
-            if below {
-                whiteout(up.as_fd(), name)?;
-            }
-            rustix::fs::unlinkat(&*up, &f.name, AtFlags::empty())?;
-            if f.host.nlink <= 1 {
-                self.inodes.forget(layers.tag(UPPER), f.host.fileid);
-            }
-        } else {
-            whiteout(up.as_fd(), name)?;
-        }
-        if f.kind() == FileKind::Directory {
-            self.changed_dirs();
-        }
-        self.changed_entries();
-        self.unlinked(dir, name, f.attr.fileid, links_left(f));
-        Ok(())
-    }
-
-    /// The attributes of a listed entry: from its only instance in one
-    /// call, or by a lookup for a directory merged from several layers.
-    fn listed_attr(&self, layers: &Layers, d: &Found, e: &Listed) -> Option<Attr> {
-        let Some(part) = &e.alone_in else {
-            let name = cstr(&e.name).ok()?;
-            return layers
-                .lookup(&self.inodes, &d.parts, &name)
-                .ok()
-                .flatten()
-                .map(|f| f.attr);
-        };
-        let lower = part.layer != UPPER;
-        if lower {
-            if let Some(attr) = self.caches.lower_attr(e.id, layers.generation) {
-                return Some(attr);
-            }
-        }
-        let stamp = self.caches.stamp(layers.generation);
-        let name = cstr(&e.name).ok()?;
-        let host = layers.all[part.layer]
-            .host
-            .stats
-            .at(part.fd.as_fd(), &name)
-            .ok()?;
-        let attr = self
-            .shown(layers, part.layer, host)
-            .ok()
-            .filter(|attr| attr.fileid == e.id)?;
-        if lower {
-            self.caches.keep_lower_attr(e.id, stamp, attr);
-        }
-        Some(attr)
-    }
-
     /// Directory `dir` and its entry `name`, which `caller` may remove or
     /// rename away.
     fn victim(
@@ -246,76 +136,15 @@ impl StackFs {
         name: &[u8],
     ) -> Result<(Found, Found)> {
         let cname = removable(name)?;
-        let d = self.dir_for(layers, caller, dir, Perm::EXEC)?;
+        let d = self.tree.dir_for(layers, caller, dir, Perm::EXEC)?;
         let f = match is_hidden(name) {
             true => None,
-            false => layers.lookup(&self.inodes, &d.parts, &cname)?,
+            false => layers.lookup(&self.tree.inodes, &d.parts, &cname)?,
         }
         .ok_or(Error::NoEnt)?;
         may_change_entries(caller, &d.attr)?;
         sticky_allows(caller, &d.attr, &f.attr)?;
         Ok((d, f))
-    }
-
-    /// [`Layers::lookup_for_new`] of `name` in directory `d`, for CREATE and
-    /// the calls that make an entry, which the host refuses with EEXIST
-    /// where the upper already has one. Where no layer below can hold the
-    /// name and the caller may add entries, nothing is asked: only the
-    /// upper might hold it, and it has no whiteout of it (one is made only
-    /// over a name below).
-    fn lookup_to_make(
-        &self,
-        layers: &Layers,
-        caller: &Caller,
-        d: &Found,
-        name: &CStr,
-    ) -> Result<(Option<Found>, bool)> {
-        if may_change_entries(caller, &d.attr).is_ok()
-            && !layers.below_may_hold(&d.parts, name.to_bytes())
-        {
-            return Ok((None, false));
-        }
-        layers.lookup_for_new(&self.inodes, &d.parts, name)
-    }
-
-    /// The attributes `name` shows in directory `dir` (found as `d`):
-    /// kept where only a change this process makes can alter them (see
-    /// `caches.rs`), so a name an image holds, or one that is nowhere, costs
-    /// no host call the second time.
-    fn look_up(&self, layers: &Layers, dir: FileId, d: &Found, name: &[u8]) -> Result<Attr> {
-        if let Some(kept) = self.caches.looked_up(dir, name, layers.generation) {
-            return kept.ok_or(Error::NoEnt);
-        }
-        let stamp = self.caches.stamp(layers.generation);
-        let found = layers.lookup(&self.inodes, &d.parts, &cstr(name)?)?;
-        match &found {
-            None => self.caches.keep_looked_up(dir, name, stamp, None),
-            Some(f) if f.layer != UPPER => {
-                self.caches.keep_looked_up(dir, name, stamp, Some(f.attr))
-            }
-            // Written, truncated or chmodded without a counter moving.
-            Some(_) => {}
-        }
-        found.map(|f| f.attr).ok_or(Error::NoEnt)
-    }
-
-    fn listing(&self, layers: &Layers, dir: FileId, d: &Found) -> Result<Listing> {
-        if let Some(listing) = self.caches.listing(dir, layers.generation) {
-            return Ok(listing);
-        }
-        let stamp = self.caches.stamp(layers.generation);
-        let mut entries: Vec<(u64, Listed)> = layers
-            .list(&self.inodes, &d.parts)?
-            .into_iter()
-            .map(|e| {
-                self.remember(dir, &e.name, e.id);
-                (name_cookie(&e.name), e)
-            })
-            .collect();
-        entries.sort_unstable_by_key(|e| e.0);
-        let listing = Arc::new(entries);
-        self.caches.keep_listing(dir, stamp, listing.clone());
-        Ok(listing)
     }
 }
 
@@ -335,13 +164,13 @@ impl Filesystem for StackFs {
     /// The root is the workspace's for its life, and a kept directory or
     /// open file keeps its identity while it is kept: none asks the host.
     fn still_names(&self, id: FileId, generation: u64) -> Result<()> {
-        if id == ROOT && generation == self.inodes.workspace {
+        if id == ROOT && generation == self.tree.inodes.workspace {
             return Ok(());
         }
-        let stack_generation = self.current().generation;
+        let stack_generation = self.tree.current().generation;
         let kept = |d: &Found| d.attr.generation == generation;
-        if self.caches.dir_holds(id, stack_generation, kept)
-            || self.caches.file_is(id, stack_generation, generation)
+        if self.tree.caches.dir_holds(id, stack_generation, kept)
+            || self.tree.caches.file_is(id, stack_generation, generation)
         {
             return Ok(());
         }
@@ -349,7 +178,7 @@ impl Filesystem for StackFs {
     }
 
     fn getattr(&self, id: FileId) -> Result<Attr> {
-        Ok(self.found(&self.current(), id)?.attr)
+        Ok(self.tree.found(&self.tree.current(), id)?.attr)
     }
 
     fn setattr(
@@ -359,9 +188,9 @@ impl Filesystem for StackFs {
         set: &SetAttr,
         guard: Option<Timestamp>,
     ) -> Result<Change> {
-        let layers = self.read_layers();
-        let _ns = self.lock_ns();
-        let before = self.found(&layers, id)?;
+        let layers = self.tree.read_layers();
+        let c = self.changing(&layers);
+        let before = self.tree.found(&layers, id)?;
         if guard.is_some_and(|ctime| ctime != before.attr.ctime) {
             return Err(Error::NotSync);
         }
@@ -373,44 +202,45 @@ impl Filesystem for StackFs {
         let f = match before.layer == UPPER {
             true => before,
             false => {
-                self.copy_up(&layers, id)?;
-                self.found(&layers, id)?
+                c.copy_up(id)?;
+                self.tree.found(&layers, id)?
             }
         };
         if let Some(size) = set.size {
             match size > f.host.size {
-                true => self.reserve(&layers, size - f.host.size)?,
-                false => self.freed(),
+                true => self.upper.reserve(&layers, size - f.host.size)?,
+                false => self.upper.freed(),
             }
         }
         let host = layers.all[UPPER]
             .host
             .change(f.parent.as_fd(), &f.name, &f.host, set)
-            .inspect_err(|_| self.freed())?;
+            .inspect_err(|_| self.upper.freed())?;
         Ok(change(&before_attr, Some(f.shown(host))))
     }
 
     fn lookup_in(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<(Result<Attr>, Attr)> {
         check_name(name)?;
-        let layers = self.current();
-        let d = self.dir_for(&layers, caller, dir, Perm::EXEC)?;
+        let layers = self.tree.current();
+        let d = self.tree.dir_for(&layers, caller, dir, Perm::EXEC)?;
         let found = match name {
             b"." => Ok(d.attr),
             b".." if dir == ROOT => Ok(d.attr),
             b".." => self
+                .tree
                 .node(&layers, dir)
-                .and_then(|node| self.found(&layers, node.parent))
+                .and_then(|node| self.tree.found(&layers, node.parent))
                 .map(|parent| parent.attr),
             _ if is_hidden(name) => Err(Error::NoEnt),
-            _ => self.look_up(&layers, dir, &d, name).inspect(|attr| {
-                self.remember(dir, name, attr.fileid);
+            _ => self.tree.look_up(&layers, dir, &d, name).inspect(|attr| {
+                self.tree.remember(dir, name, attr.fileid);
             }),
         };
         Ok((found, d.attr))
     }
 
     fn readlink(&self, _caller: &Caller, id: FileId) -> Result<Vec<u8>> {
-        let f = self.found(&self.current(), id)?;
+        let f = self.tree.found(&self.tree.current(), id)?;
         if f.kind() != FileKind::Symlink {
             return Err(Error::Inval);
         }
@@ -425,7 +255,7 @@ impl Filesystem for StackFs {
         count: usize,
         dst: &mut Vec<u8>,
     ) -> Result<(bool, Attr)> {
-        let (fd, attr) = self.readable(&self.current(), caller, id)?;
+        let (fd, attr) = self.readable(&self.tree.current(), caller, id)?;
         hostdir::read(fd.as_fd(), attr, offset, count, dst)
     }
 
@@ -437,8 +267,8 @@ impl Filesystem for StackFs {
         data: &[u8],
         stable: Stability,
     ) -> Result<(Change, Stability)> {
-        let layers = self.read_layers();
-        let _changing = self.lock_stripe(id);
+        let layers = self.tree.read_layers();
+        let _changing = self.upper.lock_stripe(id);
         let (fd, before) = self.open_file(&layers, id, true, |attr| {
             if !access::owner_may(attr, caller, Perm::WRITE) {
                 return Err(Error::Access);
@@ -446,40 +276,42 @@ impl Filesystem for StackFs {
             Ok(())
         })?;
         let end = offset.saturating_add(data.len() as u64);
-        self.reserve(&layers, end.saturating_sub(before.size))?;
+        self.upper
+            .reserve(&layers, end.saturating_sub(before.size))?;
         if let Some(mode) = hostdir::mode_after_write(caller, &before) {
             rustix::fs::fchmod(&*fd, hostdir::permissions(mode))?;
         }
         // A copy-up this write made is durable before the write is.
         if stable != Stability::Unstable {
-            self.make_durable().inspect_err(|_| self.freed())?;
+            self.make_durable().inspect_err(|_| self.upper.freed())?;
         }
         if let Err(e) = hostdir::write_at(fd.as_fd(), offset, data, stable) {
-            self.freed();
+            self.upper.freed();
             return Err(e);
         }
         Ok((self.changed_upper_file(&layers, &fd, &before)?, stable))
     }
 
     fn allocate(&self, id: FileId, offset: u64, len: u64, how: Allocate) -> Result<Change> {
-        let layers = self.read_layers();
-        let _changing = self.lock_stripe(id);
+        let layers = self.tree.read_layers();
+        let _changing = self.upper.lock_stripe(id);
         let (fd, before) = self.open_file(&layers, id, true, |_| Ok(()))?;
         if how == Allocate::Extend {
             let end = offset.saturating_add(len);
-            self.reserve(&layers, end.saturating_sub(before.size))?;
+            self.upper
+                .reserve(&layers, end.saturating_sub(before.size))?;
         }
-        hostdir::allocate(fd.as_fd(), offset, len, how).inspect_err(|_| self.freed())?;
+        hostdir::allocate(fd.as_fd(), offset, len, how).inspect_err(|_| self.upper.freed())?;
         self.changed_upper_file(&layers, &fd, &before)
     }
 
     fn commit(&self, id: FileId) -> Result<Change> {
-        let layers = self.current();
+        let layers = self.tree.current();
         let (fd, before) = match self.open_file(&layers, id, false, |_| Ok(())) {
             // A directory's entries: its upper part's, where it has one (the
             // layers' never change), and the copy-ups made so far.
             Err(Error::IsDir) => {
-                let dir = self.found(&layers, id)?;
+                let dir = self.tree.found(&layers, id)?;
                 if dir.parts[0].layer == UPPER {
                     hostdir::sync_all(dir.parts[0].fd.as_fd())?;
                 }
@@ -501,10 +333,10 @@ impl Filesystem for StackFs {
         how: Create,
     ) -> Result<(Attr, Change)> {
         let cname = new_name(name)?;
-        let layers = self.read_layers();
-        let _ns = self.lock_ns();
-        let d = self.dir_for(&layers, caller, dir, Perm::EXEC)?;
-        let (existing, whited_out) = self.lookup_to_make(&layers, caller, &d, &cname)?;
+        let layers = self.tree.read_layers();
+        let c = self.changing(&layers);
+        let d = self.tree.dir_for(&layers, caller, dir, Perm::EXEC)?;
+        let (existing, whited_out) = self.tree.lookup_to_make(&layers, caller, &d, &cname)?;
         // Beside an entry of the upper, a whiteout is not looked for.
         let whited_out = whited_out || existing.is_some();
         if existing.is_none() || matches!(how, Create::Exclusive(_)) {
@@ -512,11 +344,11 @@ impl Filesystem for StackFs {
         }
         // A new entry takes room; one made again (truncated) may free some.
         match existing.is_none() {
-            true => self.reserve(&layers, ENTRY_CHARGE)?,
-            false => self.freed(),
+            true => self.upper.reserve(&layers, ENTRY_CHARGE)?,
+            false => self.upper.freed(),
         }
         if let Some(f) = existing {
-            self.remember(dir, name, f.attr.fileid);
+            self.tree.remember(dir, name, f.attr.fileid);
             match how {
                 Create::Guarded(_) => return Err(Error::Exist),
                 Create::Exclusive(verf) if f.layer != UPPER => {
@@ -534,7 +366,7 @@ impl Filesystem for StackFs {
                     if !access::owner_may(&f.attr, caller, Perm::WRITE) {
                         return Err(Error::Access);
                     }
-                    self.copy_up(&layers, f.attr.fileid)?;
+                    c.copy_up(f.attr.fileid)?;
                 }
                 Create::Unchecked(_) if f.layer != UPPER => {
                     return Ok((f.attr, change(&d.attr, Some(d.attr))));
@@ -542,7 +374,7 @@ impl Filesystem for StackFs {
                 _ => {}
             }
         }
-        let up = self.upper_dir_of(&layers, dir, &d)?;
+        let up = c.upper_dir_of(dir, &d)?;
         let (host, made) =
             layers.all[UPPER]
                 .host
@@ -550,17 +382,18 @@ impl Filesystem for StackFs {
         if whited_out {
             clear_whiteout(up.as_fd(), name)?;
         }
-        self.changed_entries();
-        let attr = self.shown(&layers, UPPER, host)?;
-        self.remember(dir, name, attr.fileid);
+        self.tree.changed_entries();
+        let attr = self.tree.shown(&layers, UPPER, host)?;
+        self.tree.remember(dir, name, attr.fileid);
         match made {
             Some(file) => {
-                let stamp = self.caches.stamp(layers.generation);
+                let stamp = self.tree.caches.stamp(layers.generation);
                 let file = Arc::new(file);
-                self.caches
+                self.tree
+                    .caches
                     .keep_file(attr.fileid, stamp, UPPER, file, attr.generation);
             }
-            None => self.dropped_file(attr.fileid),
+            None => self.tree.dropped_file(attr.fileid),
         }
         Ok((attr, change(&d.attr, self.dir_after(&layers, dir))))
     }
@@ -574,25 +407,25 @@ impl Filesystem for StackFs {
         set: &SetAttr,
     ) -> Result<(Attr, Change)> {
         let cname = new_name(name)?;
-        let layers = self.read_layers();
-        let _ns = self.lock_ns();
-        let d = self.dir_for(&layers, caller, dir, Perm::EXEC)?;
-        let (existing, hidden_below) = self.lookup_to_make(&layers, caller, &d, &cname)?;
+        let layers = self.tree.read_layers();
+        let c = self.changing(&layers);
+        let d = self.tree.dir_for(&layers, caller, dir, Perm::EXEC)?;
+        let (existing, hidden_below) = self.tree.lookup_to_make(&layers, caller, &d, &cname)?;
         if existing.is_some() {
             return Err(Error::Exist);
         }
         may_change_entries(caller, &d.attr)?;
-        let up = self.upper_dir_of(&layers, dir, &d)?;
-        self.reserve(&layers, ENTRY_CHARGE)?;
+        let up = c.upper_dir_of(dir, &d)?;
+        self.upper.reserve(&layers, ENTRY_CHARGE)?;
         let host = &layers.all[UPPER].host;
         if hidden_below && matches!(what, NewEntry::Dir) {
             // Made whole elsewhere, so the directories of this name below
             // never show through it, not even for a moment.
-            let staged = self.stage(true);
+            let staged = self.upper.stage(true);
             let tmp = &staged.name;
-            host.make(caller, self.work.as_fd(), &d.attr, tmp, what, set)?;
-            mark_opaque(hostdir::open_dir(self.work.as_fd(), tmp)?.as_fd())?;
-            rustix::fs::renameat(&self.work, tmp, &*up, &cname)?;
+            host.make(caller, self.upper.work.as_fd(), &d.attr, tmp, what, set)?;
+            mark_opaque(hostdir::open_dir(self.upper.work.as_fd(), tmp)?.as_fd())?;
+            rustix::fs::renameat(&self.upper.work, tmp, &*up, &cname)?;
         } else {
             host.make(caller, up.as_fd(), &d.attr, &cname, what, set)?;
         }
@@ -604,14 +437,14 @@ impl Filesystem for StackFs {
     }
 
     fn remove(&self, caller: &Caller, dir: FileId, name: &[u8]) -> Result<Change> {
-        let layers = self.read_layers();
-        let _ns = self.lock_ns();
+        let layers = self.tree.read_layers();
+        let c = self.changing(&layers);
         let (d, f) = self.victim(&layers, caller, dir, name)?;
         if f.kind() == FileKind::Directory {
             return Err(Error::IsDir);
         }
-        self.unlink_entry(&layers, dir, &d, &f, name)?;
-        self.freed();
+        c.unlink_entry(dir, &d, &f, name)?;
+        self.upper.freed();
         Ok(change(&d.attr, self.dir_after(&layers, dir)))
     }
 
@@ -619,17 +452,17 @@ impl Filesystem for StackFs {
         if name == b".." {
             return Err(Error::NotEmpty);
         }
-        let layers = self.read_layers();
-        let _ns = self.lock_ns();
+        let layers = self.tree.read_layers();
+        let c = self.changing(&layers);
         let (d, f) = self.victim(&layers, caller, dir, name)?;
         if f.kind() != FileKind::Directory {
             return Err(Error::NotDir);
         }
-        if !layers.list(&self.inodes, &f.parts)?.is_empty() {
+        if !layers.list(&self.tree.inodes, &f.parts)?.is_empty() {
             return Err(Error::NotEmpty);
         }
-        self.unlink_entry(&layers, dir, &d, &f, name)?;
-        self.freed();
+        c.unlink_entry(dir, &d, &f, name)?;
+        self.upper.freed();
         Ok(change(&d.attr, self.dir_after(&layers, dir)))
     }
 
@@ -646,14 +479,14 @@ impl Filesystem for StackFs {
             Error::Exist => Error::Inval,
             e => e,
         })?;
-        let layers = self.read_layers();
-        let _ns = self.lock_ns();
+        let layers = self.tree.read_layers();
+        let c = self.changing(&layers);
         let (fd_, src) = self.victim(&layers, caller, from, from_name)?;
         let td = match to == from {
             true => fd_.clone(),
-            false => self.dir_for(&layers, caller, to, Perm::EXEC)?,
+            false => self.tree.dir_for(&layers, caller, to, Perm::EXEC)?,
         };
-        let (dst, hidden_at_dst) = layers.lookup_for_new(&self.inodes, &td.parts, &to_c)?;
+        let (dst, hidden_at_dst) = layers.lookup_for_new(&self.tree.inodes, &td.parts, &to_c)?;
         let replaced = dst.as_ref().map(|d| &d.attr);
         may_rename(caller, (&fd_.attr, &src.attr), (&td.attr, replaced))?;
         let unchanged = || {
@@ -671,7 +504,7 @@ impl Filesystem for StackFs {
             match (src_dir, dst.kind() == FileKind::Directory) {
                 (true, false) => return Err(Error::NotDir),
                 (false, true) => return Err(Error::IsDir),
-                (true, true) if !layers.list(&self.inodes, &dst.parts)?.is_empty() => {
+                (true, true) if !layers.list(&self.tree.inodes, &dst.parts)?.is_empty() => {
                     return Err(Error::NotEmpty)
                 }
                 _ => {}
@@ -685,33 +518,33 @@ impl Filesystem for StackFs {
                 if at == src.attr.fileid {
                     return Err(Error::Inval);
                 }
-                at = self.node(&layers, at)?.parent;
+                at = self.tree.node(&layers, at)?.parent;
             }
         }
         // A lower file with other names loses this one: they become one
         // upper file first, as for an unlink, so they count a link less.
         let dst = match dst {
             Some(d) if d.layer != UPPER && d.kind() == FileKind::Regular && d.host.nlink > 1 => {
-                self.remember(to, to_name, d.attr.fileid);
-                self.copy_up(&layers, d.attr.fileid)?;
-                let to_now = self.found(&layers, to)?;
-                layers.lookup(&self.inodes, &to_now.parts, &to_c)?
+                self.tree.remember(to, to_name, d.attr.fileid);
+                c.copy_up(d.attr.fileid)?;
+                let to_now = self.tree.found(&layers, to)?;
+                layers.lookup(&self.tree.inodes, &to_now.parts, &to_c)?
             }
             other => other,
         };
         let id = src.attr.fileid;
-        self.remember(from, from_name, id);
+        self.tree.remember(from, from_name, id);
         // The source, whole in the upper: a lower directory cannot move.
         if moving_dir && (src.layer != UPPER || src.parts.len() > 1) {
-            self.copy_up_tree(&layers, id)?;
+            c.copy_up_tree(id)?;
         } else if src.layer != UPPER {
-            self.copy_up(&layers, id)?;
+            c.copy_up(id)?;
         }
-        let up_from = self.upper_dir_of(&layers, from, &fd_)?;
-        let up_to = self.upper_dir_of(&layers, to, &td)?;
-        let from_parts = self.dir_parts(&layers, from)?;
+        let up_from = c.upper_dir_of(from, &fd_)?;
+        let up_to = c.upper_dir_of(to, &td)?;
+        let from_parts = self.tree.dir_parts(&layers, from)?;
         let src_below = layers.shows_below(&from_parts, UPPER, &from_c)?;
-        let to_parts = self.dir_parts(&layers, to)?;
+        let to_parts = self.tree.dir_parts(&layers, to)?;
         let whiteout_at_dst = match &dst {
             None => hidden_at_dst,
             Some(_) => has_whiteout(up_to.as_fd(), to_name)?,
@@ -731,23 +564,24 @@ impl Filesystem for StackFs {
         }
         rustix::fs::renameat(&*up_from, &from_c, &*up_to, &to_c)?;
         // A file it replaced frees its room.
-        self.freed();
+        self.upper.freed();
         if whiteout_at_dst {
             clear_whiteout(up_to.as_fd(), to_name)?;
         }
         if let Some(dst) = dst {
             if dst.layer == UPPER && (dst.host.nlink <= 1 || dst.kind() == FileKind::Directory) {
-                self.inodes.forget(layers.tag(UPPER), dst.host.fileid);
+                self.tree.inodes.forget(layers.tag(UPPER), dst.host.fileid);
             }
             if dst.attr.fileid != id {
-                self.unlinked(to, to_name, dst.attr.fileid, links_left(&dst));
+                self.tree
+                    .unlinked(to, to_name, dst.attr.fileid, links_left(&dst));
             }
         }
-        self.remember(to, to_name, id);
+        self.tree.remember(to, to_name, id);
         if moving_dir {
-            self.changed_dirs();
+            self.tree.changed_dirs();
         }
-        self.changed_entries();
+        self.tree.changed_entries();
         let from_after = self.dir_after(&layers, from);
         let to_after = match to == from {
             true => from_after,
@@ -764,28 +598,28 @@ impl Filesystem for StackFs {
         name: &[u8],
     ) -> Result<(Attr, Change)> {
         let cname = new_name(name)?;
-        let layers = self.read_layers();
-        let _ns = self.lock_ns();
-        let src = self.found(&layers, id)?;
+        let layers = self.tree.read_layers();
+        let c = self.changing(&layers);
+        let src = self.tree.found(&layers, id)?;
         if src.kind() == FileKind::Directory {
             return Err(Error::IsDir);
         }
-        let d = self.dir_for(&layers, caller, dir, Perm::EXEC)?;
-        let (existing, whited_out) = layers.lookup_for_new(&self.inodes, &d.parts, &cname)?;
+        let d = self.tree.dir_for(&layers, caller, dir, Perm::EXEC)?;
+        let (existing, whited_out) = layers.lookup_for_new(&self.tree.inodes, &d.parts, &cname)?;
         if existing.is_some() {
             return Err(Error::Exist);
         }
         may_change_entries(caller, &d.attr)?;
-        self.copy_up(&layers, id)?;
-        let src = self.found(&layers, id)?;
-        let up = self.upper_dir_of(&layers, dir, &d)?;
+        c.copy_up(id)?;
+        let src = self.tree.found(&layers, id)?;
+        let up = c.upper_dir_of(dir, &d)?;
         link_at(src.parent.as_fd(), &src.name, up.as_fd(), &cname)?;
         if whited_out {
             clear_whiteout(up.as_fd(), name)?;
         }
-        self.changed_entries();
-        self.remember(dir, name, id);
-        let attr = self.found(&layers, id)?.attr;
+        self.tree.changed_entries();
+        self.tree.remember(dir, name, id);
+        let attr = self.tree.found(&layers, id)?.attr;
         Ok((attr, change(&d.attr, self.dir_after(&layers, dir))))
     }
 
@@ -797,16 +631,16 @@ impl Filesystem for StackFs {
         max: usize,
         with_attrs: bool,
     ) -> Result<DirPage> {
-        let layers = self.current();
-        let d = self.dir_for(&layers, caller, dir, Perm::READ)?;
+        let layers = self.tree.current();
+        let d = self.tree.dir_for(&layers, caller, dir, Perm::READ)?;
         let parent = if dir == ROOT {
             dir
         } else {
-            self.node(&layers, dir)?.parent
+            self.tree.node(&layers, dir)?.parent
         };
         // Taken before anything is read, as every kept answer's stamp is.
-        let stamp = self.caches.stamp(layers.generation);
-        let listing = self.listing(&layers, dir, &d)?;
+        let stamp = self.tree.caches.stamp(layers.generation);
+        let listing = self.tree.listing(&layers, dir, &d)?;
         let first = listing.partition_point(|e| e.0 <= cookie);
         let named = listing[first..]
             .iter()
@@ -818,7 +652,7 @@ impl Filesystem for StackFs {
             for e in dots {
                 e.attr = match e.cookie {
                     1 => Some(d.attr),
-                    _ => self.found(&layers, parent).ok().map(|f| f.attr),
+                    _ => self.tree.found(&layers, parent).ok().map(|f| f.attr),
                 };
             }
             // The page's named entries are the listing's from `first` on, in
@@ -835,23 +669,25 @@ impl Filesystem for StackFs {
                 })
                 .collect();
             let ids = lower.iter().map(|&i| listed[i].1.id);
-            self.caches.lower_attrs(ids, layers.generation, |at, attr| {
-                named[lower[at]].attr = Some(attr);
-            });
+            self.tree
+                .caches
+                .lower_attrs(ids, layers.generation, |at, attr| {
+                    named[lower[at]].attr = Some(attr);
+                });
             let mut reads = 0;
             for (e, (_, l)) in named.iter_mut().zip(listed) {
                 if e.attr.is_none() {
-                    e.attr = self.listed_attr(&layers, &d, l);
+                    e.attr = self.tree.listed_attr(&layers, &d, l);
                     reads += 1;
                 }
             }
-            self.caches.keep_listed_reads(dir, stamp, reads);
+            self.tree.caches.keep_listed_reads(dir, stamp, reads);
         }
         Ok(page)
     }
 
     fn fsstat(&self, _id: FileId) -> Result<FsStat> {
-        hostdir::fsstat(self.current().all[UPPER].root.as_fd())
+        hostdir::fsstat(self.tree.current().all[UPPER].root.as_fd())
     }
 
     fn getxattr(&self, id: FileId, name: &[u8]) -> Result<Vec<u8>> {
@@ -873,7 +709,7 @@ impl Filesystem for StackFs {
 
 impl Hints for StackFs {
     fn knows(&self, id: FileId) -> bool {
-        self.ids.knows(id)
+        self.tree.ids.knows(id)
     }
 
     /// Not for a file found or opened in the upper, nor a directory kept
@@ -883,13 +719,13 @@ impl Hints for StackFs {
     /// none (a directory's lower parts never gain a name). While a commit
     /// changes the stack, anything may.
     fn may_copy_up(&self, id: FileId, entry: Option<&[u8]>) -> bool {
-        let Some(layers) = self.layers.try_read() else {
+        let Some(layers) = self.tree.try_read_layers() else {
             return true;
         };
         match entry {
-            None => !self.caches.wholly_upper(id, layers.generation),
+            None => !self.tree.caches.wholly_upper(id, layers.generation),
             Some(name) if id == ROOT => layers.below_may_hold(&layers.root_parts, name),
-            Some(name) => !self.caches.dir_holds(id, layers.generation, |d| {
+            Some(name) => !self.tree.caches.dir_holds(id, layers.generation, |d| {
                 !layers.below_may_hold(&d.parts, name)
             }),
         }
@@ -900,12 +736,13 @@ impl Hints for StackFs {
     /// attributes from the host (upper files and merged directories have
     /// none kept; lower files have theirs once listed).
     fn lists_at_hand(&self, dir: FileId, with_attrs: bool) -> bool {
-        let Some(layers) = self.layers.try_read() else {
+        let Some(layers) = self.tree.try_read_layers() else {
             return false;
         };
-        self.caches.listing(dir, layers.generation).is_some()
+        self.tree.caches.listing(dir, layers.generation).is_some()
             && (!with_attrs
                 || self
+                    .tree
                     .caches
                     .listed_reads(dir, layers.generation)
                     .is_some_and(|reads| reads <= READS_AT_HAND))
@@ -919,11 +756,11 @@ impl HostFiles for StackFs {
     /// the change, where reads through the stack do.
     fn host_file(&self, caller: &Caller, id: FileId, write: bool) -> Result<Option<Arc<OwnedFd>>> {
         // Under a size limit every write is counted here.
-        if write && self.counts_writes() {
+        if write && self.upper.counts_writes() {
             return Ok(None);
         }
-        let layers = self.read_layers();
-        if !write && self.found(&layers, id)?.layer != UPPER {
+        let layers = self.tree.read_layers();
+        if !write && self.tree.found(&layers, id)?.layer != UPPER {
             return Ok(None);
         }
         let want = if write {
@@ -941,10 +778,10 @@ impl HostFiles for StackFs {
     }
 
     fn file_to_keep(&self, id: FileId, write: bool) -> Result<Option<Arc<OwnedFd>>> {
-        let layers = self.current();
+        let layers = self.tree.current();
         // The door's open has just found the file: a descriptor kept for it
         // is taken without asking the host again (one stat per open less).
-        if let Some((layer, fd)) = self.caches.file(id, layers.generation) {
+        if let Some((layer, fd)) = self.tree.caches.file(id, layers.generation) {
             if layer == UPPER || !write {
                 return Ok(Some(fd));
             }
@@ -960,7 +797,7 @@ impl HostFiles for StackFs {
         offset: u64,
         count: usize,
     ) -> Result<Option<ReadSource>> {
-        let (file, attr) = self.readable(&self.current(), caller, id)?;
+        let (file, attr) = self.readable(&self.tree.current(), caller, id)?;
         Ok(Some(hostdir::read_source(file, attr, offset, count)))
     }
 }
@@ -973,12 +810,4 @@ fn link_at(src_dir: BorrowedFd<'_>, src: &CStr, dir: BorrowedFd<'_>, name: &CStr
         name,
         AtFlags::empty(),
     )?)
-}
-
-/// How many names the file `f` keeps once one of its names is removed.
-fn links_left(f: &Found) -> u32 {
-    match f.kind() {
-        FileKind::Directory => 0,
-        _ => f.host.nlink.saturating_sub(1),
-    }
 }

@@ -19,6 +19,7 @@ use layerfs_vfs::{Error, Result};
 use rustc_hash::FxHashSet;
 
 use super::merge::{Layers, UPPER};
+use super::upper::Upper;
 use super::whiteouts::is_hidden;
 use super::StackFs;
 
@@ -66,20 +67,25 @@ impl StackFs {
     /// counted now; it may already be past a new limit, and then only
     /// changes that free room go on.
     pub fn set_size_limit(&self, limit: Option<u64>) -> Result<()> {
-        let layers = self.current();
+        let layers = self.tree.current();
         let used = held(&layers)?;
-        self.quota.used.store(used, SeqCst);
-        self.quota.stale.store(false, SeqCst);
-        self.quota.limit.store(limit.unwrap_or(NONE), SeqCst);
+        self.upper.quota.used.store(used, SeqCst);
+        self.upper.quota.stale.store(false, SeqCst);
+        self.upper.quota.limit.store(limit.unwrap_or(NONE), SeqCst);
         Ok(())
     }
 
     /// The limit, if one is set, and what the upper holds (counted now).
     pub fn size_used(&self) -> Result<(u64, Option<u64>)> {
-        let limit = self.quota.limit.load(SeqCst);
-        Ok((held(&self.current())?, (limit != NONE).then_some(limit)))
+        let limit = self.upper.quota.limit.load(SeqCst);
+        Ok((
+            held(&self.tree.current())?,
+            (limit != NONE).then_some(limit),
+        ))
     }
+}
 
+impl Upper {
     /// Whether writes must reach this filesystem to be counted: a door
     /// may not hand out host files for writing then (FUSE passthrough).
     pub(super) fn counts_writes(&self) -> bool {

@@ -68,8 +68,8 @@ impl StackFs {
     /// `[]` for all), taken one moment: changes wait meanwhile. A path the
     /// upper holds nothing of is no error.
     pub fn reset(&self, paths: &[Vec<Vec<u8>>]) -> Result<ResetDone> {
-        let mut current = self.write_layers();
-        let _ns = self.lock_ns();
+        let mut current = self.tree.write_layers();
+        let _ns = self.upper.lock_ns();
         let mut done = ResetDone::default();
         let all = [Vec::new()];
         let paths = if paths.is_empty() { &all[..] } else { paths };
@@ -84,14 +84,14 @@ impl StackFs {
         }
         // The upper's root may have lost its opaque marker, and every kept
         // part, listing and descriptor may name what is gone.
-        let paths = self.paths.lock().clone();
+        let paths = self.tree.paths.lock().clone();
         *current = Arc::new(Self::layers_at(
-            &self.inodes,
+            &self.tree.inodes,
             &paths,
             current.generation + 1,
         )?);
-        self.caches.layers_changed();
-        self.freed();
+        self.tree.caches.layers_changed();
+        self.upper.freed();
         // Durable before the answer: the directories whose entries changed
         // (not the filesystem, whose sync would write out the data of
         // every file just written, the discarded ones too).
@@ -108,7 +108,7 @@ impl StackFs {
     fn discard_dir(&self, upper: BorrowedFd<'_>, name: &CStr, done: &mut ResetDone) -> Result<()> {
         let aside = CString::new(format!("reset-{}", DISCARDED.fetch_add(1, Relaxed)))
             .expect("no NUL in a number");
-        match rustix::fs::renameat(upper, name, &self.work, &*aside) {
+        match rustix::fs::renameat(upper, name, &self.upper.work, &*aside) {
             Ok(()) => done.discarded.push(aside),
             // A state directory on another filesystem: removed in place.
             Err(rustix::io::Errno::XDEV) => remove_tree_at(upper, name)?,
@@ -125,7 +125,7 @@ impl StackFs {
         if names.is_empty() {
             return;
         }
-        let Ok(work) = self.work.try_clone() else {
+        let Ok(work) = self.upper.work.try_clone() else {
             return;
         };
         let remove = move || {
@@ -158,7 +158,7 @@ impl StackFs {
             return self.clear_upper_dir(layers, upper.as_fd(), &root, &parts, done);
         };
         for name in parents {
-            let Some(f) = layers.lookup(&self.inodes, &parts, &cstr(name)?)? else {
+            let Some(f) = layers.lookup(&self.tree.inodes, &parts, &cstr(name)?)? else {
                 return Ok(());
             };
             if f.kind() != FileKind::Directory {
@@ -219,7 +219,7 @@ impl StackFs {
     ) -> Result<()> {
         let dir = here.dir;
         let c = cstr(name)?;
-        let shown = layers.lookup(&self.inodes, parts, &c)?;
+        let shown = layers.lookup(&self.tree.inodes, parts, &c)?;
         if let Some(f) = &shown {
             done.files.push(f.attr.fileid);
         }
@@ -281,7 +281,7 @@ impl StackFs {
                 None => name.clone(),
             };
             done.names.push((dir, shown_name.clone()));
-            if let Some(f) = layers.lookup(&self.inodes, parts, &cstr(&shown_name)?)? {
+            if let Some(f) = layers.lookup(&self.tree.inodes, parts, &cstr(&shown_name)?)? {
                 done.files.push(f.attr.fileid);
                 if is_dir && f.kind() == FileKind::Directory && below_too(&f.parts) {
                     let sub = hostdir::open_dir(upper, &cstr(&name)?)?;

@@ -69,7 +69,7 @@ pub(super) fn copy(
 
 impl StackFs {
     pub(super) fn get_xattr(&self, id: FileId, name: &[u8]) -> Result<Vec<u8>> {
-        self.xattr_in(&self.current(), id, name)
+        self.xattr_in(&self.tree.current(), id, name)
     }
 
     /// [`get_xattr`](Self::get_xattr) in `layers`, which the caller holds.
@@ -77,7 +77,7 @@ impl StackFs {
         if !serves(name) {
             return Err(Error::NoData);
         }
-        let found = self.found(layers, id)?;
+        let found = self.tree.found(layers, id)?;
         let mut value = vec![0u8; XATTR_MAX];
         let n = rustix::fs::lgetxattr(
             path_of(&found).as_c_str(),
@@ -89,7 +89,7 @@ impl StackFs {
     }
 
     pub(super) fn list_xattrs(&self, id: FileId) -> Result<Vec<u8>> {
-        let found = self.found(&self.current(), id)?;
+        let found = self.tree.found(&self.tree.current(), id)?;
         let path = path_of(&found);
         let mut all = vec![0u8; XATTR_MAX];
         let n = rustix::fs::llistxattr(path.as_c_str(), &mut all[..])?;
@@ -115,18 +115,18 @@ impl StackFs {
         if !serves(name) {
             return Err(Error::NotSupp);
         }
-        let layers = self.read_layers();
-        let _ns = self.lock_ns();
-        let before = self.found(&layers, id)?;
+        let layers = self.tree.read_layers();
+        let c = self.changing(&layers);
+        let before = self.tree.found(&layers, id)?;
         if before.layer != UPPER {
             // Asked in the layers held: reading them again here could wait
             // behind a writer queued meanwhile (see order.rs).
             if value.is_none() && self.xattr_in(&layers, id, name).is_err() {
                 return Err(Error::NoData);
             }
-            self.copy_up(&layers, id)?;
+            c.copy_up(id)?;
         }
-        let found = self.found(&layers, id)?;
+        let found = self.tree.found(&layers, id)?;
         let path = path_of(&found);
         let name = OsStr::from_bytes(name);
         match value {
@@ -141,7 +141,7 @@ impl StackFs {
             None => rustix::fs::lremovexattr(path.as_c_str(), name)?,
         }
         // Its ctime moved.
-        self.dropped_file(id);
+        self.tree.dropped_file(id);
         Ok(())
     }
 }
