@@ -18,6 +18,7 @@
 use std::ffi::CStr;
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+#[cfg(target_os = "linux")]
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
@@ -107,6 +108,12 @@ impl Changing<'_> {
     /// The upper's part of directory `dir`, made (with the lower one's mode,
     /// owner and times) if it has none yet.
     pub(super) fn upper_dir(&self, dir: FileId) -> Result<Arc<OwnedFd>> {
+        // Kept with its upper part: no host call.
+        if let Some(top) = self.tree.kept_dir_part(self.layers, dir) {
+            if top.layer == UPPER {
+                return Ok(top.fd);
+            }
+        }
         let found = self.tree.found(self.layers, dir)?;
         if found.kind() != FileKind::Directory {
             return Err(Error::NotDir);
@@ -185,7 +192,7 @@ impl Changing<'_> {
                     OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::CLOEXEC,
                     Mode::from_raw_mode(0o600),
                 )?;
-                self.copy_data(src, &dst)?;
+                self.copy_data(src, &dst, found.host.size)?;
                 copy_owner_mode_times(host, work, tmp, &found.host)?;
                 hostdir::sync_all(dst.as_fd())?;
             }
@@ -287,9 +294,9 @@ impl Changing<'_> {
             .note(&[(self.layers.tag(UPPER), copy.fileid, copy.generation, origin)])
     }
 
-    /// [`copy_data`], with no clone tried once the upper's filesystem has
-    /// refused one.
-    fn copy_data(&self, src: OwnedFd, dst: &OwnedFd) -> Result<()> {
+    /// [`copy_data`] of a lower file of `size` bytes, with no clone tried
+    /// once the upper's filesystem has refused one.
+    fn copy_data(&self, src: OwnedFd, dst: &OwnedFd, size: u64) -> Result<()> {
         #[cfg(target_os = "linux")]
         if !self.upper.unsynced.no_clone.load(Relaxed) {
             match rustix::fs::ioctl_ficlone(dst, &src) {
@@ -301,7 +308,7 @@ impl Changing<'_> {
                 Err(_) => {}
             }
         }
-        copy_bytes(src, dst)
+        copy_sized(src, dst, size)
     }
 }
 
@@ -318,6 +325,31 @@ pub(super) fn copy_data(src: OwnedFd, dst: &OwnedFd) -> Result<()> {
     if rustix::fs::ioctl_ficlone(dst, &src).is_ok() {
         return Ok(());
     }
+    copy_bytes(src, dst)
+}
+
+/// Copies the `size` bytes of a lower file (which never changes) by the
+/// kernel's copy, one `copy_file_range` per GiB and no call to learn the
+/// length; where the kernel refuses, [`copy_bytes`] goes on from where the
+/// offsets are.
+fn copy_sized(src: OwnedFd, dst: &OwnedFd, size: u64) -> Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        let mut left = size;
+        while left > 0 {
+            let chunk = usize::try_from(left.min(1 << 30)).unwrap_or(1 << 30);
+            match rustix::fs::copy_file_range(&src, None, dst, None, chunk) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left -= n as u64,
+            }
+        }
+        if left == 0 {
+            return Ok(());
+        }
+    }
+    // Elsewhere std finds the length itself.
+    #[cfg(not(target_os = "linux"))]
+    let _ = size;
     copy_bytes(src, dst)
 }
 
@@ -380,4 +412,64 @@ pub(super) fn copy_owner_mode_times(
         ..SetAttr::default()
     };
     hostdir::apply(dir, name, &times)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Seek};
+    use std::path::Path;
+
+    /// A source of `len` bytes and an empty destination, opened as a copy-up opens them.
+    fn files(dir: &Path, len: usize, append: bool) -> (OwnedFd, File, Vec<u8>) {
+        let data: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+        std::fs::write(dir.join("src"), &data).unwrap();
+        let src = File::open(dir.join("src")).unwrap();
+        let dst = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(!append)
+            .append(append)
+            .open(dir.join("dst"))
+            .unwrap();
+        (src.into(), dst, data)
+    }
+
+    fn contents(mut f: &File) -> Vec<u8> {
+        let mut got = Vec::new();
+        f.rewind().unwrap();
+        f.read_to_end(&mut got).unwrap();
+        got
+    }
+
+    #[test]
+    fn a_sized_copy_holds_the_whole_file() {
+        let dir = tempfile::tempdir().unwrap();
+        for len in [0, 1, 4096, 3 << 20] {
+            let (src, dst, data) = files(dir.path(), len, false);
+            let dst_fd = OwnedFd::from(dst);
+            copy_sized(src, &dst_fd, len as u64).unwrap();
+            assert_eq!(contents(&File::from(dst_fd)), data, "{len} bytes");
+        }
+    }
+
+    #[test]
+    fn a_file_shorter_than_said_is_copied_as_it_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let (src, dst, data) = files(dir.path(), 10_000, false);
+        let dst_fd = OwnedFd::from(dst);
+        copy_sized(src, &dst_fd, 20_000).unwrap();
+        assert_eq!(contents(&File::from(dst_fd)), data);
+    }
+
+    #[test]
+    fn where_the_kernel_refuses_its_copy_the_bytes_are_copied_by_hand() {
+        // copy_file_range refuses a destination opened for appending.
+        let dir = tempfile::tempdir().unwrap();
+        let (src, dst, data) = files(dir.path(), 200_000, true);
+        let dst_fd = OwnedFd::from(dst);
+        copy_sized(src, &dst_fd, 200_000).unwrap();
+        assert_eq!(contents(&File::from(dst_fd)), data);
+    }
 }

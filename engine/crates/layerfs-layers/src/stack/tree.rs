@@ -149,6 +149,15 @@ impl Tree {
         Err(Error::Stale)
     }
 
+    /// The top part of directory `id`, where it is at hand without a host call.
+    pub(super) fn kept_dir_part(&self, layers: &Layers, id: FileId) -> Option<Part> {
+        if id == ROOT {
+            return layers.root_parts.first().cloned();
+        }
+        let f = self.caches.dir(id, layers.generation)?;
+        f.parts.into_iter().next()
+    }
+
     /// The parts of directory `id`.
     pub(super) fn dir_parts(&self, layers: &Layers, id: FileId) -> Result<Vec<Part>> {
         if id == ROOT {
@@ -318,16 +327,24 @@ impl Tree {
             return kept.ok_or(Error::NoEnt);
         }
         let stamp = self.caches.stamp(layers.generation);
-        let found = layers.lookup(&self.inodes, &d.parts, &cstr(name)?)?;
-        match &found {
-            None => self.caches.keep_looked_up(dir, name, stamp, None),
-            Some(f) if f.layer != UPPER => {
-                self.caches.keep_looked_up(dir, name, stamp, Some(f.attr))
-            }
-            // Written, truncated or chmodded without a counter moving.
-            Some(_) => {}
+        let Some(f) = layers.lookup(&self.inodes, &d.parts, &cstr(name)?)? else {
+            self.caches.keep_looked_up(dir, name, stamp, None);
+            return Err(Error::NoEnt);
+        };
+        // An upper file's attributes change with every write, which moves
+        // no counter.
+        if f.layer != UPPER {
+            self.caches.keep_looked_up(dir, name, stamp, Some(f.attr));
         }
-        found.map(|f| f.attr).ok_or(Error::NoEnt)
+        // Where it was found, as [`Tree::found`] keeps it: the open or
+        // GETATTR that follows a lookup finds it without a second walk.
+        let attr = f.attr;
+        if f.kind() == FileKind::Directory {
+            self.caches.keep_dir(attr.fileid, stamp, f);
+        } else {
+            self.caches.keep_located(attr.fileid, stamp, f);
+        }
+        Ok(attr)
     }
 
     pub(super) fn listing(&self, layers: &Layers, dir: FileId, d: &Found) -> Result<Listing> {

@@ -1,0 +1,168 @@
+//! Every system call of a copy-up is accounted for: the first open for
+//! writing of a lower file (what FUSE's OPEN and an NFS WRITE to a lower
+//! file start with), after the lookup that found it, must stay within
+//! [`BUDGET`] host system calls, so a copy-up that grows by one fails here.
+//!
+//! This binary runs itself as a child under `strace -c -f` twice, once
+//! opening the stack and copying nothing up and once copying up [`FILES`]
+//! files; the difference, per file, is what a lookup and a copy-up cost.
+//! Counted: every system call, failed ones too (a `statx` that finds no
+//! upper entry costs as much as one that does), but those whose number
+//! follows the allocator or the scheduler rather than the copy.
+//!
+//! Needs strace (and ptrace, which root has); says SKIPPED without it, or
+//! fails with LAYERFS_REQUIRE_MOUNTS=1.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use layerfs_layers::StackFs;
+use layerfs_vfs::{Caller, Filesystem};
+
+const FILES: usize = 200;
+
+/// Host system calls per lookup and copy-up of a small lower file, as
+/// measured when this test was written (as root, on a filesystem that
+/// refuses a clone): the lookup's `statx` of the directory, of the upper
+/// name (missing), of its whiteout (missing) and of the lower file; the
+/// open's `statx` of the lower file before and under the namespace lock;
+/// the copy (`openat` and `fstat` of the lower file, `openat` of the copy,
+/// one `copy_file_range`, `fchownat`, `fchmodat2`, `utimensat`, `fsync`,
+/// two `close`); the xattr list; the copy's `statx` and the identity's log
+/// `write`; the directory's times (`statx`, `utimensat`) around the
+/// `renameat`; then the upper file found and opened (`statx`, `openat`,
+/// `fstat`). Lower the budget when a change saves a call.
+const BUDGET: f64 = 26.0;
+
+/// System calls whose number follows the allocator or the scheduler; in a
+/// debug build also `fcntl`, by which std checks each descriptor it closes.
+const NOT_COUNTED: [&str; 11] = [
+    if cfg!(debug_assertions) {
+        "fcntl"
+    } else {
+        "futex"
+    },
+    "futex",
+    "sched_yield",
+    "mmap",
+    "munmap",
+    "mprotect",
+    "madvise",
+    "mremap",
+    "brk",
+    "rt_sigprocmask",
+    "sched_getaffinity",
+];
+
+fn main() {
+    if let Ok(dir) = std::env::var("LAYERFS_COPY_UP_CHILD") {
+        let files: usize = std::env::var("LAYERFS_COPY_UP_FILES")
+            .unwrap()
+            .parse()
+            .unwrap();
+        copy_up(Path::new(&dir), files);
+        // No destructors: closing what the stack keeps open is not the copy's.
+        std::process::exit(0);
+    }
+    if Command::new("strace").arg("-V").output().is_err() {
+        let none = Err::<(), _>("strace is not installed (apt-get install strace)".to_string());
+        layerfs_testkit::or_skip(none, "system calls per copy-up");
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(t.path().join("lower/d")).unwrap();
+    for i in 0..FILES {
+        std::fs::write(t.path().join(format!("lower/d/f{i}")), b"a line\n").unwrap();
+    }
+    let none = count(t.path(), 0);
+    let all = count(t.path(), FILES);
+    let (Some(none), Some(all)) = (none, all) else {
+        let why = "strace counted nothing: cannot trace?".to_string();
+        layerfs_testkit::or_skip(Err::<(), _>(why), "system calls per copy-up");
+        return;
+    };
+    let per_file = (all.0 - none.0) as f64 / FILES as f64;
+    // strace 6.1 does not know `fchmodat2` (452) and leaves it out.
+    let unknown = all
+        .1
+        .iter()
+        .all(|(name, _)| name != "fchmodat2" && !name.starts_with("syscall_"));
+    let budget = BUDGET - if unknown { 1.0 } else { 0.0 };
+    println!("system calls per lookup and copy-up: {per_file:.2} (budget {budget})");
+    let mut which: Vec<String> = all
+        .1
+        .iter()
+        .filter_map(|(name, n)| {
+            let before = none
+                .1
+                .iter()
+                .find(|(m, _)| m == name)
+                .map_or(0, |(_, n)| *n);
+            let per = (n - before) as f64 / FILES as f64;
+            (per >= 0.5).then(|| format!("{name} {per:.2}"))
+        })
+        .collect();
+    which.sort();
+    println!("  {}", which.join(", "));
+    // Every copy-up opens, copies and renames: fewer means strace saw
+    // nothing of them, which must not pass as a budget met.
+    assert!(
+        per_file >= 5.0,
+        "only {per_file:.2} system calls per copy-up counted"
+    );
+    assert!(
+        per_file <= budget + 0.5,
+        "over budget: {per_file:.2} > {budget}"
+    );
+    println!("test result: ok");
+}
+
+/// The child: opens the stack of `dir/lower` under a fresh upper and copies
+/// up the first `files` files of `d`, each looked up first.
+fn copy_up(dir: &Path, files: usize) {
+    let upper = dir.join(format!("upper-{files}"));
+    let fs = StackFs::open_in_upper(&[dir.join("lower")], &upper).unwrap();
+    let caller = Caller::root();
+    let d = fs.lookup(&caller, 1, b"d").unwrap().fileid;
+    let host = fs.host_files().unwrap();
+    for i in 0..files {
+        let f = fs.lookup(&caller, d, format!("f{i}").as_bytes()).unwrap();
+        let fd = host.host_file(&caller, f.fileid, true).unwrap();
+        assert!(fd.is_some(), "f{i} was not copied up");
+    }
+}
+
+/// The system calls of a child copying up `files` files: the total and
+/// each one's count, or None where strace counted none.
+fn count(dir: &Path, files: usize) -> Option<(u64, Vec<(String, u64)>)> {
+    let out = tempfile::NamedTempFile::new().unwrap();
+    let status = Command::new("strace")
+        .args(["-f", "-qq", "-c", "-U", "calls,name", "-o"])
+        .arg(out.path())
+        .arg(std::env::current_exe().unwrap())
+        .env("LAYERFS_COPY_UP_CHILD", dir)
+        .env("LAYERFS_COPY_UP_FILES", files.to_string())
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(
+        status.success(),
+        "the child copying up {files} files failed"
+    );
+    let table = std::fs::read_to_string(out.path()).unwrap();
+    let mut total = 0;
+    let mut each = Vec::new();
+    for line in table.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let [calls, name] = fields[..] else { continue };
+        let Ok(calls) = calls.parse::<u64>() else {
+            continue;
+        };
+        if name == "total" || NOT_COUNTED.contains(&name) {
+            continue;
+        }
+        total += calls;
+        each.push((name.to_string(), calls));
+    }
+    (total > 0).then_some((total, each))
+}
