@@ -8,7 +8,9 @@
 //! files; the difference, per file, is what a lookup and a copy-up cost.
 //! Counted: every system call, failed ones too (a `statx` that finds no
 //! upper entry costs as much as one that does), but those whose number
-//! follows the allocator or the scheduler rather than the copy.
+//! follows timing rather than the copy ([`strace::NOT_COUNTED`]). A debug
+//! build checks each descriptor std closes with an `fcntl`: there, one
+//! `fcntl` per `close` is not counted, and any other is.
 //!
 //! Needs strace (and ptrace, which root has); says SKIPPED without it, or
 //! fails with LAYERFS_REQUIRE_MOUNTS=1.
@@ -17,6 +19,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use layerfs_layers::StackFs;
+use layerfs_testkit::strace;
 use layerfs_vfs::{Caller, Filesystem};
 
 const FILES: usize = 200;
@@ -33,26 +36,6 @@ const FILES: usize = 200;
 /// `renameat`; then the upper file found and opened (`statx`, `openat`,
 /// `fstat`). Lower the budget when a change saves a call.
 const BUDGET: f64 = 26.0;
-
-/// System calls whose number follows the allocator or the scheduler; in a
-/// debug build also `fcntl`, by which std checks each descriptor it closes.
-const NOT_COUNTED: [&str; 11] = [
-    if cfg!(debug_assertions) {
-        "fcntl"
-    } else {
-        "futex"
-    },
-    "futex",
-    "sched_yield",
-    "mmap",
-    "munmap",
-    "mprotect",
-    "madvise",
-    "mremap",
-    "brk",
-    "rt_sigprocmask",
-    "sched_getaffinity",
-];
 
 fn main() {
     if let Ok(dir) = std::env::var("LAYERFS_COPY_UP_CHILD") {
@@ -137,7 +120,8 @@ fn copy_up(dir: &Path, files: usize) {
 fn count(dir: &Path, files: usize) -> Option<(u64, Vec<(String, u64)>)> {
     let out = tempfile::NamedTempFile::new().unwrap();
     let status = Command::new("strace")
-        .args(["-f", "-qq", "-c", "-U", "calls,name", "-o"])
+        .args(strace::ARGS)
+        .arg("-o")
         .arg(out.path())
         .arg(std::env::current_exe().unwrap())
         .env("LAYERFS_COPY_UP_CHILD", dir)
@@ -149,20 +133,20 @@ fn count(dir: &Path, files: usize) -> Option<(u64, Vec<(String, u64)>)> {
         status.success(),
         "the child copying up {files} files failed"
     );
-    let table = std::fs::read_to_string(out.path()).unwrap();
-    let mut total = 0;
-    let mut each = Vec::new();
-    for line in table.lines() {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        let [calls, name] = fields[..] else { continue };
-        let Ok(calls) = calls.parse::<u64>() else {
-            continue;
-        };
-        if name == "total" || NOT_COUNTED.contains(&name) {
-            continue;
+    let mut each: Vec<(String, u64)> =
+        strace::counts(&std::fs::read_to_string(out.path()).unwrap())
+            .into_iter()
+            .map(|row| (row.name, row.calls))
+            .collect();
+    if cfg!(debug_assertions) {
+        let closes = each
+            .iter()
+            .find(|(name, _)| name == "close")
+            .map_or(0, |(_, n)| *n);
+        if let Some((_, fcntls)) = each.iter_mut().find(|(name, _)| name == "fcntl") {
+            *fcntls = fcntls.saturating_sub(closes);
         }
-        total += calls;
-        each.push((name.to_string(), calls));
     }
+    let total = each.iter().map(|(_, n)| n).sum();
     (total > 0).then_some((total, each))
 }

@@ -5,7 +5,7 @@
 //! the procedure's budget, so a call that grows by one fails here.
 //!
 //! Counted: every system call of every server thread, but those whose
-//! number follows timing rather than the call ([`NOT_COUNTED`]: waits,
+//! number follows timing rather than the call ([`strace::NOT_COUNTED`]: waits,
 //! wake-ups, the allocator, the thread kept awake following the client),
 //! and a socket read that found nothing yet (EAGAIN): how often a reader
 //! looks before the next call arrives depends on timing, not on the call.
@@ -22,39 +22,12 @@ use std::time::Duration;
 
 mod support;
 
+use layerfs_testkit::strace;
 use nfs3_types::nfs3::*;
 use nfs3_types::xdr_codec::{Opaque, Pack};
 use support::{decode, dirop, RawClient};
 
 const CALLS: u32 = 200;
-
-/// System calls that wait, wake or yield (their number follows timing),
-/// the allocator's (its heap grows now and then, not per call), and those
-/// of the thread kept awake as it follows the client from CPU to CPU
-/// (`rpc::awake`: as often as the client moves).
-const NOT_COUNTED: [&str; 21] = [
-    "futex",
-    "epoll_wait",
-    "epoll_pwait",
-    "epoll_pwait2",
-    "sched_yield",
-    "nanosleep",
-    "clock_nanosleep",
-    "poll",
-    "ppoll",
-    "restart_syscall",
-    "mmap",
-    "munmap",
-    "mprotect",
-    "madvise",
-    "mremap",
-    "brk",
-    "sched_getaffinity",
-    "sched_setaffinity",
-    "getsockopt",
-    "getpid",
-    "prctl",
-];
 
 /// Successful system calls per call each procedure may make, as measured
 /// when this test was written. Every call: one `recvfrom` of the record,
@@ -335,7 +308,8 @@ fn measure(server: &Child, port: u16, name: &str, h: &Handles) -> (f64, String) 
     run(&mut c, 10_000, 20);
     let out = tempfile::NamedTempFile::new().unwrap();
     let mut strace = Command::new("strace")
-        .args(["-f", "-qq", "-c", "-U", "calls,errors,name", "-o"])
+        .args(strace::ARGS)
+        .arg("-o")
         .arg(out.path())
         .arg("-p")
         .arg(server.id().to_string())
@@ -352,26 +326,13 @@ fn measure(server: &Child, port: u16, name: &str, h: &Handles) -> (f64, String) 
     let table = std::fs::read_to_string(out.path()).unwrap();
     let mut counted = 0u64;
     let mut which = Vec::new();
-    for line in table.lines() {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        // calls, then errors where there were any, then the name.
-        let (calls, errors, syscall) = match fields[..] {
-            [calls, errors, syscall] => (calls, errors, syscall),
-            [calls, syscall] => (calls, "0", syscall),
-            _ => continue,
-        };
-        let (Ok(calls), Ok(errors)) = (calls.parse::<u64>(), errors.parse::<u64>()) else {
-            continue;
-        };
-        if syscall == "total" || NOT_COUNTED.contains(&syscall) {
-            continue;
-        }
+    for row in strace::counts(&table) {
         // A socket read that found nothing yet: timing, not the call.
-        let looked = matches!(syscall, "read" | "recvfrom" | "recvmsg" | "readv");
-        let n = calls - if looked { errors } else { 0 };
+        let looked = matches!(row.name.as_str(), "read" | "recvfrom" | "recvmsg" | "readv");
+        let n = row.calls - if looked { row.errors } else { 0 };
         counted += n;
         if n >= u64::from(CALLS / 10) {
-            which.push(format!("{syscall} {:.2}", n as f64 / f64::from(CALLS)));
+            which.push(format!("{} {:.2}", row.name, n as f64 / f64::from(CALLS)));
         }
     }
     (counted as f64 / f64::from(CALLS), which.join(", "))

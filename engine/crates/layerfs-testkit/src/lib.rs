@@ -6,9 +6,13 @@
 //! says `SKIPPED` and checks nothing, unless `LAYERFS_REQUIRE_MOUNTS=1`
 //! (verify.sh sets it when it runs as root), where the same failure fails
 //! the test, so a broken mount never passes silently.
+//!
+//! Also what the system call budget tests share: [`strace`].
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+pub mod strace;
 
 /// A filesystem mounted at a directory; unmounted when dropped.
 #[derive(Debug)]

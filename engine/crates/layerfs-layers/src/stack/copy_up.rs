@@ -417,59 +417,48 @@ pub(super) fn copy_owner_mode_times(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::{Read, Seek};
-    use std::path::Path;
+    use std::io::Read;
 
-    /// A source of `len` bytes and an empty destination, opened as a copy-up opens them.
-    fn files(dir: &Path, len: usize, append: bool) -> (OwnedFd, File, Vec<u8>) {
+    /// [`copy_sized`] of a file of `len` bytes said to be `said` long, into
+    /// a new file (opened for appending with `append`, which the kernel's
+    /// copy refuses): the file's bytes and the copy's.
+    fn copied(len: usize, said: u64, append: bool) -> (Vec<u8>, Vec<u8>) {
+        let dir = tempfile::tempdir().unwrap();
         let data: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
-        std::fs::write(dir.join("src"), &data).unwrap();
-        let src = File::open(dir.join("src")).unwrap();
+        std::fs::write(dir.path().join("src"), &data).unwrap();
+        let src = File::open(dir.path().join("src")).unwrap();
         let dst = std::fs::OpenOptions::new()
-            .read(true)
             .write(true)
-            .create(true)
-            .truncate(!append)
+            .create_new(true)
             .append(append)
-            .open(dir.join("dst"))
+            .open(dir.path().join("dst"))
             .unwrap();
-        (src.into(), dst, data)
-    }
-
-    fn contents(mut f: &File) -> Vec<u8> {
+        copy_sized(src.into(), &dst.into(), said).unwrap();
         let mut got = Vec::new();
-        f.rewind().unwrap();
-        f.read_to_end(&mut got).unwrap();
-        got
+        File::open(dir.path().join("dst"))
+            .unwrap()
+            .read_to_end(&mut got)
+            .unwrap();
+        (data, got)
     }
 
     #[test]
     fn a_sized_copy_holds_the_whole_file() {
-        let dir = tempfile::tempdir().unwrap();
         for len in [0, 1, 4096, 3 << 20] {
-            let (src, dst, data) = files(dir.path(), len, false);
-            let dst_fd = OwnedFd::from(dst);
-            copy_sized(src, &dst_fd, len as u64).unwrap();
-            assert_eq!(contents(&File::from(dst_fd)), data, "{len} bytes");
+            let (data, got) = copied(len, len as u64, false);
+            assert!(got == data, "{len} bytes: {} copied", got.len());
         }
     }
 
     #[test]
     fn a_file_shorter_than_said_is_copied_as_it_is() {
-        let dir = tempfile::tempdir().unwrap();
-        let (src, dst, data) = files(dir.path(), 10_000, false);
-        let dst_fd = OwnedFd::from(dst);
-        copy_sized(src, &dst_fd, 20_000).unwrap();
-        assert_eq!(contents(&File::from(dst_fd)), data);
+        let (data, got) = copied(10_000, 20_000, false);
+        assert!(got == data, "{} bytes copied", got.len());
     }
 
     #[test]
     fn where_the_kernel_refuses_its_copy_the_bytes_are_copied_by_hand() {
-        // copy_file_range refuses a destination opened for appending.
-        let dir = tempfile::tempdir().unwrap();
-        let (src, dst, data) = files(dir.path(), 200_000, true);
-        let dst_fd = OwnedFd::from(dst);
-        copy_sized(src, &dst_fd, 200_000).unwrap();
-        assert_eq!(contents(&File::from(dst_fd)), data);
+        let (data, got) = copied(200_000, 200_000, true);
+        assert!(got == data, "{} bytes copied", got.len());
     }
 }

@@ -1,0 +1,90 @@
+//! Counting a process's system calls with `strace -c`, for the tests that
+//! hold a path to a budget of them.
+
+/// System calls whose number follows timing rather than the work measured:
+/// waits, wake-ups and yields, the allocator's (its heap grows now and then),
+/// and those of a thread kept awake as it follows a client from CPU to CPU.
+pub const NOT_COUNTED: [&str; 21] = [
+    "futex",
+    "epoll_wait",
+    "epoll_pwait",
+    "epoll_pwait2",
+    "sched_yield",
+    "nanosleep",
+    "clock_nanosleep",
+    "poll",
+    "ppoll",
+    "restart_syscall",
+    "mmap",
+    "munmap",
+    "mprotect",
+    "madvise",
+    "mremap",
+    "brk",
+    "sched_getaffinity",
+    "sched_setaffinity",
+    "getsockopt",
+    "getpid",
+    "prctl",
+];
+
+/// How `strace` is told to print its table: [`counts`] reads this one.
+pub const ARGS: [&str; 5] = ["-f", "-qq", "-c", "-U", "calls,errors,name"];
+
+/// One system call's row of the table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Count {
+    pub name: String,
+    pub calls: u64,
+    pub errors: u64,
+}
+
+/// The rows of a table `strace` printed with [`ARGS`], but the total and the
+/// calls in [`NOT_COUNTED`].
+pub fn counts(table: &str) -> Vec<Count> {
+    let mut rows = Vec::new();
+    for line in table.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        // calls, then errors where there were any, then the name.
+        let (calls, errors, name) = match fields[..] {
+            [calls, errors, name] => (calls, errors, name),
+            [calls, name] => (calls, "0", name),
+            _ => continue,
+        };
+        let (Ok(calls), Ok(errors)) = (calls.parse(), errors.parse()) else {
+            continue;
+        };
+        if name == "total" || NOT_COUNTED.contains(&name) {
+            continue;
+        }
+        rows.push(Count {
+            name: name.to_string(),
+            calls,
+            errors,
+        });
+    }
+    rows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_table_is_read_without_its_total_and_timing_calls() {
+        let table = "    calls    errors syscall
+--------- --------- ------------------
+        7           writev
+       12         3 statx
+        9           futex
+--------- --------- ------------------
+       28         3 total
+";
+        let row = |name: &str, calls, errors| Count {
+            name: name.to_string(),
+            calls,
+            errors,
+        };
+        assert_eq!(counts(table), [row("writev", 7, 0), row("statx", 12, 3)]);
+    }
+}
