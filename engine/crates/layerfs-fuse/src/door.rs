@@ -10,7 +10,7 @@
 use std::cell::RefCell;
 use std::ffi::OsStr;
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::Arc;
@@ -549,6 +549,7 @@ impl fuser::Filesystem for Door {
             return reply.error(Errno::EACCES);
         }
         let held = self.held(attr.fileid, wants.contains(Perm::WRITE));
+        let kept = held.as_ref().map(|h| h.file.clone());
         // Writes through passthrough reach the host file without the door:
         // the copy-up this open made is made durable now, as such writes
         // promise.
@@ -562,9 +563,13 @@ impl fuser::Filesystem for Door {
             held,
             reply,
             |reply| {
-                self.backing(&caller, &attr, wants.contains(Perm::WRITE), |fd| {
-                    reply.open_backing(fd)
-                })
+                self.backing(
+                    &caller,
+                    &attr,
+                    kept.as_ref(),
+                    wants.contains(Perm::WRITE),
+                    |fd| reply.open_backing(fd),
+                )
             },
             |reply, way| match way {
                 Way::Cached => reply.opened(CACHED, self.open_flags()),
@@ -923,11 +928,17 @@ impl fuser::Filesystem for Door {
             Generation(attr.generation),
         );
         let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let held = self.held(attr.fileid, write);
+        let kept = held.as_ref().map(|h| h.file.clone());
         self.opens.open(
             attr.fileid,
-            self.held(attr.fileid, write),
+            held,
             reply,
-            |reply| self.backing(&caller, &attr, write, |fd| reply.open_backing(fd)),
+            |reply| {
+                self.backing(&caller, &attr, kept.as_ref(), write, |fd| {
+                    reply.open_backing(fd)
+                })
+            },
             |reply, way| match way {
                 Way::Cached => reply.created(&ttl, &fattr, generation, CACHED, self.open_flags()),
                 Way::Passthrough(b) => reply.created_passthrough(
@@ -958,11 +969,14 @@ const PASSTHROUGH_FLAGS: FopenFlags = FopenFlags::FOPEN_NOFLUSH;
 
 impl Door {
     /// Registers the host file of the file `attr` describes with the
-    /// kernel, where the filesystem has one and handing it out is safe.
+    /// kernel, where the filesystem has one and handing it out is safe:
+    /// `kept`, the file this open holds, where the filesystem says it is
+    /// that host file (the door checked the open itself).
     fn backing(
         &self,
         caller: &Caller,
         attr: &Attr,
+        kept: Option<&Arc<OwnedFd>>,
         write: bool,
         register: impl FnOnce(BorrowedFd<'_>) -> io::Result<BackingId>,
     ) -> Option<BackingId> {
@@ -971,11 +985,11 @@ impl Door {
         if !self.passthrough || attr.kind != FileKind::Regular || attr.mode & 0o6000 != 0 {
             return None;
         }
-        let fd = self
-            .fs
-            .host_files()?
-            .host_file(caller, attr.fileid, write)
-            .ok()??;
+        let files = self.fs.host_files()?;
+        let fd = match kept {
+            Some(fd) if files.kept_is_host_file(attr.fileid, fd, write) => fd.clone(),
+            _ => files.host_file(caller, attr.fileid, write).ok()??,
+        };
         match register(fd.as_fd()) {
             Ok(backing) => Some(backing),
             Err(e) => {

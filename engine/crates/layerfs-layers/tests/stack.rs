@@ -908,3 +908,40 @@ fn a_directory_is_committed_whether_or_not_the_upper_holds_it() {
         "a commit of a lower directory copied it up"
     );
 }
+
+/// The file a door holds for an open stands for the file while it is the
+/// file's top instance, and only then: extended attributes are read through
+/// it, and the door hands it to the kernel as the host file, until a copy-up
+/// or a removal puts another in its place.
+#[test]
+fn a_held_file_stands_for_its_file_until_a_copy_up_or_removal() {
+    use layerfs_vfs::XattrFlags;
+    let s = Stack::new(1, |_, d| {
+        std::fs::write(d.join("f"), b"lower").unwrap();
+        let empty = rustix::fs::XattrFlags::empty();
+        rustix::fs::lsetxattr(d.join("f"), "user.k", b"lower", empty).unwrap();
+    });
+    let fs = s.open();
+    let f = at(&fs, "f").unwrap();
+    let lower = fs.file_to_keep(f, false).unwrap().expect("the lower file");
+    assert!(!fs.kept_is_host_file(f, &lower, false), "a lower file");
+    assert_eq!(fs.getxattr(f, b"user.k").unwrap(), b"lower");
+    // A writer's open copies the file up, attributes and all.
+    let upper = fs.file_to_keep(f, true).unwrap().expect("the upper file");
+    assert!(fs.kept_is_host_file(f, &upper, true));
+    assert!(fs.kept_is_host_file(f, &upper, false));
+    assert!(!fs.kept_is_host_file(f, &lower, false), "the reader's file");
+    assert_eq!(fs.getxattr(f, b"user.k").unwrap(), b"lower");
+    fs.setxattr(f, b"user.k", b"upper", XattrFlags::Replace)
+        .unwrap();
+    let held = fs.file_to_keep(f, false).unwrap().expect("the upper file");
+    assert!(
+        !std::sync::Arc::ptr_eq(&held, &lower),
+        "the lower file again"
+    );
+    assert_eq!(fs.getxattr(f, b"user.k").unwrap(), b"upper");
+    fs.removexattr(f, b"user.k").unwrap();
+    assert_eq!(fs.getxattr(f, b"user.k"), Err(Error::NoData));
+    fs.remove(&root(), fs.root(), b"f").unwrap();
+    assert!(!fs.kept_is_host_file(f, &held, true), "a removed file");
+}

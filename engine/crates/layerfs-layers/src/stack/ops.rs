@@ -80,7 +80,10 @@ impl StackFs {
                 self.tree.dropped_file(id);
             }
         }
-        let mut f = self.tree.found(layers, id)?;
+        let mut f = match write {
+            true => self.tree.found_to_write(layers, id)?,
+            false => self.tree.found(layers, id)?,
+        };
         match f.kind() {
             FileKind::Regular => {}
             FileKind::Directory => return Err(Error::IsDir),
@@ -775,6 +778,17 @@ impl HostFiles for StackFs {
             Ok(())
         })?;
         Ok(Some(fd))
+    }
+
+    /// While `kept` is still the file's descriptor kept here, in the upper,
+    /// and writes are not counted: a copy-up or removal since
+    /// [`file_to_keep`](HostFiles::file_to_keep) dropped it.
+    fn kept_is_host_file(&self, id: FileId, kept: &Arc<OwnedFd>, write: bool) -> bool {
+        if write && self.upper.counts_writes() {
+            return false;
+        }
+        let generation = self.tree.current().generation;
+        matches!(self.tree.caches.file(id, generation), Some((UPPER, fd)) if Arc::ptr_eq(&fd, kept))
     }
 
     fn file_to_keep(&self, id: FileId, write: bool) -> Result<Option<Arc<OwnedFd>>> {

@@ -149,6 +149,18 @@ impl Tree {
         Err(Error::Stale)
     }
 
+    /// [`found`](Self::found) for an open for writing, which copies a lower
+    /// file up and then finds it again: a lower file whose place is kept is
+    /// taken as kept, its attributes not asked of the host again. In a
+    /// generation a lower file changes in nothing but its access time, and
+    /// the copy-up asks for that itself, under the namespace lock.
+    pub(super) fn found_to_write(&self, layers: &Layers, id: FileId) -> Result<Found> {
+        match self.caches.located(id, layers.generation) {
+            Some(f) if f.layer != UPPER => Ok(f),
+            _ => self.found(layers, id),
+        }
+    }
+
     /// The top part of directory `id`, where it is at hand without a host call.
     pub(super) fn kept_dir_part(&self, layers: &Layers, id: FileId) -> Option<Part> {
         if id == ROOT {

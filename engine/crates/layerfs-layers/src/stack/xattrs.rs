@@ -5,7 +5,7 @@
 //!
 //! The host calls go through `/proc/self/fd/DIR/NAME`: the kernel has no
 //! `*xattrat` calls before 6.13, and a symlink or device cannot be opened
-//! to be read.
+//! to be read. A regular file held open is read through its descriptor.
 
 use std::ffi::{CString, OsStr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
@@ -13,6 +13,7 @@ use std::os::unix::ffi::OsStrExt;
 
 use layerfs_vfs::XattrFlags;
 use layerfs_vfs::{Error, FileId, Result};
+use rustix::buffer::spare_capacity;
 
 use super::merge::{Found, Layers, UPPER};
 use super::StackFs;
@@ -77,24 +78,28 @@ impl StackFs {
         if !serves(name) {
             return Err(Error::NoData);
         }
-        let found = self.tree.found(layers, id)?;
-        let mut value = vec![0u8; XATTR_MAX];
-        let n = rustix::fs::lgetxattr(
-            path_of(&found).as_c_str(),
-            OsStr::from_bytes(name),
-            &mut value[..],
-        )?;
-        value.truncate(n);
+        let name = OsStr::from_bytes(name);
+        let mut value = Vec::with_capacity(XATTR_MAX);
+        // A file held open is asked through its descriptor: the kernel asks
+        // for `security.capability` before the first write through each
+        // open, and then the file is open here.
+        match self.tree.caches.file(id, layers.generation) {
+            Some((_, fd)) => rustix::fs::fgetxattr(&*fd, name, spare_capacity(&mut value))?,
+            None => {
+                let found = self.tree.found(layers, id)?;
+                rustix::fs::lgetxattr(path_of(&found).as_c_str(), name, spare_capacity(&mut value))?
+            }
+        };
         Ok(value)
     }
 
     pub(super) fn list_xattrs(&self, id: FileId) -> Result<Vec<u8>> {
         let found = self.tree.found(&self.tree.current(), id)?;
         let path = path_of(&found);
-        let mut all = vec![0u8; XATTR_MAX];
-        let n = rustix::fs::llistxattr(path.as_c_str(), &mut all[..])?;
+        let mut all = Vec::with_capacity(XATTR_MAX);
+        rustix::fs::llistxattr(path.as_c_str(), spare_capacity(&mut all))?;
         let mut names = Vec::new();
-        for name in all[..n]
+        for name in all
             .split(|&b| b == 0)
             .filter(|n| !n.is_empty() && serves(n))
         {
