@@ -134,20 +134,9 @@ fn count(dir: &Path, files: usize) -> Option<(u64, Vec<(String, u64)>)> {
         status.success(),
         "the child copying up {files} files failed"
     );
-    let mut each: Vec<(String, u64)> =
-        strace::counts(&std::fs::read_to_string(out.path()).unwrap())
-            .into_iter()
-            .map(|row| (row.name, row.calls))
-            .collect();
-    if cfg!(debug_assertions) {
-        let closes = each
-            .iter()
-            .find(|(name, _)| name == "close")
-            .map_or(0, |(_, n)| *n);
-        if let Some((_, fcntls)) = each.iter_mut().find(|(name, _)| name == "fcntl") {
-            *fcntls = fcntls.saturating_sub(closes);
-        }
-    }
+    let mut rows = strace::counts(&std::fs::read_to_string(out.path()).unwrap());
+    strace::leave_out_debug_close_checks(&mut rows);
+    let each: Vec<(String, u64)> = rows.into_iter().map(|row| (row.name, row.calls)).collect();
     let total = each.iter().map(|(_, n)| n).sum();
     (total > 0).then_some((total, each))
 }
