@@ -37,8 +37,8 @@ mod linux {
     const FILES: usize = 500;
 
     /// Host system calls per file, as measured when this test was written
-    /// (tmpfs, as root, passthrough, Linux 6.18); lower one when a change saves
-    /// a call.
+    /// (its temporary directory on ext4, as root, passthrough, Linux 6.18);
+    /// lower one when a change saves a call.
     ///
     /// - A new file: LOOKUP (`statx` of the directory and of the name, not
     ///   there), CREATE (`statx` of the directory, `openat`, `statx` of the new
