@@ -3,7 +3,7 @@
 //! end to end by tests/daemon/fuse.sh (FUSE) and the QEMU harness (NFS).
 
 use layerfs_testkit::null_reply_bytes_as;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -92,10 +92,7 @@ fn spawn_daemon(store: &Path, runtime: &Path) -> (Child, String) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut first = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
+    let first = layerfs_testkit::first_line(&mut child);
     (child, first)
 }
 
@@ -462,10 +459,7 @@ fn the_nfs_server_admits_root_and_the_daemons_user_only() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut ready = String::new();
-    BufReader::new(theirs.stdout.take().unwrap())
-        .read_line(&mut ready)
-        .unwrap();
+    let ready = layerfs_testkit::first_line(&mut theirs);
     let port = nfs_port_of(&ready);
     assert_eq!(
         null_reply_bytes_as(65534, port),

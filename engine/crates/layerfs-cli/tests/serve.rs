@@ -158,10 +158,7 @@ fn start_with_stderr(dir: &std::path::Path, stderr: Stdio) -> (std::process::Chi
         .stderr(stderr)
         .spawn()
         .unwrap();
-    let mut first = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
+    let first = layerfs_testkit::first_line(&mut child);
     let port = first
         .trim_end()
         .rsplit(':')
@@ -214,10 +211,7 @@ fn serving_beyond_loopback_warns_at_every_start() {
             .stderr(std::fs::File::create(log.path()).unwrap())
             .spawn()
             .unwrap();
-        let mut first = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut first)
-            .unwrap();
+        let first = layerfs_testkit::first_line(&mut child);
         assert!(first.starts_with("listening on"), "{first}");
         stops_cleanly_on_sigterm(&mut child);
         let log = std::fs::read_to_string(log.path()).unwrap();

@@ -18,17 +18,19 @@ fn main() {
     #[cfg(target_os = "linux")]
     linux::main();
     #[cfg(not(target_os = "linux"))]
-    println!("SKIPPED: host calls per FUSE request: FUSE is Linux's");
+    layerfs_testkit::or_skip(
+        Err::<(), _>("FUSE is Linux's".to_string()),
+        "host calls per FUSE request",
+    );
 }
 
 #[cfg(target_os = "linux")]
 mod linux {
     use std::fs::{self, OpenOptions};
-    use std::io::{BufRead, BufReader, Write};
+    use std::io::Write;
     use std::path::{Path, PathBuf};
     use std::process::{Child, Command, Stdio};
     use std::sync::Arc;
-    use std::time::{Duration, Instant};
 
     use layerfs_fuse::{Caching, Options};
     use layerfs_layers::StackFs;
@@ -187,10 +189,7 @@ mod linux {
                 .stdout(Stdio::piped())
                 .spawn()
                 .unwrap();
-            let mut line = String::new();
-            BufReader::new(child.stdout.take().unwrap())
-                .read_line(&mut line)
-                .unwrap();
+            let line = layerfs_testkit::first_line(&mut child);
             assert_eq!(line.trim(), "mounted", "the child did not mount");
             Door {
                 child,
@@ -201,25 +200,7 @@ mod linux {
         /// Host calls per file of the door while `work` runs, and each call's
         /// count per file (those at least one in two files make).
         fn count(&mut self, work: impl FnOnce()) -> (f64, Vec<String>) {
-            let out = tempfile::NamedTempFile::new().unwrap();
-            let mut tracer = Command::new("strace")
-                .args(strace::ARGS)
-                .arg("-o")
-                .arg(out.path())
-                .arg("-p")
-                .arg(self.child.id().to_string())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap();
-            self.wait_traced();
-            work();
-            rustix::process::kill_process(
-                rustix::process::Pid::from_child(&tracer),
-                rustix::process::Signal::INT,
-            )
-            .unwrap();
-            tracer.wait().unwrap();
-            let mut rows = strace::counts(&fs::read_to_string(out.path()).unwrap());
+            let mut rows = strace::calls_while(self.child.id(), work);
             strace::leave_out_debug_close_checks(&mut rows);
             let total: u64 = rows.iter().map(|r| r.calls).sum();
             let mut which: Vec<String> = rows
@@ -230,30 +211,6 @@ mod linux {
                 .collect();
             which.sort();
             (total as f64 / FILES as f64, which)
-        }
-
-        /// Waits until every thread of the child is traced.
-        fn wait_traced(&self) {
-            let tasks = PathBuf::from(format!("/proc/{}/task", self.child.id()));
-            let start = Instant::now();
-            loop {
-                let traced = fs::read_dir(&tasks).unwrap().all(|task| {
-                    let status = fs::read_to_string(task.unwrap().path().join("status"));
-                    status.is_ok_and(|s| {
-                        s.lines().any(|l| {
-                            l.starts_with("TracerPid:") && l.split_whitespace().nth(1) != Some("0")
-                        })
-                    })
-                });
-                if traced {
-                    return;
-                }
-                assert!(
-                    start.elapsed() < Duration::from_secs(10),
-                    "strace did not attach"
-                );
-                std::thread::sleep(Duration::from_millis(20));
-            }
         }
 
         /// Unmounts: the child does when its stdin closes.

@@ -11,7 +11,6 @@
 //! started again as a child with `LAYERFS_KILL_CHILD` set.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -96,10 +95,7 @@ fn start_server(what: &str, dir: &Path) -> (Child, u16) {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let line = layerfs_testkit::first_line(&mut child);
     let port = line.trim().parse().unwrap_or_else(|_| {
         let _ = child.kill();
         panic!("the server did not start: {line:?}")

@@ -14,7 +14,6 @@
 //! fails with LAYERFS_REQUIRE_MOUNTS=1.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -151,11 +150,8 @@ fn start_server(dir: &Path) -> (Child, u16) {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    (child, line.trim().parse().expect("a port"))
+    let port = layerfs_testkit::first_line(&mut child).trim().parse();
+    (child, port.expect("a port"))
 }
 
 /// The `seq`th call of procedure `name`: its procedure number and arguments.
@@ -306,27 +302,10 @@ fn measure(server: &Child, port: u16, name: &str, h: &Handles) -> (f64, String) 
     // under any steady load. CREATE, RENAME and REMOVE warm on names of
     // their own (sequence numbers past those measured).
     run(&mut c, 10_000, 20);
-    let out = tempfile::NamedTempFile::new().unwrap();
-    let mut strace = Command::new("strace")
-        .args(strace::ARGS)
-        .arg("-o")
-        .arg(out.path())
-        .arg("-p")
-        .arg(server.id().to_string())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    // strace attaches to each of the server's threads before it counts.
-    std::thread::sleep(Duration::from_millis(500));
-    run(&mut c, 0, CALLS);
-    let pid = rustix::process::Pid::from_child(&strace);
-    rustix::process::kill_process(pid, rustix::process::Signal::INT).unwrap();
-    strace.wait().unwrap();
-    let table = std::fs::read_to_string(out.path()).unwrap();
+    let rows = strace::calls_while(server.id(), || run(&mut c, 0, CALLS));
     let mut counted = 0u64;
     let mut which = Vec::new();
-    for row in strace::counts(&table) {
+    for row in rows {
         // A socket read that found nothing yet: timing, not the call.
         let looked = matches!(row.name.as_str(), "read" | "recvfrom" | "recvmsg" | "readv");
         let n = row.calls - if looked { row.errors } else { 0 };

@@ -78,6 +78,17 @@ fn mount(args: &[&str], at: &Path) -> Result<Mounted, String> {
     Ok(Mounted(at.to_path_buf()))
 }
 
+/// The first line `child` printed on its stdout (piped; taken here): a
+/// server a test started says there that it is ready, and where.
+pub fn first_line(child: &mut std::process::Child) -> String {
+    use std::io::BufRead;
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("the child's stdout is piped"))
+        .read_line(&mut line)
+        .expect("the child's first line");
+    line
+}
+
 /// Whether a test that cannot have what it needs must fail rather than skip.
 pub fn mounts_required() -> bool {
     std::env::var("LAYERFS_REQUIRE_MOUNTS").is_ok_and(|v| v == "1")

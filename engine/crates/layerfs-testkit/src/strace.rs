@@ -1,6 +1,9 @@
 //! Counting a process's system calls with `strace -c`, for the tests that
 //! hold a path to a budget of them.
 
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
 /// System calls whose number follows timing rather than the work measured:
 /// waits, wake-ups and yields, the allocator's (its heap grows now and then),
 /// and those of a thread kept awake as it follows a client from CPU to CPU.
@@ -64,6 +67,50 @@ pub fn counts(table: &str) -> Vec<Count> {
         });
     }
     rows
+}
+
+/// The rows (as [`counts`] reads them) of what process `pid` called, all
+/// its threads, while `work` ran: `strace -c -f -p` attaches first, and
+/// `work` starts only once every thread is traced.
+pub fn calls_while(pid: u32, work: impl FnOnce()) -> Vec<Count> {
+    let out = tempfile::NamedTempFile::new().unwrap();
+    let mut tracer = Command::new("strace")
+        .args(ARGS)
+        .arg("-o")
+        .arg(out.path())
+        .arg("-p")
+        .arg(pid.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("strace runs");
+    wait_traced(pid);
+    work();
+    let tracer_pid = rustix::process::Pid::from_child(&tracer);
+    rustix::process::kill_process(tracer_pid, rustix::process::Signal::INT).unwrap();
+    tracer.wait().unwrap();
+    counts(&std::fs::read_to_string(out.path()).unwrap())
+}
+
+/// Waits until every thread of process `pid` has a tracer.
+fn wait_traced(pid: u32) {
+    let tasks = format!("/proc/{pid}/task");
+    let traced = |task: std::io::Result<std::fs::DirEntry>| {
+        let status = std::fs::read_to_string(task.unwrap().path().join("status"));
+        status.is_ok_and(|s| {
+            s.lines()
+                .filter_map(|l| l.strip_prefix("TracerPid:"))
+                .any(|tracer| tracer.trim() != "0")
+        })
+    };
+    let start = Instant::now();
+    while !std::fs::read_dir(&tasks).unwrap().all(traced) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "strace did not attach to process {pid}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Leaves out of `rows` one `fcntl` per `close` in a debug build, where std
