@@ -6,8 +6,9 @@
 # with the file, system. names are not served. A file capability
 # (security.capability) in a layer shows as getcap would read it, and a
 # write by a user who is not root takes it away, as Linux does, while the
-# layer keeps it; the door answers the kernel's look for one before each
-# write from memory (one host call for 2,000 writes).
+# layer keeps it; the kernel looks for one before the first write to a
+# file, and the door answers later looks from memory (one host call for
+# 2,000 writes).
 # Needs root and /dev/fuse; says SKIPPED without them (tests/skip.sh).
 # usage: tests/fuse/xattrs.sh LAYERFS
 set -euo pipefail

@@ -23,6 +23,22 @@ try() {
 	esac
 }
 
+# The owner of $1 opens it for appending; root makes it setuid and setgid
+# meanwhile; then the owner writes through the descriptor it holds.
+write_while_made_setuid() {
+	local sync pid
+	sync=$(mktemp -d)
+	chmod 755 "$sync"
+	mkfifo -m 666 "$sync/opened" "$sync/go"
+	as 65533 sh -c 'exec 3>>"$1" && echo >"$2" && read -r _ <"$3" && echo x >&3' sh "$1" "$sync/opened" "$sync/go" &
+	pid=$!
+	read -r _ <"$sync/opened"
+	chmod 6777 "$1"
+	echo >"$sync/go"
+	wait "$pid"
+	rm -rf "$sync"
+}
+
 rules() {
 	cd "$1"
 	mkdir w
@@ -39,6 +55,14 @@ rules() {
 	chmod 6777 f
 	as 65533 sh -c 'echo x >>f'
 	echo "mode after a write by the owner: $(stat -c %a f)"
+	chmod 6777 f
+	echo x >>f
+	echo "mode after a write by root: $(stat -c %a f)"
+	as 65533 truncate -s 1 f
+	echo "mode after a truncate by the owner: $(stat -c %a f)"
+	chmod 777 f
+	write_while_made_setuid f
+	echo "mode after a write through a descriptor opened before chmod 6777: $(stat -c %a f)"
 	touch g
 	chown 65533:100 g
 	as 65533 chmod 2755 g
@@ -101,6 +125,9 @@ chgrp to the same group, by another user: refused
 chown to the same owner, by the owner: ok
 mode after a write by another user: 777
 mode after a write by the owner: 777
+mode after a write by root: 6777
+mode after a truncate by the owner: 777
+mode after a write through a descriptor opened before chmod 6777: 777
 chmod 2755 by an owner outside the group: 755
 new file modes (0620, 0642 asked): 620 642 
 move a 0555 directory to another parent, by another user: refused

@@ -13,12 +13,12 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
 use fuser::{
     AccessFlags, BackingId, Errno, FileHandle, FopenFlags, Generation, INodeNo, InitFlags,
-    IoctlFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr,
+    IoctlFlags, KernelConfig, LockOwner, Notifier, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr,
     ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl,
     ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
@@ -35,6 +35,7 @@ use crate::attrs::{kind, kind_of_mode, timestamp, Caching, Inos};
 use crate::callers::Callers;
 use crate::handover::KernelInit;
 use crate::opens::{Held, OpenFiles, Way, CACHED, PASSTHROUGH};
+use crate::privilege;
 
 /// Largest WRITE the kernel sends; also its readahead.
 pub const MAX_WRITE: u32 = 1 << 20;
@@ -54,14 +55,17 @@ pub struct Door {
     /// security.capability it looks for).
     xattrs: bool,
     no_caps: Arc<NoCaps>,
+    /// How the door tells the kernel to forget what it cached, once the
+    /// session is made.
+    notifier: Arc<OnceLock<Notifier>>,
     /// What the kernel's FUSE_INIT offered, once it came: kept so another
     /// process can take the session over ([`crate::handover`]).
     kernel: Arc<parking_lot::Mutex<Option<KernelInit>>>,
 }
 
 /// The inodes known to have no `security.capability`. The kernel looks for
-/// one before every write through the door (FUSE superblocks are not
-/// `SB_NOSEC`); an inode here is answered at once. Only an answer that none
+/// one before the first write to each inode (and before every write to a
+/// file with setuid or setgid); an inode here is answered at once. Only an answer that none
 /// exists is kept, and any change of an attribute, or a reset of the
 /// workspace, forgets them all: a wrong "none" would let a write keep a
 /// binary's capabilities.
@@ -131,6 +135,7 @@ impl Door {
         Door {
             xattrs,
             no_caps: Arc::default(),
+            notifier: Arc::default(),
             fs,
             inos,
             caching,
@@ -145,6 +150,11 @@ impl Door {
     /// to forget when it changes files behind the door (a reset).
     pub fn no_caps(&self) -> Arc<NoCaps> {
         self.no_caps.clone()
+    }
+
+    /// Where the session's notifier goes once the session is made.
+    pub fn notifier(&self) -> Arc<OnceLock<Notifier>> {
+        self.notifier.clone()
     }
 
     /// Between the filesystem's ids and the kernel's inode numbers.
@@ -296,10 +306,13 @@ impl fuser::Filesystem for Door {
         // (READDIRPLUS_AUTO): a listing is nearly always followed by a stat
         // of each entry (ls -l, find, shells completing), which would
         // otherwise cost a LOOKUP each.
+        // HANDLE_KILLPRIV_V2: no GETXATTR before every write; the door
+        // clears setuid and setgid instead (see [`crate::privilege`]).
         let mut wanted = InitFlags::FUSE_DO_READDIRPLUS
             | InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_CACHE_SYMLINKS
-            | InitFlags::FUSE_MAX_PAGES;
+            | InitFlags::FUSE_MAX_PAGES
+            | InitFlags::FUSE_HANDLE_KILLPRIV_V2;
         wanted |= match self.caching {
             Caching::Exclusive if !self.passthrough => InitFlags::FUSE_WRITEBACK_CACHE,
             Caching::Exclusive => InitFlags::empty(),
@@ -371,6 +384,14 @@ impl fuser::Filesystem for Door {
             mtime: set_time(mtime),
         };
         let id = self.id(ino);
+        // A SETATTR of nothing is the kernel's before a write by a caller
+        // without CAP_FSETID to a file with setuid, setgid or capabilities
+        // (it leaves out the mode it would set: see [`crate::privilege`]).
+        if set.is_empty() {
+            if let Err(e) = self.drop_privilege(id) {
+                return reply.error(errno(e));
+            }
+        }
         let result = self
             .fs
             .setattr(&self.caller(req), id, &set, None)
@@ -627,17 +648,32 @@ impl fuser::Filesystem for Door {
         _fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        let id = self.id(ino);
+        // Usually done already, by the SETATTR before it; not where the
+        // kernel took the file for one without either bit. Its cached mode
+        // is then wrong: it forgets it (only the attributes: the writer
+        // holds the pages this write is from).
+        if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
+            match self.drop_privilege(id) {
+                Ok(false) => {}
+                Ok(true) => {
+                    if let Some(notifier) = self.notifier.get() {
+                        let _ = notifier.inval_inode(ino, -1, 0);
+                    }
+                }
+                Err(e) => return reply.error(errno(e)),
+            }
+        }
         let stable = if flags.0 & (libc::O_SYNC | libc::O_DSYNC) != 0 {
             Stability::FileSync
         } else {
             Stability::Unstable
         };
-        let id = self.id(ino);
         let written = self
             .fs
             .write(&Caller::root(), id, offset, data, stable)
@@ -983,8 +1019,8 @@ impl Door {
         write: bool,
         register: impl FnOnce(BorrowedFd<'_>) -> io::Result<BackingId>,
     ) -> Option<BackingId> {
-        // The kernel writes a backing file with the door's privileges, which
-        // keep the setuid and setgid bits a write by the caller clears.
+        // A write to a file with setuid or setgid comes to the door, which
+        // clears them as the kernel asks (see [`crate::privilege`]).
         if !self.passthrough || attr.kind != FileKind::Regular || attr.mode & 0o6000 != 0 {
             return None;
         }
@@ -993,13 +1029,32 @@ impl Door {
             Some(fd) if files.kept_is_host_file(attr.fileid, fd, write) => fd.clone(),
             _ => files.host_file(caller, attr.fileid, write).ok()??,
         };
-        match register(fd.as_fd()) {
+        match privilege::without_fsetid(|| register(fd.as_fd())) {
             Ok(backing) => Some(backing),
             Err(e) => {
                 tracing::debug!("no passthrough for file {}: {e}", attr.fileid);
                 None
             }
         }
+    }
+
+    /// Clears setuid, and setgid with group execute, of file `id`, as a
+    /// write by a caller without `CAP_FSETID` does before it writes; says
+    /// whether there were any.
+    fn drop_privilege(&self, id: FileId) -> layerfs_vfs::Result<bool> {
+        let attr = self.or_held(id, false, self.fs.getattr(id), |file| held_attr(id, file))?;
+        let Some(mode) = hostdir::mode_without_privilege(&attr) else {
+            return Ok(false);
+        };
+        let set = SetAttr {
+            mode: Some(mode),
+            ..SetAttr::default()
+        };
+        let changed = self.fs.setattr(&Caller::root(), id, &set, None).map(drop);
+        self.or_held(id, true, changed, |file| {
+            Ok(rustix::fs::fchmod(file, hostdir::permissions(mode))?)
+        })?;
+        Ok(true)
     }
 
     /// What an open of `id` (for writing with `write`) holds until its

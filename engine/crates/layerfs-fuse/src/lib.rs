@@ -23,6 +23,8 @@ pub mod handover;
 mod mount;
 #[cfg(target_os = "linux")]
 mod opens;
+#[cfg(target_os = "linux")]
+mod privilege;
 
 #[cfg(target_os = "linux")]
 pub use handover::{Kept, KernelInit};

@@ -146,6 +146,7 @@ struct Shared {
     no_caps: Arc<crate::door::NoCaps>,
     kernel: Arc<parking_lot::Mutex<Option<KernelInit>>>,
     inos: Inos,
+    notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
 }
 
 impl Shared {
@@ -155,6 +156,7 @@ impl Shared {
             no_caps: door.no_caps(),
             kernel: door.kernel_init(),
             inos: door.inos(),
+            notifier: door.notifier(),
         }
     }
 }
@@ -212,6 +214,7 @@ impl Mounted {
         resumed: bool,
     ) -> io::Result<Mounted> {
         let device = session.as_fd().try_clone_to_owned()?;
+        let _ = shared.notifier.set(session.notifier());
         Ok(Mounted {
             session: Some(session.spawn()?),
             mountpoint,

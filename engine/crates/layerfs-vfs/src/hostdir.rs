@@ -24,7 +24,8 @@ pub mod watch;
 pub use listing::{list, name_cookie};
 pub use rules::{
     apply, check_name, check_setattr, creatable, cstr, exclusive_times, may_change_entries,
-    may_rename, mode_after_write, mode_of_new, removable, sticky_allows, timestamps,
+    may_rename, mode_after_write, mode_of_new, mode_without_privilege, removable, sticky_allows,
+    timestamps,
 };
 #[cfg(feature = "count-host-calls")]
 pub use stat::reads_during as stat_reads_during;

@@ -136,8 +136,8 @@ pub fn mode_after_write(caller: &Caller, attr: &Attr) -> Option<u32> {
 }
 
 /// The mode [`mode_after_write`] gives a file for a caller without
-/// privilege.
-fn mode_without_privilege(attr: &Attr) -> Option<u32> {
+/// privilege, if that changes it.
+pub fn mode_without_privilege(attr: &Attr) -> Option<u32> {
     if attr.kind != FileKind::Regular {
         return None;
     }
