@@ -65,7 +65,7 @@ mod tests {
     #[test]
     fn the_capability_is_out_only_while_f_runs() {
         let before = capabilities(None).unwrap();
-        let inside = without_fsetid(|| capabilities(None)).unwrap();
+        let inside = without_fsetid(|| Ok(capabilities(None)?)).unwrap();
         assert!(!inside.effective.contains(CapabilitySet::FSETID));
         assert_eq!(inside.permitted, before.permitted);
         assert_eq!(capabilities(None).unwrap(), before);
