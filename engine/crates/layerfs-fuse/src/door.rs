@@ -1029,7 +1029,11 @@ impl Door {
             Some(fd) if files.kept_is_host_file(attr.fileid, fd, write) => fd.clone(),
             _ => files.host_file(caller, attr.fileid, write).ok()??,
         };
-        match privilege::without_fsetid(|| register(fd.as_fd())) {
+        let registered = match self.caching {
+            Caching::Shared => privilege::without_fsetid(|| register(fd.as_fd())),
+            Caching::Exclusive => register(fd.as_fd()),
+        };
+        match registered {
             Ok(backing) => Some(backing),
             Err(e) => {
                 tracing::debug!("no passthrough for file {}: {e}", attr.fileid);

@@ -56,16 +56,14 @@ mod linux {
     /// - A first append to a lower file: OPEN (the copy-up `tests/copy_up_budget.rs`
     ///   counts, then the upper file opened and registered), GETXATTR
     ///   (`fgetxattr` on the open file), RELEASE.
-    /// - A backing file is registered without `CAP_FSETID` (two `capset`;
-    ///   see layerfs-fuse's `privilege`).
     /// - A 4 KiB write to a file open for writing: nothing. The kernel writes
     ///   the host file itself, and asks for `security.capability` once per
     ///   file, not before each write (`FUSE_HANDLE_KILLPRIV_V2`); what is
     ///   counted is the file's creation, spread over the writes.
     const BUDGETS: [(Loop, f64); 4] = [
-        (Loop::Create, 21.0),
+        (Loop::Create, 19.0),
         (Loop::Remove, 11.0),
-        (Loop::Append, 33.0),
+        (Loop::Append, 31.0),
         (Loop::Writes, 0.1),
     ];
 
