@@ -64,11 +64,11 @@ pub struct Door {
 }
 
 /// The inodes known to have no `security.capability`. The kernel looks for
-/// one before the first write to each inode (and before every write to a
-/// file with setuid or setgid); an inode here is answered at once. Only an answer that none
-/// exists is kept, and any change of an attribute, or a reset of the
-/// workspace, forgets them all: a wrong "none" would let a write keep a
-/// binary's capabilities.
+/// one before the first write to each inode (before every write to a file
+/// with setuid or setgid); an inode here is answered at once. Only an
+/// answer that none exists is kept, and any change of an attribute, or a
+/// reset of the workspace, forgets them all: a wrong "none" would let a
+/// write keep a binary's capabilities.
 pub struct NoCaps(parking_lot::Mutex<BoundedMap<u64, ()>>);
 
 impl Default for NoCaps {

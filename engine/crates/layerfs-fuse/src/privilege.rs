@@ -10,8 +10,9 @@
 //! - a WRITE the kernel marks `FUSE_WRITE_KILL_SUIDGID` (its writer lacks
 //!   `CAP_FSETID`) first drops setuid, and setgid with group execute
 //!   ([`crate::door`]);
-//! - a truncate by a caller other than root does so in the filesystem's
-//!   own rules (`hostdir::check_setattr`), as does a chown by the host's;
+//! - a truncate by a caller other than root drops them by the filesystem's
+//!   own rules (`hostdir::check_setattr`), and a chown by the host's (the
+//!   door's chown of the host file clears them);
 //! - capabilities go in the host's own write path, which the door's and
 //!   passthrough's writes both take;
 //! - a file with setuid or setgid is never passed through. One that gains
