@@ -8,15 +8,19 @@
 # drops caches and chowns) and /dev/fuse; says SKIPPED without them
 # (tests/skip.sh: a failure with LAYERFS_REQUIRE_MOUNTS=1). With
 # `no-passthrough`, every read and write goes through the door, as for a door
-# not run as root.
+# not run as root. With `io-uring`, the door takes requests through FUSE over
+# io_uring (the fuse module's enable_uring is set for the run, and put back
+# after), and the run fails unless the rings answered them.
 # `permissions` runs tests/kernel/permissions.sh (callers who are not root)
 # on a flat directory served to every user.
-# usage: tests/fuse/run.sh LAYERFS (flat|stack|permissions) [tmpfs|ext4|xfs|btrfs|overlay] [no-passthrough]
+# usage: tests/fuse/run.sh LAYERFS (flat|stack|permissions) [tmpfs|ext4|xfs|btrfs|overlay] [no-passthrough|io-uring]
 set -euo pipefail
-layerfs=$(realpath "$1") what=$2 on=${3:-tmpfs}
-if [[ ${4:-} == no-passthrough ]]; then
-	export SERVE_FLAGS=--no-passthrough
-fi
+layerfs=$(realpath "$1") what=$2 on=${3:-tmpfs} mode=${4:-}
+case $mode in
+no-passthrough) export SERVE_FLAGS=--no-passthrough ;;
+io-uring) export SERVE_FLAGS=--io-uring ;;
+esac
+uring_param=/sys/module/fuse/parameters/enable_uring
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 source "$repo/tests/skip.sh"
 check="FUSE $what workload on $on${4:+ ($4)}"
@@ -27,6 +31,14 @@ fi
 if [[ $(id -u) != 0 ]]; then
 	skip_or_fail "$check" "needs root"
 	exit 0
+fi
+if [[ $mode == io-uring ]]; then
+	if [[ ! -w $uring_param ]]; then
+		skip_or_fail "$check" "this kernel has no FUSE over io_uring ($uring_param)"
+		exit 0
+	fi
+	uring_was=$(cat "$uring_param")
+	echo Y >"$uring_param"
 fi
 base=$(mktemp -d /tmp/layerfs-fuse.XXXXXX)
 case $on in
@@ -69,6 +81,7 @@ cleanup() {
 	umount -l "$base"
 	rmdir "$base"
 	rm -f /tmp/4k /tmp/1m /tmp/64m /tmp/tree.tar
+	if [[ -n ${uring_was:-} ]]; then echo "$uring_was" >"$uring_param"; fi
 }
 trap cleanup EXIT
 case $what in
@@ -115,6 +128,22 @@ if ! MNT=$mnt DOOR=fuse SERVER=$server bash "tests/kernel/$workload"; then
 	echo "-- door log:"
 	tail -n 20 "$base/door.log"
 	exit 1
+fi
+# The rings must have answered: each request a ring thread answers is a
+# sleep and a wake-up of that thread.
+if [[ $mode == io-uring ]]; then
+	door=$(pgrep -f -- "serve --fuse $mnt" | head -1)
+	woken=0
+	for task in /proc/$door/task/*; do
+		[[ $(cat "$task/comm" 2>/dev/null) == fuse-ring-* ]] || continue
+		woken=$((woken + $(awk '/^voluntary_ctxt_switches/ {print $2}' "$task/status")))
+	done
+	echo "ring threads woken $woken times"
+	if ((woken < 100)); then
+		echo "the rings answered next to nothing: requests came through /dev/fuse"
+		tail -n 20 "$base/door.log"
+		exit 1
+	fi
 fi
 # A btrfs subvolume inside the export numbers its inodes apart, as a mount
 # would: its files are refused (EXDEV), never taken for the export's files

@@ -513,6 +513,7 @@ impl Daemon {
             threads: 1,
             passthrough: true,
             source: format!("layerfs:{name}"),
+            io_uring: false,
         };
         let fs = o.workspace.fs();
         let mounted = match self.take_over(name, path, fs.clone(), &options) {

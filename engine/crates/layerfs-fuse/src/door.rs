@@ -17,10 +17,10 @@ use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
 use fuser::{
-    AccessFlags, BackingId, Errno, FileHandle, FopenFlags, Generation, INodeNo, InitFlags,
-    IoctlFlags, KernelConfig, LockOwner, Notifier, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl,
-    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, Errno, FileHandle, FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags,
+    KernelConfig, LockOwner, Notifier, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use layerfs_vfs::access::{permits, Perm};
 use layerfs_vfs::bounded::BoundedMap;
@@ -31,7 +31,12 @@ use layerfs_vfs::{
 };
 use rustix::fs::{Gid, Uid};
 
+use crate::answer::{
+    AttrAnswer, CreateAnswer, DataAnswer, EmptyAnswer, EntryAnswer, OpenAnswer, WriteAnswer,
+    XattrAnswer,
+};
 use crate::attrs::{kind, kind_of_mode, timestamp, Caching, Inos};
+use crate::backing::Backing;
 use crate::callers::Callers;
 use crate::handover::KernelInit;
 use crate::opens::{Held, OpenFiles, Way, CACHED, PASSTHROUGH};
@@ -48,7 +53,7 @@ pub struct Door {
     /// Whether passthrough is asked for, and then whether the kernel agreed
     /// to it (see [`crate::opens`]).
     passthrough: bool,
-    opens: Arc<OpenFiles<BackingId>>,
+    opens: Arc<OpenFiles<Backing>>,
     /// Whether the filesystem keeps extended attributes: asked once, as
     /// a filesystem without them is answered ENOSYS, which the kernel
     /// remembers for the mount (no request per write for the
@@ -61,6 +66,15 @@ pub struct Door {
     /// What the kernel's FUSE_INIT offered, once it came: kept so another
     /// process can take the session over ([`crate::handover`]).
     kernel: Arc<parking_lot::Mutex<Option<KernelInit>>>,
+    /// Whether FUSE over io_uring is asked for (see [`crate::uring`]).
+    uring: bool,
+    /// Set by a door serving a CPU's ring: its INIT is a copy, and what
+    /// was agreed is in `agreed`.
+    sibling: bool,
+    /// Whether passthrough was agreed at the kernel's INIT.
+    agreed: Arc<OnceLock<bool>>,
+    /// The session's device, where backing files are registered.
+    device: Arc<OnceLock<Arc<OwnedFd>>>,
 }
 
 /// The inodes known to have no `security.capability`. The kernel looks for
@@ -107,7 +121,7 @@ fn errno(e: Error) -> Errno {
 }
 
 /// Answers a request that returns nothing but success or an error.
-fn done<T>(reply: ReplyEmpty, result: layerfs_vfs::Result<T>) {
+fn done<T>(reply: impl EmptyAnswer, result: layerfs_vfs::Result<T>) {
     match result {
         Ok(_) => reply.ok(),
         Err(e) => reply.error(errno(e)),
@@ -116,7 +130,7 @@ fn done<T>(reply: ReplyEmpty, result: layerfs_vfs::Result<T>) {
 
 /// An attribute's value or name list: its size when asked (`size` 0), else
 /// the bytes if they fit.
-fn xattr_reply(reply: ReplyXattr, bytes: &[u8], size: u32) {
+fn xattr_reply(reply: impl XattrAnswer, bytes: &[u8], size: u32) {
     match size {
         0 => reply.size(bytes.len() as u32),
         n if bytes.len() <= n as usize => reply.data(bytes),
@@ -143,6 +157,36 @@ impl Door {
             passthrough,
             opens: Arc::default(),
             kernel: Arc::default(),
+            uring: false,
+            sibling: false,
+            agreed: Arc::default(),
+            device: Arc::default(),
+        }
+    }
+
+    /// Asks the kernel for FUSE over io_uring.
+    pub fn with_uring(mut self, uring: bool) -> Door {
+        self.uring = uring;
+        self
+    }
+
+    /// A door sharing this one's state, to serve a CPU's ring.
+    pub fn sibling(&self) -> Door {
+        Door {
+            fs: self.fs.clone(),
+            inos: self.inos,
+            caching: self.caching,
+            callers: Callers::default(),
+            passthrough: self.passthrough,
+            opens: self.opens.clone(),
+            xattrs: self.xattrs,
+            no_caps: self.no_caps.clone(),
+            notifier: self.notifier.clone(),
+            kernel: self.kernel.clone(),
+            uring: false,
+            sibling: true,
+            agreed: self.agreed.clone(),
+            device: self.device.clone(),
         }
     }
 
@@ -167,20 +211,29 @@ impl Door {
         self.kernel.clone()
     }
 
+    /// Where the session's device goes once the session is made.
+    pub fn device(&self) -> Arc<OnceLock<Arc<OwnedFd>>> {
+        self.device.clone()
+    }
+
     /// The door's open files, for the mount's owner to ask about.
-    pub fn open_files(&self) -> Arc<OpenFiles<BackingId>> {
+    pub fn open_files(&self) -> Arc<OpenFiles<Backing>> {
         self.opens.clone()
     }
 
     fn caller(&self, req: &Request) -> Caller {
-        self.callers.caller(req.uid(), req.gid(), req.pid())
+        self.caller_of(Who::of(req))
+    }
+
+    fn caller_of(&self, who: Who) -> Caller {
+        self.callers.caller(who.uid, who.gid, who.pid)
     }
 
     fn id(&self, ino: INodeNo) -> FileId {
         self.inos.id(ino)
     }
 
-    fn entry(&self, reply: ReplyEntry, result: layerfs_vfs::Result<Attr>) {
+    fn entry(&self, reply: impl EntryAnswer, result: layerfs_vfs::Result<Attr>) {
         match result {
             Ok(attr) => reply.entry(
                 &self.caching.ttl(),
@@ -277,6 +330,10 @@ fn open_wants(flags: OpenFlags) -> Perm {
 
 impl fuser::Filesystem for Door {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        if self.sibling {
+            self.passthrough = self.agreed.get().copied().unwrap_or(false);
+            return Ok(());
+        }
         // Asked first, before anything is added: the capabilities offered,
         // and the largest readahead (told only by refusing more).
         let max_readahead = match config.set_max_readahead(u32::MAX) {
@@ -300,6 +357,7 @@ impl fuser::Filesystem for Door {
             && config.capabilities().contains(passthrough)
             && config.set_max_stack_depth(1).is_ok()
             && config.add_capabilities(passthrough).is_ok();
+        let _ = self.agreed.set(self.passthrough);
         tracing::info!(passthrough = self.passthrough, "FUSE session starts");
         // Each is asked for alone: a kernel without one still gets the rest.
         // READDIRPLUS on every listing, not only the first page of one
@@ -313,6 +371,9 @@ impl fuser::Filesystem for Door {
             | InitFlags::FUSE_CACHE_SYMLINKS
             | InitFlags::FUSE_MAX_PAGES
             | InitFlags::FUSE_HANDLE_KILLPRIV_V2;
+        if self.uring {
+            wanted |= InitFlags::FUSE_OVER_IO_URING;
+        }
         wanted |= match self.caching {
             Caching::Exclusive if !self.passthrough => InitFlags::FUSE_WRITEBACK_CACHE,
             Caching::Exclusive => InitFlags::empty(),
@@ -332,29 +393,11 @@ impl fuser::Filesystem for Door {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let result = self
-            .fs
-            .lookup(&self.caller(req), self.id(parent), name_bytes(name));
-        match (result, self.caching) {
-            // Where nothing changes behind the door, a missing name is
-            // remembered too (until this door creates it): compilers and
-            // shells look up many names that are not there.
-            (Err(Error::NoEnt), Caching::Exclusive) => {
-                // Inode 0 makes it negative; the kernel ignores the rest.
-                let mut none = self.inos.attr(&Attr::blank(FileKind::Regular));
-                none.ino = INodeNo(0);
-                reply.entry(&self.caching.ttl(), &none, Generation(0));
-            }
-            (result, _) => self.entry(reply, result),
-        }
+        self.lookup_as(Who::of(req), parent, name_bytes(name), reply)
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        let id = self.id(ino);
-        match self.or_held(id, false, self.fs.getattr(id), |file| held_attr(id, file)) {
-            Ok(a) => reply.attr(&self.caching.ttl(), &self.inos.attr(&a)),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.getattr_as(ino, reply)
     }
 
     fn setattr(
@@ -476,11 +519,7 @@ impl fuser::Filesystem for Door {
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        done(
-            reply,
-            self.fs
-                .remove(&self.caller(req), self.id(parent), name_bytes(name)),
-        )
+        self.unlink_as(Who::of(req), parent, name_bytes(name), reply)
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -558,45 +597,7 @@ impl fuser::Filesystem for Door {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let caller = self.caller(req);
-        let id = self.id(ino);
-        // A file with no name left is opened again through /proc/PID/fd.
-        let attr = match self.or_held(id, false, self.fs.getattr(id), |file| held_attr(id, file)) {
-            Ok(a) => a,
-            Err(e) => return reply.error(errno(e)),
-        };
-        let wants = open_wants(flags);
-        if !permits(&attr, &caller, wants) {
-            return reply.error(Errno::EACCES);
-        }
-        let held = self.held(attr.fileid, wants.contains(Perm::WRITE));
-        let kept = held.as_ref().map(|h| h.file.clone());
-        // Writes through passthrough reach the host file without the door:
-        // the copy-up this open made is made durable now, as such writes
-        // promise.
-        if wants.contains(Perm::WRITE) && flags.0 & libc::O_DSYNC != 0 {
-            if let Err(e) = self.fs.commit(attr.fileid) {
-                return reply.error(errno(e));
-            }
-        }
-        self.opens.open(
-            attr.fileid,
-            held,
-            reply,
-            |reply| {
-                self.backing(
-                    &caller,
-                    &attr,
-                    kept.as_ref(),
-                    wants.contains(Perm::WRITE),
-                    |fd| reply.open_backing(fd),
-                )
-            },
-            |reply, way| match way {
-                Way::Cached => reply.opened(CACHED, self.open_flags()),
-                Way::Passthrough(b) => reply.opened_passthrough(PASSTHROUGH, PASSTHROUGH_FLAGS, b),
-            },
-        );
+        self.open_as(Who::of(req), ino, flags, reply)
     }
 
     fn release(
@@ -609,8 +610,7 @@ impl fuser::Filesystem for Door {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.opens.release(self.id(ino), fh);
-        reply.ok()
+        self.release_as(ino, fh, reply)
     }
 
     fn read(
@@ -624,21 +624,7 @@ impl fuser::Filesystem for Door {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let id = self.id(ino);
-        READ_BUF.with_borrow_mut(|buf| {
-            buf.clear();
-            let read = self
-                .fs
-                .read(&Caller::root(), id, offset, size as usize, buf);
-            let read = self.or_held(id, false, read, |file| {
-                buf.clear();
-                hostdir::read(file, hostdir::host_attr(file)?, offset, size as usize, buf)
-            });
-            match read {
-                Ok(_) => reply.data(buf),
-                Err(e) => reply.error(errno(e)),
-            }
-        })
+        self.read_as(ino, offset, size, reply)
     }
 
     fn write(
@@ -653,37 +639,7 @@ impl fuser::Filesystem for Door {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let id = self.id(ino);
-        // Usually done already, by the SETATTR before it; not where the
-        // kernel took the file for one without either bit. Its cached mode
-        // is then wrong: it forgets it (only the attributes: the writer
-        // holds the pages this write is from).
-        if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
-            match self.drop_privilege(id) {
-                Ok(false) => {}
-                Ok(true) => {
-                    if let Some(notifier) = self.notifier.get() {
-                        let _ = notifier.inval_inode(ino, -1, 0);
-                    }
-                }
-                Err(e) => return reply.error(errno(e)),
-            }
-        }
-        let stable = if flags.0 & (libc::O_SYNC | libc::O_DSYNC) != 0 {
-            Stability::FileSync
-        } else {
-            Stability::Unstable
-        };
-        let written = self
-            .fs
-            .write(&Caller::root(), id, offset, data, stable)
-            .map(drop);
-        match self.or_held(id, true, written, |file| {
-            hostdir::write_at(file, offset, data, stable)
-        }) {
-            Ok(()) => reply.written(data.len() as u32),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.write_as(ino, offset, data, write_flags, flags, reply)
     }
 
     fn flush(
@@ -868,21 +824,7 @@ impl fuser::Filesystem for Door {
     // up to change them). The kernel has checked the caller's right to the
     // name's namespace (`default_permissions`, CAP_SYS_ADMIN for trusted.).
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        if !self.xattrs {
-            return reply.error(Errno::ENOSYS);
-        }
-        let capability = name_bytes(name) == CAPABILITY;
-        if capability && self.no_caps.has_none(ino) {
-            return reply.error(Errno::ENODATA);
-        }
-        match self.fs.getxattr(self.id(ino), name_bytes(name)) {
-            Ok(value) => xattr_reply(reply, &value, size),
-            Err(Error::NoData) if capability => {
-                self.no_caps.found_none(ino);
-                reply.error(Errno::ENODATA)
-            }
-            Err(e) => reply.error(errno(e)),
-        }
+        self.getxattr_as(ino, name_bytes(name), size, reply)
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
@@ -941,6 +883,215 @@ impl fuser::Filesystem for Door {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        self.create_as(Who::of(req), parent, name_bytes(name), mode, flags, reply)
+    }
+}
+
+/// The attributes of `id`, open as `file` with no name left.
+fn held_attr(id: FileId, file: BorrowedFd<'_>) -> layerfs_vfs::Result<Attr> {
+    let mut attr = hostdir::host_attr(file)?;
+    attr.fileid = id;
+    // A lower file of a stack still has its name in the layer.
+    attr.nlink = 0;
+    Ok(attr)
+}
+
+/// Who made a request, as the kernel's header says.
+#[derive(Clone, Copy, Debug)]
+pub struct Who {
+    pub uid: u32,
+    pub gid: u32,
+    pub pid: u32,
+}
+
+impl Who {
+    fn of(req: &Request) -> Who {
+        Who {
+            uid: req.uid(),
+            gid: req.gid(),
+            pid: req.pid(),
+        }
+    }
+}
+
+/// The requests a CPU's ring answers without fuser ([`crate::uring`]): the
+/// ones every file copied in, removed or first appended to costs.
+impl Door {
+    pub(crate) fn lookup_as(
+        &self,
+        who: Who,
+        parent: INodeNo,
+        name: &[u8],
+        reply: impl EntryAnswer,
+    ) {
+        let result = self.fs.lookup(&self.caller_of(who), self.id(parent), name);
+        match (result, self.caching) {
+            // Where nothing changes behind the door, a missing name is
+            // remembered too (until this door creates it): compilers and
+            // shells look up many names that are not there.
+            (Err(Error::NoEnt), Caching::Exclusive) => {
+                // Inode 0 makes it negative; the kernel ignores the rest.
+                let mut none = self.inos.attr(&Attr::blank(FileKind::Regular));
+                none.ino = INodeNo(0);
+                reply.entry(&self.caching.ttl(), &none, Generation(0));
+            }
+            (result, _) => self.entry(reply, result),
+        }
+    }
+
+    pub(crate) fn getattr_as(&self, ino: INodeNo, reply: impl AttrAnswer) {
+        let id = self.id(ino);
+        match self.or_held(id, false, self.fs.getattr(id), |file| held_attr(id, file)) {
+            Ok(a) => reply.attr(&self.caching.ttl(), &self.inos.attr(&a)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    pub(crate) fn unlink_as(
+        &self,
+        who: Who,
+        parent: INodeNo,
+        name: &[u8],
+        reply: impl EmptyAnswer,
+    ) {
+        done(
+            reply,
+            self.fs.remove(&self.caller_of(who), self.id(parent), name),
+        )
+    }
+
+    pub(crate) fn open_as(&self, who: Who, ino: INodeNo, flags: OpenFlags, reply: impl OpenAnswer) {
+        let caller = self.caller_of(who);
+        let id = self.id(ino);
+        // A file with no name left is opened again through /proc/PID/fd.
+        let attr = match self.or_held(id, false, self.fs.getattr(id), |file| held_attr(id, file)) {
+            Ok(a) => a,
+            Err(e) => return reply.error(errno(e)),
+        };
+        let wants = open_wants(flags);
+        if !permits(&attr, &caller, wants) {
+            return reply.error(Errno::EACCES);
+        }
+        let held = self.held(attr.fileid, wants.contains(Perm::WRITE));
+        let kept = held.as_ref().map(|h| h.file.clone());
+        // Writes through passthrough reach the host file without the door:
+        // the copy-up this open made is made durable now, as such writes
+        // promise.
+        if wants.contains(Perm::WRITE) && flags.0 & libc::O_DSYNC != 0 {
+            if let Err(e) = self.fs.commit(attr.fileid) {
+                return reply.error(errno(e));
+            }
+        }
+        self.opens.open(
+            attr.fileid,
+            held,
+            reply,
+            |_| self.backing(&caller, &attr, kept.as_ref(), wants.contains(Perm::WRITE)),
+            |reply, way| match way {
+                Way::Cached => reply.opened_as(CACHED, self.open_flags(), None),
+                Way::Passthrough(b) => reply.opened_as(PASSTHROUGH, PASSTHROUGH_FLAGS, Some(b)),
+            },
+        );
+    }
+
+    pub(crate) fn read_as(&self, ino: INodeNo, offset: u64, size: u32, reply: impl DataAnswer) {
+        let id = self.id(ino);
+        READ_BUF.with_borrow_mut(|buf| {
+            buf.clear();
+            let read = self
+                .fs
+                .read(&Caller::root(), id, offset, size as usize, buf);
+            let read = self.or_held(id, false, read, |file| {
+                buf.clear();
+                hostdir::read(file, hostdir::host_attr(file)?, offset, size as usize, buf)
+            });
+            match read {
+                Ok(_) => reply.data(buf),
+                Err(e) => reply.error(errno(e)),
+            }
+        })
+    }
+
+    pub(crate) fn write_as(
+        &self,
+        ino: INodeNo,
+        offset: u64,
+        data: &[u8],
+        write_flags: WriteFlags,
+        flags: OpenFlags,
+        reply: impl WriteAnswer,
+    ) {
+        let id = self.id(ino);
+        // Usually done already, by the SETATTR before it; not where the
+        // kernel took the file for one without either bit. Its cached mode
+        // is then wrong: it forgets it (only the attributes: the writer
+        // holds the pages this write is from).
+        if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
+            match self.drop_privilege(id) {
+                Ok(false) => {}
+                Ok(true) => {
+                    if let Some(notifier) = self.notifier.get() {
+                        let _ = notifier.inval_inode(ino, -1, 0);
+                    }
+                }
+                Err(e) => return reply.error(errno(e)),
+            }
+        }
+        let stable = if flags.0 & (libc::O_SYNC | libc::O_DSYNC) != 0 {
+            Stability::FileSync
+        } else {
+            Stability::Unstable
+        };
+        let written = self
+            .fs
+            .write(&Caller::root(), id, offset, data, stable)
+            .map(drop);
+        match self.or_held(id, true, written, |file| {
+            hostdir::write_at(file, offset, data, stable)
+        }) {
+            Ok(()) => reply.written(data.len() as u32),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    pub(crate) fn release_as(&self, ino: INodeNo, fh: FileHandle, reply: impl EmptyAnswer) {
+        self.opens.release(self.id(ino), fh);
+        reply.ok()
+    }
+
+    pub(crate) fn getxattr_as(
+        &self,
+        ino: INodeNo,
+        name: &[u8],
+        size: u32,
+        reply: impl XattrAnswer,
+    ) {
+        if !self.xattrs {
+            return reply.error(Errno::ENOSYS);
+        }
+        let capability = name == CAPABILITY;
+        if capability && self.no_caps.has_none(ino) {
+            return reply.error(Errno::ENODATA);
+        }
+        match self.fs.getxattr(self.id(ino), name) {
+            Ok(value) => xattr_reply(reply, &value, size),
+            Err(Error::NoData) if capability => {
+                self.no_caps.found_none(ino);
+                reply.error(Errno::ENODATA)
+            }
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    pub(crate) fn create_as(
+        &self,
+        who: Who,
+        parent: INodeNo,
+        name: &[u8],
+        mode: u32,
+        flags: i32,
+        reply: impl CreateAnswer,
+    ) {
         let set = with_mode(mode);
         let exclusive = flags & libc::O_EXCL != 0;
         let how = if exclusive {
@@ -948,11 +1099,8 @@ impl fuser::Filesystem for Door {
         } else {
             Create::Unchecked(set)
         };
-        let caller = self.caller(req);
-        let attr = match self
-            .fs
-            .create(&caller, self.id(parent), name_bytes(name), how)
-        {
+        let caller = self.caller_of(who);
+        let attr = match self.fs.create(&caller, self.id(parent), name, how) {
             Ok((attr, _)) => attr,
             Err(e) => return reply.error(errno(e)),
         };
@@ -973,33 +1121,16 @@ impl fuser::Filesystem for Door {
             attr.fileid,
             held,
             reply,
-            |reply| {
-                self.backing(&caller, &attr, kept.as_ref(), write, |fd| {
-                    reply.open_backing(fd)
-                })
-            },
-            |reply, way| match way {
-                Way::Cached => reply.created(&ttl, &fattr, generation, CACHED, self.open_flags()),
-                Way::Passthrough(b) => reply.created_passthrough(
-                    &ttl,
-                    &fattr,
-                    generation,
-                    PASSTHROUGH,
-                    PASSTHROUGH_FLAGS,
-                    b,
-                ),
+            |_| self.backing(&caller, &attr, kept.as_ref(), write),
+            |reply, way| {
+                let (fh, flags, backing) = match way {
+                    Way::Cached => (CACHED, self.open_flags(), None),
+                    Way::Passthrough(b) => (PASSTHROUGH, PASSTHROUGH_FLAGS, Some(b)),
+                };
+                reply.created_as(&ttl, &fattr, generation, fh, flags, backing)
             },
         );
     }
-}
-
-/// The attributes of `id`, open as `file` with no name left.
-fn held_attr(id: FileId, file: BorrowedFd<'_>) -> layerfs_vfs::Result<Attr> {
-    let mut attr = hostdir::host_attr(file)?;
-    attr.fileid = id;
-    // A lower file of a stack still has its name in the layer.
-    attr.nlink = 0;
-    Ok(attr)
 }
 
 /// Open flags beside FOPEN_PASSTHROUGH: the kernel writes the host file
@@ -1017,21 +1148,21 @@ impl Door {
         attr: &Attr,
         kept: Option<&Arc<OwnedFd>>,
         write: bool,
-        register: impl FnOnce(BorrowedFd<'_>) -> io::Result<BackingId>,
-    ) -> Option<BackingId> {
+    ) -> Option<Backing> {
         // A write to a file with setuid or setgid comes to the door, which
         // clears them as the kernel asks (see [`crate::privilege`]).
         if !self.passthrough || attr.kind != FileKind::Regular || attr.mode & 0o6000 != 0 {
             return None;
         }
+        let device = self.device.get()?;
         let files = self.fs.host_files()?;
         let fd = match kept {
             Some(fd) if files.kept_is_host_file(attr.fileid, fd, write) => fd.clone(),
             _ => files.host_file(caller, attr.fileid, write).ok()??,
         };
         let registered = match self.caching {
-            Caching::Shared => privilege::without_fsetid(|| register(fd.as_fd())),
-            Caching::Exclusive => register(fd.as_fd()),
+            Caching::Shared => privilege::without_fsetid(|| Backing::register(device, fd.as_fd())),
+            Caching::Exclusive => Backing::register(device, fd.as_fd()),
         };
         match registered {
             Ok(backing) => Some(backing),

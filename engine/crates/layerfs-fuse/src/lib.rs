@@ -12,7 +12,11 @@
 #![deny(unsafe_code)]
 
 #[cfg(target_os = "linux")]
+mod answer;
+#[cfg(target_os = "linux")]
 mod attrs;
+#[cfg(target_os = "linux")]
+mod backing;
 #[cfg(target_os = "linux")]
 mod callers;
 #[cfg(target_os = "linux")]
@@ -25,6 +29,10 @@ mod mount;
 mod opens;
 #[cfg(target_os = "linux")]
 mod privilege;
+#[cfg(target_os = "linux")]
+mod uring;
+#[cfg(target_os = "linux")]
+mod wire;
 
 #[cfg(target_os = "linux")]
 pub use handover::{Kept, KernelInit};

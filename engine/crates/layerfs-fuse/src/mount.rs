@@ -5,11 +5,12 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use fuser::{BackgroundSession, BackingId, Config, MountOption, SessionACL};
+use fuser::{BackgroundSession, Config, MountOption, SessionACL};
 use layerfs_vfs::{FileId, Filesystem};
 use rustix::fs::Access;
 
 use crate::attrs::Inos;
+use crate::backing::Backing;
 use crate::door::Door;
 use crate::handover::{self, Kept, KernelInit};
 use crate::opens::OpenFiles;
@@ -33,6 +34,10 @@ pub struct Options {
     pub passthrough: bool,
     /// The name the mount table shows as the source.
     pub source: String,
+    /// Serve through FUSE over io_uring where the kernel offers it (its
+    /// `fuse.enable_uring` parameter, off by default): each CPU's requests
+    /// are answered on that CPU (see [`crate::uring`]).
+    pub io_uring: bool,
 }
 
 impl Default for Options {
@@ -43,6 +48,7 @@ impl Default for Options {
             threads: 0,
             passthrough: true,
             source: "layerfs".into(),
+            io_uring: false,
         }
     }
 }
@@ -59,6 +65,9 @@ pub struct Mounted {
     resumed: bool,
 }
 
+/// `FUSE_OVER_IO_URING` among the capabilities of an INIT.
+const FUSE_OVER_IO_URING: u64 = 1 << 41;
+
 /// Mounts `fs` at `mountpoint` and serves it on background threads.
 ///
 /// Fails with a one-line reason when FUSE cannot be used here: no
@@ -68,13 +77,34 @@ pub fn mount(fs: Arc<dyn Filesystem>, mountpoint: &Path, options: &Options) -> i
     let mountpoint = usable_mountpoint(mountpoint)?;
     usable_fuse()?;
     let (door, config) = door(fs, options);
+    let door = door.with_uring(options.io_uring);
     let shared = Shared::of(&door);
+    let template = door.sibling();
     let session = fuser::Session::new(door, &mountpoint, &config).map_err(|e| {
         io::Error::new(
             e.kind(),
             format!("cannot mount on {}: {e}", mountpoint.display()),
         )
     })?;
+    let device = shared.device_of(&session)?;
+    let kernel = *shared.kernel.lock();
+    if options.io_uring {
+        match kernel.filter(|k| k.flags & FUSE_OVER_IO_URING != 0) {
+            None => tracing::warn!(
+                "the kernel does not offer FUSE over io_uring (Linux 6.14+, with \
+                 /sys/module/fuse/parameters/enable_uring set to Y): requests come \
+                 through /dev/fuse"
+            ),
+            Some(kernel) => {
+                match crate::uring::start(&device, kernel, &config, || template.sibling()) {
+                    Ok(()) => tracing::info!("requests come through FUSE over io_uring"),
+                    Err(e) => tracing::warn!(
+                        "FUSE over io_uring not set up ({e}): requests come through /dev/fuse"
+                    ),
+                }
+            }
+        }
+    }
     let mounted = Mounted::serve(session, mountpoint, shared, false)?;
     // Served first: it asks the mount for its device.
     widen_readahead(&mounted.mountpoint);
@@ -142,14 +172,25 @@ fn door(fs: Arc<dyn Filesystem>, options: &Options) -> (Door, Config) {
 
 /// What the mount's owner keeps of the door once the session has it.
 struct Shared {
-    opens: Arc<OpenFiles<BackingId>>,
+    opens: Arc<OpenFiles<Backing>>,
     no_caps: Arc<crate::door::NoCaps>,
     kernel: Arc<parking_lot::Mutex<Option<KernelInit>>>,
     inos: Inos,
     notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
+    device: Arc<std::sync::OnceLock<Arc<OwnedFd>>>,
 }
 
 impl Shared {
+    /// The session's device, kept for the door to register backing files
+    /// on (the first call sets it).
+    fn device_of(&self, session: &fuser::Session<Door>) -> io::Result<Arc<OwnedFd>> {
+        if let Some(device) = self.device.get() {
+            return Ok(device.clone());
+        }
+        let device = Arc::new(session.as_fd().try_clone_to_owned()?);
+        Ok(self.device.get_or_init(|| device).clone())
+    }
+
     fn of(door: &Door) -> Shared {
         Shared {
             opens: door.open_files(),
@@ -157,6 +198,7 @@ impl Shared {
             kernel: door.kernel_init(),
             inos: door.inos(),
             notifier: door.notifier(),
+            device: door.device(),
         }
     }
 }
@@ -213,7 +255,7 @@ impl Mounted {
         shared: Shared,
         resumed: bool,
     ) -> io::Result<Mounted> {
-        let device = session.as_fd().try_clone_to_owned()?;
+        let device = shared.device_of(&session)?.try_clone()?;
         let _ = shared.notifier.set(session.notifier());
         Ok(Mounted {
             session: Some(session.spawn()?),

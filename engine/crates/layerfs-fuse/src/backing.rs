@@ -1,0 +1,53 @@
+//! Backing files registered with the kernel for passthrough opens.
+//!
+//! fuser's own `BackingId` closes its registration through the descriptor
+//! of the session that answered the open; a session fed through a socket
+//! (a CPU's ring, see [`crate::uring`]) has no device to close it on. A
+//! [`Backing`] is registered and closed on the session's device itself,
+//! whichever session answers.
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+
+use rustix::ioctl::{ioctl, opcode, Setter};
+
+/// `FUSE_DEV_IOC_BACKING_CLOSE`: `_IOW(229, 2, uint32_t)`.
+const BACKING_CLOSE: rustix::ioctl::Opcode = opcode::write::<u32>(229, 2);
+
+/// A host file the kernel reads and writes for an inode's passthrough
+/// opens, until this is dropped.
+#[derive(Debug)]
+pub struct Backing {
+    id: u32,
+    device: Arc<OwnedFd>,
+}
+
+impl Backing {
+    /// Registers `file` with the session of `device`.
+    pub fn register(device: &Arc<OwnedFd>, file: BorrowedFd<'_>) -> io::Result<Backing> {
+        let id = fuser::BackingId::create_raw(device.as_fd(), file)?;
+        Ok(Backing {
+            id,
+            device: device.clone(),
+        })
+    }
+
+    /// The kernel's number for it, as an open's answer carries it.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+}
+
+impl Drop for Backing {
+    #[allow(unsafe_code)]
+    fn drop(&mut self) {
+        // SAFETY: BACKING_CLOSE reads one u32 through the pointer Setter
+        // passes, which lives for the call.
+        let closed = unsafe { ioctl(&self.device, Setter::<BACKING_CLOSE, u32>::new(self.id)) };
+        if let Err(e) = closed {
+            // The session is gone (its registrations with it).
+            tracing::debug!("backing file {} not closed: {e}", self.id);
+        }
+    }
+}

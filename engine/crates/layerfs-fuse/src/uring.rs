@@ -1,0 +1,338 @@
+//! FUSE over io_uring (Linux 6.14): each CPU's requests answered on that CPU.
+//!
+//! Through `/dev/fuse` a request wakes whichever door thread waited longest,
+//! wherever it sleeps, and its reply wakes the caller there: on a machine
+//! that halts idle CPUs, each of those wake-ups across CPUs costs more than
+//! the request itself (docs/benchmarks.md). With FUSE over io_uring the
+//! kernel queues a request on the ring of the CPU its caller runs on; a
+//! thread kept on that CPU takes it, and the caller is woken from there.
+//!
+//! Each CPU has a thread kept on it that fetches its ring's requests and
+//! commits their answers. It answers the requests each file copied in,
+//! removed or first appended to costs itself ([`crate::wire`]); fuser reads
+//! requests only from a descriptor, so any other goes through a socket to
+//! a fuser session of that CPU (a thread kept there too) and back.
+//!
+//! The kernel still sends FORGETs and INTERRUPTs through `/dev/fuse`, where
+//! the session that answered FUSE_INIT goes on reading.
+
+use std::io::{self, IoSlice, IoSliceMut};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::thread::JoinHandle;
+
+use io_uring::{cqueue, opcode, squeue, types, IoUring};
+use rustix::net::{
+    recvmsg, sendmsg, socketpair, AddressFamily, RecvAncillaryBuffer, RecvFlags,
+    SendAncillaryBuffer, SendFlags, SocketFlags, SocketType,
+};
+
+use crate::door::Door;
+use crate::handover::KernelInit;
+use crate::wire::{self, Answered, InHeader, IN_HEADER_LEN, OUT_HEADER_LEN};
+
+/// `enum fuse_uring_cmd`.
+const CMD_REGISTER: u32 = 1;
+const CMD_COMMIT_AND_FETCH: u32 = 2;
+
+/// `struct fuse_uring_req_header`: the in or out header (128 bytes), the
+/// operation's own header (128), then `struct fuse_uring_ent_in_out`.
+const HEADER_LEN: usize = 256 + 32;
+const OP_IN: usize = 128;
+const ENT_COMMIT_ID: usize = 256 + 8;
+const ENT_PAYLOAD_SZ: usize = 256 + 16;
+
+/// Requests each CPU's ring holds at once.
+const DEPTH: usize = 4;
+
+/// The largest request or answer body: the kernel refuses a buffer smaller
+/// than its `max_write` or `max_pages`.
+const PAYLOAD_LEN: usize = crate::door::MAX_WRITE as usize;
+
+/// A socket buffer large enough for the largest request or answer.
+const SOCKET_BUFFER: usize = 4 * PAYLOAD_LEN;
+
+/// One request's buffers, registered with the kernel once.
+struct Slot {
+    header: Box<[u8; HEADER_LEN]>,
+    payload: Vec<u8>,
+    iov: Box<[libc::iovec; 2]>,
+}
+
+impl Slot {
+    fn new() -> Slot {
+        let mut header = Box::new([0u8; HEADER_LEN]);
+        let mut payload = vec![0u8; PAYLOAD_LEN];
+        let iov = Box::new([
+            libc::iovec {
+                iov_base: header.as_mut_ptr().cast(),
+                iov_len: HEADER_LEN,
+            },
+            libc::iovec {
+                iov_base: payload.as_mut_ptr().cast(),
+                iov_len: PAYLOAD_LEN,
+            },
+        ]);
+        Slot {
+            header,
+            payload,
+            iov,
+        }
+    }
+
+    fn word(&self, at: usize) -> u32 {
+        u32::from_ne_bytes(self.header[at..at + 4].try_into().unwrap())
+    }
+}
+
+/// The 80 command bytes: `struct fuse_uring_cmd_req`.
+fn command(qid: u16, commit_id: u64) -> [u8; 80] {
+    let mut cmd = [0u8; 80];
+    cmd[8..16].copy_from_slice(&commit_id.to_ne_bytes());
+    cmd[16..18].copy_from_slice(&qid.to_ne_bytes());
+    cmd
+}
+
+/// io-uring's builder has no field for `len`, which a REGISTER must set to
+/// the number of iovecs (two).
+#[allow(unsafe_code)]
+fn with_len(entry: squeue::Entry128, len: u32) -> squeue::Entry128 {
+    // SAFETY: Entry128 is repr(C): an io_uring_sqe (64 bytes, plain
+    // integers) then 64 command bytes, and any bytes are a valid value of
+    // it. `len` is the sqe's u32 at byte 24.
+    let mut bytes: [u8; 128] = unsafe { std::mem::transmute(entry) };
+    bytes[24..28].copy_from_slice(&len.to_ne_bytes());
+    unsafe { std::mem::transmute(bytes) }
+}
+
+/// One CPU's queue, ready to serve.
+struct Queue {
+    cpu: usize,
+    device: OwnedFd,
+    /// The ring's end of the socket to `session`.
+    socket: OwnedFd,
+    session: fuser::Session<Door>,
+    door: Door,
+}
+
+/// Starts a ring and a fuser session for each CPU the kernel may queue a
+/// request on; `door` makes each one's door. The kernel takes requests to
+/// the rings once every CPU's has registered; until then, or if one
+/// fails, they come through `/dev/fuse`.
+pub(crate) fn start(
+    device: &OwnedFd,
+    kernel: KernelInit,
+    config: &fuser::Config,
+    mut door: impl FnMut() -> Door,
+) -> io::Result<()> {
+    let mut queues = Vec::new();
+    for cpu in 0..possible_cpus() {
+        let (socket, theirs) = socketpair(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )?;
+        // Past the usual limit (root only): a request or answer of 1 MiB
+        // must fit in one message.
+        for fd in [&socket, &theirs] {
+            rustix::net::sockopt::set_socket_send_buffer_size_force(fd, SOCKET_BUFFER)?;
+            rustix::net::sockopt::set_socket_recv_buffer_size_force(fd, SOCKET_BUFFER)?;
+        }
+        // The session starts by reading an INIT: the kernel's, rebuilt.
+        rustix::io::write(&socket, &kernel.request())?;
+        let mut sibling = config.clone();
+        sibling.n_threads = Some(1);
+        sibling.clone_fd = false;
+        let session = fuser::Session::from_fd(door(), theirs, sibling.acl, sibling)?;
+        let mut answer = [0u8; 256];
+        rustix::io::read(&socket, &mut answer)?;
+        queues.push(Queue {
+            cpu,
+            device: device.try_clone()?,
+            socket,
+            session,
+            door: door(),
+        });
+    }
+    for q in queues {
+        let cpu = q.cpu;
+        on_cpu(cpu, format!("fuse-session-{cpu}"), move || {
+            if let Err(e) = q.session.run() {
+                tracing::debug!("FUSE session of CPU {cpu} ended: {e}");
+            }
+        })?;
+        on_cpu(cpu, format!("fuse-ring-{cpu}"), move || {
+            let ended = serve(cpu as u16, &q.device, &q.socket, &q.door);
+            // The session's end: DESTROY, which fuser answers and returns on.
+            let _ = rustix::io::write(&q.socket, &destroy());
+            if let Err(e) = ended {
+                tracing::warn!("FUSE ring of CPU {cpu} ended: {e}");
+            }
+        })?;
+    }
+    Ok(())
+}
+
+/// The number of CPUs the kernel may run a caller on, one queue each:
+/// `/sys/devices/system/cpu/possible` ("0-63"), else those configured.
+fn possible_cpus() -> usize {
+    let possible = std::fs::read_to_string("/sys/devices/system/cpu/possible").ok();
+    let last = possible
+        .as_deref()
+        .and_then(|s| s.trim().rsplit(['-', ',']).next()?.parse::<usize>().ok());
+    match last {
+        Some(last) => last + 1,
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    }
+}
+
+/// A FUSE_DESTROY request, as a session reads it.
+fn destroy() -> [u8; IN_HEADER_LEN] {
+    const FUSE_DESTROY: u32 = 38;
+    let mut h = [0u8; IN_HEADER_LEN];
+    h[0..4].copy_from_slice(&(IN_HEADER_LEN as u32).to_ne_bytes());
+    h[4..8].copy_from_slice(&FUSE_DESTROY.to_ne_bytes());
+    h
+}
+
+fn on_cpu(
+    cpu: usize,
+    name: String,
+    run: impl FnOnce() + Send + 'static,
+) -> io::Result<JoinHandle<()>> {
+    std::thread::Builder::new().name(name).spawn(move || {
+        let mut set = rustix::thread::CpuSet::new();
+        set.set(cpu);
+        if let Err(e) = rustix::thread::sched_setaffinity(None, &set) {
+            tracing::debug!("thread not kept on CPU {cpu}: {e}");
+        }
+        run()
+    })
+}
+
+/// Fetches the requests of queue `qid` and answers each through `session`.
+fn serve(qid: u16, device: &OwnedFd, session: &OwnedFd, door: &Door) -> io::Result<()> {
+    let mut ring: IoUring<squeue::Entry128, cqueue::Entry> =
+        IoUring::builder().build(2 * DEPTH as u32)?;
+    let mut slots: Vec<Slot> = (0..DEPTH).map(|_| Slot::new()).collect();
+    let mut answered = Answered::default();
+    let fd = types::Fd(device.as_raw_fd());
+    for (i, slot) in slots.iter().enumerate() {
+        let entry = opcode::UringCmd80::new(fd, CMD_REGISTER)
+            .cmd(command(qid, 0))
+            .addr(Some(slot.iov.as_ptr() as u64))
+            .build()
+            .user_data(i as u64);
+        push(&mut ring, with_len(entry, 2))?;
+    }
+    loop {
+        match ring.submit_and_wait(1) {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+        let done: Vec<(usize, i32)> = ring
+            .completion()
+            .map(|c| (c.user_data() as usize, c.result()))
+            .collect();
+        for (i, result) in done {
+            if result < 0 {
+                if result == -libc::ENOTCONN || result == -libc::ECANCELED {
+                    return Ok(());
+                }
+                return Err(io::Error::from_raw_os_error(-result));
+            }
+            let slot = &mut slots[i];
+            let commit_id = u64::from_ne_bytes(
+                slot.header[ENT_COMMIT_ID..ENT_COMMIT_ID + 8]
+                    .try_into()
+                    .unwrap(),
+            );
+            answer(slot, session, door, &mut answered)?;
+            let entry = opcode::UringCmd80::new(fd, CMD_COMMIT_AND_FETCH)
+                .cmd(command(qid, commit_id))
+                .build()
+                .user_data(i as u64);
+            push(&mut ring, entry)?;
+        }
+    }
+}
+
+fn push(
+    ring: &mut IoUring<squeue::Entry128, cqueue::Entry>,
+    entry: squeue::Entry128,
+) -> io::Result<()> {
+    #[allow(unsafe_code)]
+    // SAFETY: every buffer the entry names (a slot's iovecs, header and
+    // payload) lives as long as the ring: the slots are dropped after it.
+    unsafe { ring.submission().push(&entry) }
+        .map_err(|_| io::Error::other("the ring's submission queue is full"))
+}
+
+/// Answers the request in `slot` there, as the kernel reads it: the out
+/// header where the request's header was, the body in the payload.
+fn answer(
+    slot: &mut Slot,
+    session: &OwnedFd,
+    door: &Door,
+    answered: &mut Answered,
+) -> io::Result<()> {
+    let header = InHeader::parse(slot.header[..IN_HEADER_LEN].try_into().unwrap());
+    let payload = slot.word(ENT_PAYLOAD_SZ) as usize;
+    let op = (header.len as usize)
+        .checked_sub(IN_HEADER_LEN + payload)
+        .filter(|op| *op <= OP_IN && payload <= PAYLOAD_LEN)
+        .ok_or_else(|| {
+            io::Error::other(format!(
+                "a request of {} bytes with {payload} in its payload",
+                header.len
+            ))
+        })?;
+    let args = (&slot.header[OP_IN..OP_IN + op], &slot.payload[..payload]);
+    if !wire::answer(door, &header, args.0, args.1, answered) {
+        return through_session(slot, session, op, payload);
+    }
+    if answered.body.len() > PAYLOAD_LEN {
+        answered.error = -libc::ERANGE;
+        answered.body.clear();
+    }
+    slot.header[..OUT_HEADER_LEN].copy_from_slice(&answered.out_header(header.unique));
+    slot.payload[..answered.body.len()].copy_from_slice(&answered.body);
+    set_payload_len(slot, answered.body.len());
+    Ok(())
+}
+
+fn set_payload_len(slot: &mut Slot, len: usize) {
+    slot.header[ENT_PAYLOAD_SZ..ENT_PAYLOAD_SZ + 4].copy_from_slice(&(len as u32).to_ne_bytes());
+}
+
+/// Hands the request in `slot` (its operation's header `op` bytes long,
+/// its payload `payload`) to the fuser session, and puts its answer back.
+fn through_session(
+    slot: &mut Slot,
+    session: &OwnedFd,
+    op: usize,
+    payload: usize,
+) -> io::Result<()> {
+    sendmsg(
+        session.as_fd(),
+        &[
+            IoSlice::new(&slot.header[..IN_HEADER_LEN]),
+            IoSlice::new(&slot.header[OP_IN..OP_IN + op]),
+            IoSlice::new(&slot.payload[..payload]),
+        ],
+        &mut SendAncillaryBuffer::default(),
+        SendFlags::empty(),
+    )?;
+    let got = recvmsg(
+        session.as_fd(),
+        &mut [
+            IoSliceMut::new(&mut slot.header[..OUT_HEADER_LEN]),
+            IoSliceMut::new(&mut slot.payload),
+        ],
+        &mut RecvAncillaryBuffer::default(),
+        RecvFlags::empty(),
+    )?;
+    set_payload_len(slot, got.bytes.saturating_sub(OUT_HEADER_LEN));
+    Ok(())
+}

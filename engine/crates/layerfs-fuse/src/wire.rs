@@ -1,0 +1,526 @@
+//! The requests a CPU's ring answers without fuser ([`crate::uring`]), read
+//! from and answered into the ring's buffers as the kernel lays them out
+//! (`include/uapi/linux/fuse.h`). No I/O here: a request in, an answer out.
+//!
+//! Those are the requests every file copied in, removed or first appended
+//! to costs (LOOKUP, CREATE, GETXATTR of `security.capability`, RELEASE,
+//! the directory's GETATTR, UNLINK, OPEN, FLUSH), and READ and WRITE, whose
+//! data would otherwise be copied twice more; the ring hands any other to a
+//! fuser session.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, OpenFlags, WriteFlags,
+};
+
+use crate::answer::{
+    Answer, AttrAnswer, CreateAnswer, DataAnswer, EmptyAnswer, EntryAnswer, OpenAnswer,
+    WriteAnswer, XattrAnswer,
+};
+use crate::backing::Backing;
+use crate::door::{Door, Who};
+
+const LOOKUP: u32 = 1;
+const GETATTR: u32 = 3;
+const UNLINK: u32 = 10;
+const OPEN: u32 = 14;
+const READ: u32 = 15;
+const WRITE: u32 = 16;
+const RELEASE: u32 = 18;
+const GETXATTR: u32 = 22;
+const FLUSH: u32 = 25;
+const CREATE: u32 = 35;
+
+/// `struct fuse_in_header`.
+pub const IN_HEADER_LEN: usize = 40;
+/// `struct fuse_out_header`.
+pub const OUT_HEADER_LEN: usize = 16;
+
+/// What `struct fuse_in_header` says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InHeader {
+    /// The whole request's length, as it would be read from `/dev/fuse`.
+    pub len: u32,
+    pub opcode: u32,
+    pub unique: u64,
+    pub nodeid: u64,
+    pub uid: u32,
+    pub gid: u32,
+    pub pid: u32,
+    /// Extensions after the arguments, in units of 8 bytes.
+    pub total_extlen: u16,
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_ne_bytes(b[at..at + 4].try_into().unwrap())
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_ne_bytes(b[at..at + 8].try_into().unwrap())
+}
+
+impl InHeader {
+    pub fn parse(b: &[u8; IN_HEADER_LEN]) -> InHeader {
+        InHeader {
+            len: u32_at(b, 0),
+            opcode: u32_at(b, 4),
+            unique: u64_at(b, 8),
+            nodeid: u64_at(b, 16),
+            uid: u32_at(b, 24),
+            gid: u32_at(b, 28),
+            pid: u32_at(b, 32),
+            total_extlen: u16::from_ne_bytes([b[36], b[37]]),
+        }
+    }
+}
+
+/// One answer: an error, or a body (possibly empty).
+#[derive(Debug, Default)]
+pub struct Answered {
+    /// Negative errno, or 0.
+    pub error: i32,
+    pub body: Vec<u8>,
+}
+
+impl Answered {
+    /// `struct fuse_out_header` for this answer to request `unique`.
+    pub fn out_header(&self, unique: u64) -> [u8; OUT_HEADER_LEN] {
+        let mut h = [0u8; OUT_HEADER_LEN];
+        let len = (OUT_HEADER_LEN + self.body.len()) as u32;
+        h[0..4].copy_from_slice(&len.to_ne_bytes());
+        h[4..8].copy_from_slice(&self.error.to_ne_bytes());
+        h[8..16].copy_from_slice(&unique.to_ne_bytes());
+        h
+    }
+}
+
+/// Answers `h` (its operation's header `op`, then `payload`) with `door`
+/// into `out`, if it is a request the ring answers itself; false, with
+/// `out` untouched, for any other.
+pub fn answer(door: &Door, h: &InHeader, op: &[u8], payload: &[u8], out: &mut Answered) -> bool {
+    out.error = 0;
+    out.body.clear();
+    let who = Who {
+        uid: h.uid,
+        gid: h.gid,
+        pid: h.pid,
+    };
+    let ino = INodeNo(h.nodeid);
+    // Extensions follow the arguments; none of these requests reads them.
+    let args = &payload[..payload
+        .len()
+        .saturating_sub(8 * usize::from(h.total_extlen))];
+    let reply = Reply(out);
+    match h.opcode {
+        LOOKUP => match name(args) {
+            Some(name) => door.lookup_as(who, ino, name, reply),
+            None => reply.error(Errno::EINVAL),
+        },
+        GETATTR => door.getattr_as(ino, reply),
+        UNLINK => match name(args) {
+            Some(name) => door.unlink_as(who, ino, name, reply),
+            None => reply.error(Errno::EINVAL),
+        },
+        // fuse_open_in: flags, open_flags.
+        OPEN if op.len() >= 8 => door.open_as(who, ino, OpenFlags(u32_at(op, 0) as i32), reply),
+        // fuse_read_in: fh, offset, size, read_flags, lock_owner, flags.
+        READ if op.len() >= 24 => door.read_as(ino, u64_at(op, 8), u32_at(op, 16), reply),
+        // fuse_write_in: fh, offset, size, write_flags, lock_owner, flags;
+        // the data is the payload.
+        WRITE if op.len() >= 40 => {
+            let size = (u32_at(op, 16) as usize).min(args.len());
+            let write_flags = WriteFlags::from_bits_retain(u32_at(op, 20));
+            let flags = OpenFlags(u32_at(op, 32) as i32);
+            door.write_as(ino, u64_at(op, 8), &args[..size], write_flags, flags, reply)
+        }
+        // fuse_release_in: fh, flags, release_flags, lock_owner.
+        RELEASE if op.len() >= 8 => door.release_as(ino, FileHandle(u64_at(op, 0)), reply),
+        // fuse_getxattr_in: size, padding.
+        GETXATTR if op.len() >= 8 => match name(args) {
+            Some(name) => door.getxattr_as(ino, name, u32_at(op, 0), reply),
+            None => reply.error(Errno::EINVAL),
+        },
+        // As the door answers it through fuser (see `Door::flush`).
+        FLUSH => reply.error(Errno::ENOSYS),
+        // fuse_create_in: flags, mode, umask, open_flags.
+        CREATE if op.len() >= 16 => match name(args) {
+            Some(name) => {
+                door.create_as(who, ino, name, u32_at(op, 4), u32_at(op, 0) as i32, reply)
+            }
+            None => reply.error(Errno::EINVAL),
+        },
+        OPEN | READ | WRITE | RELEASE | GETXATTR | CREATE => reply.error(Errno::EIO),
+        _ => return false,
+    }
+    true
+}
+
+/// A name argument: the bytes before its NUL.
+fn name(args: &[u8]) -> Option<&[u8]> {
+    let end = args.iter().position(|&b| b == 0)?;
+    Some(&args[..end]).filter(|n| !n.is_empty())
+}
+
+struct Reply<'a>(&'a mut Answered);
+
+impl Answer for Reply<'_> {
+    fn error(self, e: Errno) {
+        self.0.error = -e.code();
+        self.0.body.clear();
+    }
+}
+
+impl EntryAnswer for Reply<'_> {
+    fn entry(self, ttl: &Duration, attr: &FileAttr, generation: Generation) {
+        entry_out(&mut self.0.body, ttl, attr, generation);
+    }
+}
+
+impl AttrAnswer for Reply<'_> {
+    fn attr(self, ttl: &Duration, attr: &FileAttr) {
+        // fuse_attr_out: attr_valid, attr_valid_nsec, dummy, attr.
+        let b = &mut self.0.body;
+        b.extend_from_slice(&ttl.as_secs().to_ne_bytes());
+        b.extend_from_slice(&ttl.subsec_nanos().to_ne_bytes());
+        b.extend_from_slice(&0u32.to_ne_bytes());
+        fuse_attr(b, attr);
+    }
+}
+
+impl EmptyAnswer for Reply<'_> {
+    fn ok(self) {}
+}
+
+impl DataAnswer for Reply<'_> {
+    fn data(self, data: &[u8]) {
+        self.0.body.extend_from_slice(data);
+    }
+}
+
+impl WriteAnswer for Reply<'_> {
+    fn written(self, size: u32) {
+        // fuse_write_out: size, padding.
+        self.0.body.extend_from_slice(&size.to_ne_bytes());
+        self.0.body.extend_from_slice(&0u32.to_ne_bytes());
+    }
+}
+
+impl XattrAnswer for Reply<'_> {
+    fn size(self, size: u32) {
+        // fuse_getxattr_out: size, padding.
+        self.0.body.extend_from_slice(&size.to_ne_bytes());
+        self.0.body.extend_from_slice(&0u32.to_ne_bytes());
+    }
+
+    fn data(self, data: &[u8]) {
+        self.0.body.extend_from_slice(data);
+    }
+}
+
+impl OpenAnswer for Reply<'_> {
+    fn opened_as(self, fh: FileHandle, flags: FopenFlags, backing: Option<&Backing>) {
+        open_out(&mut self.0.body, fh, flags, backing);
+    }
+}
+
+impl CreateAnswer for Reply<'_> {
+    fn created_as(
+        self,
+        ttl: &Duration,
+        attr: &FileAttr,
+        generation: Generation,
+        fh: FileHandle,
+        flags: FopenFlags,
+        backing: Option<&Backing>,
+    ) {
+        entry_out(&mut self.0.body, ttl, attr, generation);
+        open_out(&mut self.0.body, fh, flags, backing);
+    }
+}
+
+/// `struct fuse_entry_out`, names and attributes trusted for `ttl`.
+fn entry_out(b: &mut Vec<u8>, ttl: &Duration, attr: &FileAttr, generation: Generation) {
+    b.extend_from_slice(&attr.ino.0.to_ne_bytes());
+    b.extend_from_slice(&generation.0.to_ne_bytes());
+    for _ in 0..2 {
+        b.extend_from_slice(&ttl.as_secs().to_ne_bytes());
+    }
+    for _ in 0..2 {
+        b.extend_from_slice(&ttl.subsec_nanos().to_ne_bytes());
+    }
+    fuse_attr(b, attr);
+}
+
+/// `struct fuse_open_out`.
+fn open_out(b: &mut Vec<u8>, fh: FileHandle, flags: FopenFlags, backing: Option<&Backing>) {
+    let (flags, id) = match backing {
+        Some(backing) => (flags | FopenFlags::FOPEN_PASSTHROUGH, backing.id()),
+        None => (flags, 0),
+    };
+    b.extend_from_slice(&fh.0.to_ne_bytes());
+    b.extend_from_slice(&flags.bits().to_ne_bytes());
+    b.extend_from_slice(&id.to_ne_bytes());
+}
+
+/// `struct fuse_attr` (Linux's: no creation time or flags).
+fn fuse_attr(b: &mut Vec<u8>, a: &FileAttr) {
+    let times = [time(a.atime), time(a.mtime), time(a.ctime)];
+    for word in [a.ino.0, a.size, a.blocks] {
+        b.extend_from_slice(&word.to_ne_bytes());
+    }
+    for (secs, _) in times {
+        b.extend_from_slice(&secs.to_ne_bytes());
+    }
+    for (_, nanos) in times {
+        b.extend_from_slice(&nanos.to_ne_bytes());
+    }
+    let mode = file_type_bits(a.kind) | u32::from(a.perm);
+    for word in [mode, a.nlink, a.uid, a.gid, a.rdev, a.blksize, 0] {
+        b.extend_from_slice(&word.to_ne_bytes());
+    }
+}
+
+fn file_type_bits(kind: FileType) -> libc::mode_t {
+    match kind {
+        FileType::NamedPipe => libc::S_IFIFO,
+        FileType::CharDevice => libc::S_IFCHR,
+        FileType::BlockDevice => libc::S_IFBLK,
+        FileType::Directory => libc::S_IFDIR,
+        FileType::RegularFile => libc::S_IFREG,
+        FileType::Symlink => libc::S_IFLNK,
+        FileType::Socket => libc::S_IFSOCK,
+    }
+}
+
+/// Seconds and nanoseconds since the epoch, before it negative with the
+/// nanoseconds counting forward (as `struct timespec`).
+fn time(t: SystemTime) -> (i64, u32) {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => (
+            i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+            d.subsec_nanos(),
+        ),
+        Err(before) => {
+            let d = before.duration();
+            let secs = i64::try_from(d.as_secs()).unwrap_or(i64::MAX);
+            match d.subsec_nanos() {
+                0 => (-secs, 0),
+                n => (-secs - 1, 1_000_000_000 - n),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    use layerfs_vfs::LocalFs;
+
+    use crate::attrs::Caching;
+
+    const ROOT: u64 = 1;
+
+    fn header(opcode: u32, nodeid: u64) -> InHeader {
+        InHeader {
+            len: 0,
+            opcode,
+            unique: 9,
+            nodeid,
+            uid: 0,
+            gid: 0,
+            pid: std::process::id(),
+            total_extlen: 0,
+        }
+    }
+
+    /// Answers one request; None where the ring would hand it to fuser.
+    fn ask(door: &Door, opcode: u32, nodeid: u64, op: &[u8], payload: &[u8]) -> Option<Answered> {
+        let mut out = Answered {
+            error: 1,
+            body: b"stale".to_vec(),
+        };
+        answer(door, &header(opcode, nodeid), op, payload, &mut out).then_some(out)
+    }
+
+    fn door(dir: &std::path::Path, caching: Caching) -> Door {
+        let fs = LocalFs::open(dir).unwrap();
+        Door::new(Arc::new(fs), caching, false)
+    }
+
+    fn words(op: &[u32]) -> Vec<u8> {
+        op.iter().flat_map(|w| w.to_ne_bytes()).collect()
+    }
+
+    #[test]
+    fn a_header_is_read_where_the_kernel_puts_each_field() {
+        let mut b = [0u8; IN_HEADER_LEN];
+        b[0..4].copy_from_slice(&77u32.to_ne_bytes());
+        b[4..8].copy_from_slice(&CREATE.to_ne_bytes());
+        b[8..16].copy_from_slice(&5u64.to_ne_bytes());
+        b[16..24].copy_from_slice(&6u64.to_ne_bytes());
+        b[24..28].copy_from_slice(&1000u32.to_ne_bytes());
+        b[28..32].copy_from_slice(&100u32.to_ne_bytes());
+        b[32..36].copy_from_slice(&42u32.to_ne_bytes());
+        b[36..38].copy_from_slice(&3u16.to_ne_bytes());
+        let h = InHeader::parse(&b);
+        assert_eq!(
+            (
+                h.len,
+                h.opcode,
+                h.unique,
+                h.nodeid,
+                h.uid,
+                h.gid,
+                h.pid,
+                h.total_extlen
+            ),
+            (77, CREATE, 5, 6, 1000, 100, 42, 3)
+        );
+        let out = Answered {
+            error: -2,
+            body: vec![0; 8],
+        }
+        .out_header(5);
+        assert_eq!(&out[0..4], &24u32.to_ne_bytes(), "the header counts itself");
+        assert_eq!(&out[4..8], &(-2i32).to_ne_bytes());
+        assert_eq!(&out[8..16], &5u64.to_ne_bytes());
+    }
+
+    #[test]
+    fn times_before_the_epoch_count_their_nanoseconds_forward() {
+        let t = |d: Duration| time(UNIX_EPOCH - d);
+        assert_eq!(t(Duration::new(1, 500_000_000)), (-2, 500_000_000));
+        assert_eq!(t(Duration::from_secs(3)), (-3, 0));
+        assert_eq!(time(UNIX_EPOCH + Duration::new(7, 9)), (7, 9));
+    }
+
+    #[test]
+    fn a_lookup_and_a_getattr_are_laid_out_as_struct_fuse_entry_out_and_attr_out() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), b"hello").unwrap();
+        let d = door(dir.path(), Caching::Shared);
+        let found = ask(&d, LOOKUP, ROOT, &[], b"f\0").unwrap();
+        assert_eq!(found.error, 0);
+        let b = &found.body;
+        assert_eq!(b.len(), 40 + 88, "fuse_entry_out");
+        let nodeid = u64_at(b, 0);
+        assert_ne!(nodeid, 0);
+        assert_eq!(
+            u64_at(b, 16),
+            1,
+            "entry_valid: one second for a shared directory"
+        );
+        assert_eq!(u64_at(b, 40), nodeid, "fuse_attr.ino");
+        assert_eq!(u64_at(b, 48), 5, "fuse_attr.size");
+        let meta = std::fs::metadata(dir.path().join("f")).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(u64_at(b, 40 + 32) as i64, meta.mtime(), "fuse_attr.mtime");
+        assert_eq!(
+            u32_at(b, 40 + 52),
+            meta.mtime_nsec() as u32,
+            "fuse_attr.mtimensec"
+        );
+        assert_eq!(u32_at(b, 40 + 60), meta.mode(), "fuse_attr.mode");
+        assert_eq!(u32_at(b, 40 + 64), 1, "fuse_attr.nlink");
+        assert_eq!(u32_at(b, 40 + 80), 4096, "fuse_attr.blksize");
+
+        let attr = ask(&d, GETATTR, nodeid, &[0; 16], &[]).unwrap();
+        assert_eq!(attr.error, 0);
+        assert_eq!(attr.body.len(), 16 + 88, "fuse_attr_out");
+        assert_eq!(&attr.body[16..], &b[40..], "the same attributes");
+
+        let missing = ask(&d, LOOKUP, ROOT, &[], b"nothing\0").unwrap();
+        assert_eq!((missing.error, missing.body.len()), (-libc::ENOENT, 0));
+        // Where nothing changes behind the door, a negative entry instead.
+        let d = door(dir.path(), Caching::Exclusive);
+        let negative = ask(&d, LOOKUP, ROOT, &[], b"nothing\0").unwrap();
+        assert_eq!((negative.error, u64_at(&negative.body, 0)), (0, 0));
+    }
+
+    #[test]
+    fn a_file_is_created_written_read_and_removed_through_the_ring_s_answers() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = door(dir.path(), Caching::Shared);
+        let flags = (libc::O_CREAT | libc::O_EXCL | libc::O_RDWR) as u32;
+        let made = ask(
+            &d,
+            CREATE,
+            ROOT,
+            &words(&[flags, 0o100640, 0o022, 0]),
+            b"new\0",
+        )
+        .unwrap();
+        assert_eq!(made.error, 0);
+        assert_eq!(made.body.len(), 128 + 16, "fuse_entry_out, fuse_open_out");
+        let nodeid = u64_at(&made.body, 0);
+        assert_eq!(u32_at(&made.body, 40 + 60), libc::S_IFREG | 0o640);
+        let fh = u64_at(&made.body, 128);
+        assert_eq!(
+            u32_at(&made.body, 140),
+            0,
+            "no backing file without passthrough"
+        );
+
+        let mut write_in = fh.to_ne_bytes().to_vec();
+        write_in.extend_from_slice(&0u64.to_ne_bytes()); // offset
+        write_in.extend_from_slice(&words(&[5, 0]));
+        write_in.extend_from_slice(&[0; 16]);
+        let written = ask(&d, WRITE, nodeid, &write_in, b"hello").unwrap();
+        assert_eq!((written.error, u32_at(&written.body, 0)), (0, 5));
+        assert_eq!(std::fs::read(dir.path().join("new")).unwrap(), b"hello");
+
+        let mut read_in = fh.to_ne_bytes().to_vec();
+        read_in.extend_from_slice(&1u64.to_ne_bytes());
+        read_in.extend_from_slice(&words(&[100, 0]));
+        read_in.extend_from_slice(&[0; 16]);
+        let read = ask(&d, READ, nodeid, &read_in, &[]).unwrap();
+        assert_eq!((read.error, read.body.as_slice()), (0, &b"ello"[..]));
+
+        let none = ask(
+            &d,
+            GETXATTR,
+            nodeid,
+            &words(&[0, 0]),
+            b"security.capability\0",
+        );
+        assert!(
+            matches!(none, Some(Answered { error, .. }) if error == -libc::ENODATA || error == -libc::ENOSYS)
+        );
+        let released = ask(
+            &d,
+            RELEASE,
+            nodeid,
+            &[fh.to_ne_bytes().as_slice(), &[0; 16]].concat(),
+            &[],
+        );
+        assert_eq!(released.map(|a| (a.error, a.body.len())), Some((0, 0)));
+        let opened = ask(&d, OPEN, nodeid, &words(&[libc::O_RDONLY as u32, 0]), &[]).unwrap();
+        assert_eq!((opened.error, opened.body.len()), (0, 16));
+
+        let gone = ask(&d, UNLINK, ROOT, &[], b"new\0").unwrap();
+        assert_eq!(gone.error, 0);
+        assert!(!dir.path().join("new").exists());
+        let again = ask(&d, UNLINK, ROOT, &[], b"new\0").unwrap();
+        assert_eq!(again.error, -libc::ENOENT);
+    }
+
+    #[test]
+    fn other_requests_are_left_to_fuser_and_malformed_ones_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = door(dir.path(), Caching::Shared);
+        const MKDIR: u32 = 9;
+        assert!(ask(&d, MKDIR, ROOT, &words(&[0o755, 0]), b"d\0").is_none());
+        assert!(!dir.path().join("d").exists(), "nothing done");
+        let unnamed = ask(&d, LOOKUP, ROOT, &[], b"no end").unwrap();
+        assert_eq!(unnamed.error, -libc::EINVAL);
+        let empty = ask(&d, UNLINK, ROOT, &[], b"\0").unwrap();
+        assert_eq!(empty.error, -libc::EINVAL);
+        let short = ask(&d, OPEN, ROOT, &[0; 4], &[]).unwrap();
+        assert_eq!((short.error, short.body.len()), (-libc::EIO, 0));
+        let flush = ask(&d, FLUSH, ROOT, &[0; 24], &[]).unwrap();
+        assert_eq!(flush.error, -libc::ENOSYS);
+    }
+}
