@@ -14,7 +14,9 @@
 # with git. Needs root and /dev/fuse; says SKIPPED without them, or fails
 # instead with LAYERFS_REQUIRE_MOUNTS=1 (a suite that cannot be had at all
 # is SKIPPED either way).
-# usage: tests/fuse/pjdfstest.sh LAYERFS (flat|stack) [no-passthrough]
+# With `io-uring` the door takes requests through FUSE over io_uring (the fuse
+# module's enable_uring set for the run, and put back after).
+# usage: tests/fuse/pjdfstest.sh LAYERFS (flat|stack) [no-passthrough|io-uring]
 set -euo pipefail
 layerfs=$(realpath "$1") what=$2 passthrough=${3:-passthrough}
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -78,10 +80,18 @@ cleanup() {
 	umount -l "$mnt" 2>/dev/null || true
 	umount -l "$base"
 	rmdir "$base"
+	if [[ -n ${uring_was:-} ]]; then echo "$uring_was" >"$uring_param"; fi
 }
 trap cleanup EXIT
 flags=(--allow-other)
 [[ $passthrough == no-passthrough ]] && flags+=(--no-passthrough)
+uring_param=/sys/module/fuse/parameters/enable_uring
+if [[ $passthrough == io-uring ]]; then
+	[[ -w $uring_param ]] || skip "this kernel has no FUSE over io_uring ($uring_param)"
+	uring_was=$(cat "$uring_param")
+	echo Y >"$uring_param"
+	flags+=(--io-uring)
+fi
 case $what in
 flat)
 	mkdir "$base/dir"
@@ -93,7 +103,7 @@ stack)
 		>"$base/door.log" 2>&1 &
 	;;
 *)
-	echo "usage: $0 LAYERFS (flat|stack) [no-passthrough]" >&2
+	echo "usage: $0 LAYERFS (flat|stack) [no-passthrough|io-uring]" >&2
 	exit 2
 	;;
 esac
@@ -108,6 +118,18 @@ if ! fuse_mounted || ! kill -0 $door 2>/dev/null; then
 	tail -n 20 "$base/door.log"
 	echo "FAILED: the door never mounted $mnt"
 	exit 1
+fi
+# Through the rings, or not at all: the door says which once set up.
+if [[ $passthrough == io-uring ]]; then
+	for _ in $(seq 50); do
+		grep -q "through FUSE over io_uring" "$base/door.log" && break
+		sleep 0.1
+	done
+	if ! grep -q "through FUSE over io_uring" "$base/door.log"; then
+		tail -n 20 "$base/door.log"
+		echo "FAILED: the door did not set up its rings"
+		exit 1
+	fi
 fi
 # The suite's users (65531-65535) walk into the mount from here.
 chmod 755 "$base"

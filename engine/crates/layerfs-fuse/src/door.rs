@@ -1012,6 +1012,38 @@ impl Door {
         })
     }
 
+    /// Reads into `dst` straight from the host file the filesystem names
+    /// for `ino` (one copy, as a READ through fuser makes); None where it
+    /// names none, for [`Door::read_as`].
+    pub(crate) fn read_into(
+        &self,
+        ino: INodeNo,
+        offset: u64,
+        dst: &mut [u8],
+    ) -> Option<Result<usize, Errno>> {
+        let source =
+            self.fs
+                .host_files()?
+                .read_source(&Caller::root(), self.id(ino), offset, dst.len());
+        let source = match source {
+            Ok(Some(source)) => source,
+            // Stale (a file open with no name left): read_as reads the
+            // file its opens hold.
+            Ok(None) | Err(_) => return None,
+        };
+        let mut done = 0;
+        while done < source.len {
+            let at = source.offset + done as u64;
+            match rustix::io::pread(&*source.file, &mut dst[done..source.len], at) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Some(Err(errno(Error::from(std::io::Error::from(e))))),
+            }
+        }
+        Some(Ok(done))
+    }
+
     pub(crate) fn write_as(
         &self,
         ino: INodeNo,

@@ -18,9 +18,11 @@
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
+use rustix::event::{eventfd, EventfdFlags};
 use rustix::net::{
     recvmsg, sendmsg, socketpair, AddressFamily, RecvAncillaryBuffer, RecvFlags,
     SendAncillaryBuffer, SendFlags, SocketFlags, SocketType,
@@ -42,7 +44,7 @@ const ENT_COMMIT_ID: usize = 256 + 8;
 const ENT_PAYLOAD_SZ: usize = 256 + 16;
 
 /// Requests each CPU's ring holds at once.
-const DEPTH: usize = 4;
+const DEPTH: usize = 2;
 
 /// The largest request or answer body: the kernel refuses a buffer smaller
 /// than its `max_write` or `max_pages`.
@@ -55,7 +57,10 @@ const SOCKET_BUFFER: usize = 4 * PAYLOAD_LEN;
 struct Slot {
     header: Box<[u8; HEADER_LEN]>,
     payload: Vec<u8>,
-    iov: Box<[libc::iovec; 2]>,
+    /// `struct iovec[2]` naming them (address, length, address, length),
+    /// for the registration; the buffers stay where they are when the
+    /// slot moves.
+    iov: Box<[usize; 4]>,
 }
 
 impl Slot {
@@ -63,14 +68,10 @@ impl Slot {
         let mut header = Box::new([0u8; HEADER_LEN]);
         let mut payload = vec![0u8; PAYLOAD_LEN];
         let iov = Box::new([
-            libc::iovec {
-                iov_base: header.as_mut_ptr().cast(),
-                iov_len: HEADER_LEN,
-            },
-            libc::iovec {
-                iov_base: payload.as_mut_ptr().cast(),
-                iov_len: PAYLOAD_LEN,
-            },
+            header.as_mut_ptr() as usize,
+            HEADER_LEN,
+            payload.as_mut_ptr() as usize,
+            PAYLOAD_LEN,
         ]);
         Slot {
             header,
@@ -112,6 +113,8 @@ struct Queue {
     socket: OwnedFd,
     session: fuser::Session<Door>,
     door: Door,
+    /// The door of the thread large READs are handed to.
+    reader: Door,
 }
 
 /// Starts a ring and a fuser session for each CPU the kernel may queue a
@@ -152,6 +155,7 @@ pub(crate) fn start(
             socket,
             session,
             door: door(),
+            reader: door(),
         });
     }
     for q in queues {
@@ -161,10 +165,14 @@ pub(crate) fn start(
                 tracing::debug!("FUSE session of CPU {cpu} ended: {e}");
             }
         })?;
+        let reader = Reader::start(cpu, q.reader)?;
         on_cpu(cpu, format!("fuse-ring-{cpu}"), move || {
-            let ended = serve(cpu as u16, &q.device, &q.socket, &q.door);
-            // The session's end: DESTROY, which fuser answers and returns on.
-            let _ = rustix::io::write(&q.socket, &destroy());
+            let ended = serve(cpu as u16, &q.device, &q.socket, &q.door, reader);
+            // The session's end: DESTROY, which fuser answers, and then
+            // returns.
+            if rustix::io::write(&q.socket, &destroy()).is_ok() {
+                let _ = rustix::io::read(&q.socket, &mut [0u8; OUT_HEADER_LEN]);
+            }
             if let Err(e) = ended {
                 tracing::warn!("FUSE ring of CPU {cpu} ended: {e}");
             }
@@ -210,14 +218,64 @@ fn on_cpu(
     })
 }
 
-/// Fetches the requests of queue `qid` and answers each through `session`.
-fn serve(qid: u16, device: &OwnedFd, session: &OwnedFd, door: &Door) -> io::Result<()> {
+/// Large READs of one ring, answered on a thread of their own: a ring's
+/// thread stays on its CPU, and a reader there would otherwise wait for
+/// each READ to be copied before it copies the last one out, where
+/// through `/dev/fuse` another CPU fills the next while it does.
+struct Reader {
+    jobs: mpsc::Sender<(usize, Box<Slot>)>,
+    done: mpsc::Receiver<(usize, Box<Slot>)>,
+    /// Written by the reader thread after each READ, to wake the ring.
+    wake: Arc<OwnedFd>,
+}
+
+/// A READ at least this large goes to the ring's reader thread.
+const LARGE_READ: u32 = 64 * 1024;
+
+/// The ring's user data of the wake-up poll (slots are 0..DEPTH).
+const WAKE: u64 = u64::MAX;
+
+impl Reader {
+    fn start(cpu: usize, door: Door) -> io::Result<Reader> {
+        let (jobs, inbox) = mpsc::channel::<(usize, Box<Slot>)>();
+        let (outbox, done) = mpsc::channel();
+        let wake = Arc::new(eventfd(0, EventfdFlags::CLOEXEC)?);
+        let woken = wake.clone();
+        std::thread::Builder::new()
+            .name(format!("fuse-read-{cpu}"))
+            .spawn(move || {
+                let mut answered = Answered::default();
+                for (i, mut slot) in inbox {
+                    answer(&mut slot, None, &door, &mut answered);
+                    if outbox.send((i, slot)).is_err() {
+                        return;
+                    }
+                    let _ = rustix::io::write(&*woken, &1u64.to_ne_bytes());
+                }
+            })?;
+        Ok(Reader { jobs, done, wake })
+    }
+}
+
+/// Fetches the requests of queue `qid` and answers each: itself, through
+/// `session`, or (a large READ) through `reader`.
+fn serve(
+    qid: u16,
+    device: &OwnedFd,
+    session: &OwnedFd,
+    door: &Door,
+    reader: Reader,
+) -> io::Result<()> {
+    // Declared before the ring, so dropped after it: the kernel writes
+    // requests into them until the ring is gone.
+    let mut slots: Vec<Option<Box<Slot>>> =
+        (0..DEPTH).map(|_| Some(Box::new(Slot::new()))).collect();
     let mut ring: IoUring<squeue::Entry128, cqueue::Entry> =
-        IoUring::builder().build(2 * DEPTH as u32)?;
-    let mut slots: Vec<Slot> = (0..DEPTH).map(|_| Slot::new()).collect();
+        IoUring::builder().build(2 * DEPTH as u32 + 2)?;
     let mut answered = Answered::default();
     let fd = types::Fd(device.as_raw_fd());
     for (i, slot) in slots.iter().enumerate() {
+        let slot = slot.as_ref().unwrap();
         let entry = opcode::UringCmd80::new(fd, CMD_REGISTER)
             .cmd(command(qid, 0))
             .addr(Some(slot.iov.as_ptr() as u64))
@@ -225,37 +283,74 @@ fn serve(qid: u16, device: &OwnedFd, session: &OwnedFd, door: &Door) -> io::Resu
             .user_data(i as u64);
         push(&mut ring, with_len(entry, 2))?;
     }
+    let wake = types::Fd(reader.wake.as_raw_fd());
+    let poll = || {
+        squeue::Entry128::from(
+            opcode::PollAdd::new(wake, libc::POLLIN as u32)
+                .build()
+                .user_data(WAKE),
+        )
+    };
+    push(&mut ring, poll())?;
+    let commit = |slot: &Slot, i: usize| {
+        let commit_id = u64::from_ne_bytes(
+            slot.header[ENT_COMMIT_ID..ENT_COMMIT_ID + 8]
+                .try_into()
+                .unwrap(),
+        );
+        opcode::UringCmd80::new(fd, CMD_COMMIT_AND_FETCH)
+            .cmd(command(qid, commit_id))
+            .build()
+            .user_data(i as u64)
+    };
     loop {
         match ring.submit_and_wait(1) {
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
         }
-        let done: Vec<(usize, i32)> = ring
+        let done: Vec<(u64, i32)> = ring
             .completion()
-            .map(|c| (c.user_data() as usize, c.result()))
+            .map(|c| (c.user_data(), c.result()))
             .collect();
-        for (i, result) in done {
+        for (data, result) in done {
+            if data == WAKE {
+                let _ = rustix::io::read(&*reader.wake, &mut [0u8; 8]);
+                for (i, slot) in reader.done.try_iter() {
+                    push(&mut ring, commit(&slot, i))?;
+                    slots[i] = Some(slot);
+                }
+                push(&mut ring, poll())?;
+                continue;
+            }
             if result < 0 {
                 if result == -libc::ENOTCONN || result == -libc::ECANCELED {
                     return Ok(());
                 }
                 return Err(io::Error::from_raw_os_error(-result));
             }
-            let slot = &mut slots[i];
-            let commit_id = u64::from_ne_bytes(
-                slot.header[ENT_COMMIT_ID..ENT_COMMIT_ID + 8]
-                    .try_into()
-                    .unwrap(),
-            );
-            answer(slot, session, door, &mut answered)?;
-            let entry = opcode::UringCmd80::new(fd, CMD_COMMIT_AND_FETCH)
-                .cmd(command(qid, commit_id))
-                .build()
-                .user_data(i as u64);
-            push(&mut ring, entry)?;
+            let i = data as usize;
+            let Some(mut slot) = slots[i].take() else {
+                return Err(io::Error::other("a request in a buffer lent to the reader"));
+            };
+            if is_large_read(&slot) {
+                reader
+                    .jobs
+                    .send((i, slot))
+                    .map_err(|_| io::Error::other("the reader thread is gone"))?;
+                continue;
+            }
+            answer(&mut slot, Some(session), door, &mut answered);
+            push(&mut ring, commit(&slot, i))?;
+            slots[i] = Some(slot);
         }
     }
+}
+
+fn is_large_read(slot: &Slot) -> bool {
+    let header = InHeader::parse(slot.header[..IN_HEADER_LEN].try_into().unwrap());
+    header.opcode == wire::READ
+        && wire::read_in(&slot.header[OP_IN..]).is_some_and(|(_, size)| size >= LARGE_READ)
 }
 
 fn push(
@@ -270,36 +365,61 @@ fn push(
 }
 
 /// Answers the request in `slot` there, as the kernel reads it: the out
-/// header where the request's header was, the body in the payload.
-fn answer(
-    slot: &mut Slot,
-    session: &OwnedFd,
-    door: &Door,
-    answered: &mut Answered,
-) -> io::Result<()> {
+/// header where the request's header was, the body in the payload. What
+/// the door does not answer itself goes through `session`. A request that
+/// cannot be answered is answered EIO: its caller, and every later one on
+/// this CPU, would otherwise wait for ever.
+fn answer(slot: &mut Slot, session: Option<&OwnedFd>, door: &Door, answered: &mut Answered) {
     let header = InHeader::parse(slot.header[..IN_HEADER_LEN].try_into().unwrap());
     let payload = slot.word(ENT_PAYLOAD_SZ) as usize;
     let op = (header.len as usize)
         .checked_sub(IN_HEADER_LEN + payload)
-        .filter(|op| *op <= OP_IN && payload <= PAYLOAD_LEN)
-        .ok_or_else(|| {
-            io::Error::other(format!(
-                "a request of {} bytes with {payload} in its payload",
-                header.len
-            ))
-        })?;
+        .filter(|op| *op <= OP_IN && payload <= PAYLOAD_LEN);
+    let Some(op) = op else {
+        tracing::warn!(
+            "FUSE request {} of {} bytes with {payload} in its payload: answered EIO",
+            header.opcode,
+            header.len
+        );
+        return answer_with(slot, header.unique, -libc::EIO, 0);
+    };
+    // A READ's data goes straight into the ring's buffer.
+    if let Some((offset, size)) = (header.opcode == wire::READ)
+        .then(|| wire::read_in(&slot.header[OP_IN..OP_IN + op]))
+        .flatten()
+    {
+        let size = (size as usize).min(PAYLOAD_LEN);
+        let ino = fuser::INodeNo(header.nodeid);
+        if let Some(read) = door.read_into(ino, offset, &mut slot.payload[..size]) {
+            return match read {
+                Ok(len) => answer_with(slot, header.unique, 0, len),
+                Err(e) => answer_with(slot, header.unique, -e.code(), 0),
+            };
+        }
+    }
     let args = (&slot.header[OP_IN..OP_IN + op], &slot.payload[..payload]);
-    if !wire::answer(door, &header, args.0, args.1, answered) {
-        return through_session(slot, session, op, payload);
+    if wire::answer(door, &header, args.0, args.1, answered) {
+        if answered.body.len() > PAYLOAD_LEN {
+            return answer_with(slot, header.unique, -libc::ERANGE, 0);
+        }
+        slot.payload[..answered.body.len()].copy_from_slice(&answered.body);
+        return answer_with(slot, header.unique, answered.error, answered.body.len());
     }
-    if answered.body.len() > PAYLOAD_LEN {
-        answered.error = -libc::ERANGE;
-        answered.body.clear();
+    let through = session.ok_or_else(|| io::Error::other("no session here"));
+    if let Err(e) = through.and_then(|session| through_session(slot, session, op, payload)) {
+        tracing::warn!(
+            "FUSE request {} through the session: {e}: answered EIO",
+            header.opcode
+        );
+        answer_with(slot, header.unique, -libc::EIO, 0);
     }
-    slot.header[..OUT_HEADER_LEN].copy_from_slice(&answered.out_header(header.unique));
-    slot.payload[..answered.body.len()].copy_from_slice(&answered.body);
-    set_payload_len(slot, answered.body.len());
-    Ok(())
+}
+
+/// Puts the out header of an answer of `len` payload bytes (or of `error`)
+/// in `slot`.
+fn answer_with(slot: &mut Slot, unique: u64, error: i32, len: usize) {
+    slot.header[..OUT_HEADER_LEN].copy_from_slice(&wire::out_header(unique, error, len));
+    set_payload_len(slot, len);
 }
 
 fn set_payload_len(slot: &mut Slot, len: usize) {

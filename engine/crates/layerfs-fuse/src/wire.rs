@@ -25,7 +25,7 @@ const LOOKUP: u32 = 1;
 const GETATTR: u32 = 3;
 const UNLINK: u32 = 10;
 const OPEN: u32 = 14;
-const READ: u32 = 15;
+pub const READ: u32 = 15;
 const WRITE: u32 = 16;
 const RELEASE: u32 = 18;
 const GETXATTR: u32 = 22;
@@ -83,16 +83,19 @@ pub struct Answered {
     pub body: Vec<u8>,
 }
 
-impl Answered {
-    /// `struct fuse_out_header` for this answer to request `unique`.
-    pub fn out_header(&self, unique: u64) -> [u8; OUT_HEADER_LEN] {
-        let mut h = [0u8; OUT_HEADER_LEN];
-        let len = (OUT_HEADER_LEN + self.body.len()) as u32;
-        h[0..4].copy_from_slice(&len.to_ne_bytes());
-        h[4..8].copy_from_slice(&self.error.to_ne_bytes());
-        h[8..16].copy_from_slice(&unique.to_ne_bytes());
-        h
-    }
+/// `struct fuse_out_header`: an answer of `body` bytes, or error `error`
+/// (negative).
+pub fn out_header(unique: u64, error: i32, body: usize) -> [u8; OUT_HEADER_LEN] {
+    let mut h = [0u8; OUT_HEADER_LEN];
+    h[0..4].copy_from_slice(&((OUT_HEADER_LEN + body) as u32).to_ne_bytes());
+    h[4..8].copy_from_slice(&error.to_ne_bytes());
+    h[8..16].copy_from_slice(&unique.to_ne_bytes());
+    h
+}
+
+/// The offset and size of a READ (`struct fuse_read_in`), if `op` holds one.
+pub fn read_in(op: &[u8]) -> Option<(u64, u32)> {
+    (op.len() >= 24).then(|| (u64_at(op, 8), u32_at(op, 16)))
 }
 
 /// Answers `h` (its operation's header `op`, then `payload`) with `door`
@@ -125,7 +128,10 @@ pub fn answer(door: &Door, h: &InHeader, op: &[u8], payload: &[u8], out: &mut An
         // fuse_open_in: flags, open_flags.
         OPEN if op.len() >= 8 => door.open_as(who, ino, OpenFlags(u32_at(op, 0) as i32), reply),
         // fuse_read_in: fh, offset, size, read_flags, lock_owner, flags.
-        READ if op.len() >= 24 => door.read_as(ino, u64_at(op, 8), u32_at(op, 16), reply),
+        READ => match read_in(op) {
+            Some((offset, size)) => door.read_as(ino, offset, size, reply),
+            None => reply.error(Errno::EIO),
+        },
         // fuse_write_in: fh, offset, size, write_flags, lock_owner, flags;
         // the data is the payload.
         WRITE if op.len() >= 40 => {
@@ -150,7 +156,7 @@ pub fn answer(door: &Door, h: &InHeader, op: &[u8], payload: &[u8], out: &mut An
             }
             None => reply.error(Errno::EINVAL),
         },
-        OPEN | READ | WRITE | RELEASE | GETXATTR | CREATE => reply.error(Errno::EIO),
+        OPEN | WRITE | RELEASE | GETXATTR | CREATE => reply.error(Errno::EIO),
         _ => return false,
     }
     true
@@ -379,11 +385,7 @@ mod tests {
             ),
             (77, CREATE, 5, 6, 1000, 100, 42, 3)
         );
-        let out = Answered {
-            error: -2,
-            body: vec![0; 8],
-        }
-        .out_header(5);
+        let out = out_header(5, -2, 8);
         assert_eq!(&out[0..4], &24u32.to_ne_bytes(), "the header counts itself");
         assert_eq!(&out[4..8], &(-2i32).to_ne_bytes());
         assert_eq!(&out[8..16], &5u64.to_ne_bytes());
