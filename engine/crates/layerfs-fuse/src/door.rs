@@ -170,14 +170,16 @@ impl Door {
         self
     }
 
-    /// A door sharing this one's state, to serve a CPU's ring.
+    /// A door sharing this one's state, to serve a CPU's ring: made once
+    /// the kernel's INIT was answered, it passes files through only if
+    /// that was agreed.
     pub fn sibling(&self) -> Door {
         Door {
             fs: self.fs.clone(),
             inos: self.inos,
             caching: self.caching,
             callers: Callers::default(),
-            passthrough: self.passthrough,
+            passthrough: self.agreed.get().copied().unwrap_or(false),
             opens: self.opens.clone(),
             xattrs: self.xattrs,
             no_caps: self.no_caps.clone(),

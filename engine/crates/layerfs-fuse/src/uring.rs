@@ -9,9 +9,11 @@
 //!
 //! Each CPU has a thread kept on it that fetches its ring's requests and
 //! commits their answers. It answers the requests each file copied in,
-//! removed or first appended to costs itself ([`crate::wire`]); fuser reads
-//! requests only from a descriptor, so any other goes through a socket to
-//! a fuser session of that CPU (a thread kept there too) and back.
+//! removed or first appended to costs itself, and READ and WRITE
+//! ([`crate::wire`]); fuser reads requests only from a descriptor, so any
+//! other goes through a socket to a fuser session of that CPU (a thread
+//! kept there too) and back. Large READs go to a reader thread of the ring,
+//! kept nowhere, so that the reader's CPU is not the only one copying.
 //!
 //! The kernel still sends FORGETs and INTERRUPTs through `/dev/fuse`, where
 //! the session that answered FUSE_INIT goes on reading.
@@ -313,17 +315,16 @@ fn serve(
             .build()
             .user_data(i as u64)
     };
+    let mut done: Vec<(u64, i32)> = Vec::with_capacity(DEPTH + 1);
     loop {
         match ring.submit_and_wait(1) {
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
         }
-        let done: Vec<(u64, i32)> = ring
-            .completion()
-            .map(|c| (c.user_data(), c.result()))
-            .collect();
-        for (data, result) in done {
+        done.clear();
+        done.extend(ring.completion().map(|c| (c.user_data(), c.result())));
+        for &(data, result) in &done {
             if data == WAKE {
                 let _ = rustix::io::read(&*reader.wake, &mut [0u8; 8]);
                 for (i, slot) in reader.done.try_iter() {
