@@ -36,7 +36,7 @@ pub struct Options {
     pub source: String,
     /// Serve through FUSE over io_uring where the kernel offers it (its
     /// `fuse.enable_uring` parameter, off by default): each CPU's requests
-    /// are answered on that CPU (see [`crate::uring`]).
+    /// are answered on that CPU (docs/architecture/engine/kernel-routes/fuse.md).
     pub io_uring: bool,
 }
 
