@@ -100,7 +100,7 @@ pub fn read_in(op: &[u8]) -> Option<(u64, u32)> {
 
 /// Answers `h` (its operation's header `op`, then `payload`) with `door`
 /// into `out`, if it is a request the ring answers itself; false, with
-/// `out` untouched, for any other.
+/// `out` empty, for any other.
 pub fn answer(door: &Door, h: &InHeader, op: &[u8], payload: &[u8], out: &mut Answered) -> bool {
     out.error = 0;
     out.body.clear();
