@@ -441,9 +441,8 @@ for i in range(20000):
 os.close(fd)
 ' "$t/nobody/mnt/appended" &
 	appender=$!
-	# Killed once the writer is under way; a door fast enough lets it finish
-	# first, and then only the file is checked across the restart.
 	for _ in $(seq 100); do [[ $(nobody stat -c %s "$t/nobody/mnt/appended" 2>/dev/null || echo 0) -gt 9000 ]] && break; sleep 0.02; done
+	kill -0 "$appender" 2>/dev/null || fail "the user's writer ended before the kill"
 	kill -9 "$NOBODY_PID"
 	wait "$NOBODY_PID" 2>/dev/null || true
 	coproc NOBODY { exec setpriv --reuid 65534 --regid 65534 --clear-groups env HOME="$t/nobody" \
