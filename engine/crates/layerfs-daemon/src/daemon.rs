@@ -5,8 +5,7 @@
 //! in `daemon/requests.rs`.
 
 use std::collections::HashMap;
-use std::fs::File;
-use std::io::{self, Read, Seek, Write};
+use std::io::{self, Write};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -52,7 +51,7 @@ pub fn run(config: DaemonConfig, stop: Receiver<()>) -> Result<(), String> {
         .store
         .canonicalize()
         .map_err(|e| format!("{}: {e}", config.store.display()))?;
-    let _lock = lock_store(&root, config.lock_wait)?;
+    let _lock = store_lock::lock_store(&root, config.lock_wait)?;
     // Bound before anything is exported or mounted, so a socket that cannot
     // be made stops the daemon before it has touched a mount.
     let socket = crate::paths::control_socket(&root).map_err(|e| e.to_string())?;
@@ -104,48 +103,6 @@ pub fn run(config: DaemonConfig, stop: Receiver<()>) -> Result<(), String> {
     }
     let _ = std::fs::remove_file(&socket);
     Ok(())
-}
-
-/// Takes the store's lock, or says which daemon holds it.
-fn lock_store(root: &Path, wait: Duration) -> Result<File, String> {
-    let path = root.join("daemon.lock");
-    let mut file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .map_err(|e| {
-            format!(
-                "cannot open {}: {e} (is the store writable?)",
-                path.display()
-            )
-        })?;
-    let deadline = std::time::Instant::now() + wait;
-    let locked = loop {
-        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
-            Err(rustix::io::Errno::WOULDBLOCK) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(20))
-            }
-            other => break other,
-        }
-    };
-    if let Err(e) = locked {
-        let mut pid = String::new();
-        let _ = file.read_to_string(&mut pid);
-        return Err(match e {
-            rustix::io::Errno::WOULDBLOCK => format!(
-                "another layerfs daemon (pid {}) serves {}: use it, or stop it first",
-                pid.trim(),
-                root.display()
-            ),
-            e => format!("cannot lock {}: {e}", path.display()),
-        });
-    }
-    let _ = file.set_len(0);
-    let _ = file.rewind();
-    let _ = writeln!(file, "{}", std::process::id());
-    Ok(file)
 }
 
 /// A workspace the daemon has open: its stack, and its FUSE mount.
@@ -204,6 +161,7 @@ mod images;
 mod kept;
 mod requests;
 mod slots;
+mod store_lock;
 
 use slots::Slots;
 
