@@ -116,7 +116,20 @@ thread_local! {
     static READ_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
+/// The errno a request is answered with. EIO is a failure of the door or
+/// of the host, never an answer about the file: each is logged (the first
+/// ten, then every thousandth), so that a program's EIO can be traced.
 fn errno(e: Error) -> Errno {
+    if e == Error::Io {
+        static ANSWERED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = ANSWERED.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        if n <= 10 || n % 1000 == 0 {
+            tracing::warn!(
+                times = n,
+                "a FUSE request was answered EIO (a failure of the door or of the host)"
+            );
+        }
+    }
     Errno::from_i32(e.errno())
 }
 
