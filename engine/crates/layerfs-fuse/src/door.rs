@@ -123,7 +123,7 @@ fn errno(e: Error) -> Errno {
     if e == Error::Io {
         static ANSWERED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = ANSWERED.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-        if n <= 10 || n % 1000 == 0 {
+        if n <= 10 || n.is_multiple_of(1000) {
             tracing::warn!(
                 times = n,
                 "a FUSE request was answered EIO (a failure of the door or of the host)"
@@ -654,6 +654,7 @@ impl fuser::Filesystem for Door {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        crate::resident::once_per_thread(data, MAX_WRITE as usize);
         self.write_as(ino, offset, data, write_flags, flags, reply)
     }
 

@@ -30,6 +30,8 @@ mod opens;
 #[cfg(target_os = "linux")]
 mod privilege;
 #[cfg(target_os = "linux")]
+mod resident;
+#[cfg(target_os = "linux")]
 mod uring;
 #[cfg(target_os = "linux")]
 mod wire;
