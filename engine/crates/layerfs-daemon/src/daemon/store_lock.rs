@@ -149,16 +149,25 @@ mod tests {
     }
 
     /// Runs `sleep` under the name of the running test program, which
-    /// is the name a daemon's own process has.
+    /// is the name a daemon's own process has. The copy is made beside
+    /// the test program (a /tmp mounted noexec would refuse it).
     #[cfg(target_os = "linux")]
-    fn sleeper_named_as_this(dir: &Path, seconds: &str) -> std::process::Child {
+    fn sleeper_named_as_this(seconds: &str) -> (tempfile::TempDir, std::process::Child) {
         let exe = std::env::current_exe().unwrap();
-        let copy = dir.join(exe.file_name().unwrap());
+        let dir = tempfile::tempdir_in(exe.parent().unwrap()).unwrap();
+        let copy = dir.path().join(exe.file_name().unwrap());
         std::fs::copy(program_path("sleep"), &copy).unwrap();
-        std::process::Command::new(copy)
-            .arg(seconds)
-            .spawn()
-            .unwrap()
+        // A child another test forks meanwhile may hold the copy open for
+        // writing until it execs: ETXTBSY for that moment.
+        for _ in 0..100 {
+            match std::process::Command::new(&copy).arg(seconds).spawn() {
+                Err(e) if e.raw_os_error() == Some(rustix::io::Errno::TXTBSY.raw_os_error()) => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                spawned => return (dir, spawned.unwrap()),
+            }
+        }
+        panic!("{} stayed busy", copy.display());
     }
 
     #[cfg(target_os = "linux")]
@@ -174,8 +183,7 @@ mod tests {
     #[test]
     fn the_last_holders_process_is_waited_for_until_it_exits() {
         let store = tempfile::tempdir().unwrap();
-        let bin = tempfile::tempdir().unwrap();
-        let mut child = sleeper_named_as_this(bin.path(), "0.3");
+        let (_bin, mut child) = sleeper_named_as_this("0.3");
         std::fs::write(
             store.path().join("daemon.lock"),
             format!("{}\n", child.id()),
