@@ -28,6 +28,9 @@ cleanup() {
 	[[ -n $daemon ]] && kill -TERM "$daemon" 2>/dev/null && wait "$daemon" || true
 	[[ -n ${NOBODY_PID:-} ]] && kill -TERM "$NOBODY_PID" 2>/dev/null || true
 	for m in $(awk -v t="$t/" 'index($2, t) == 1 {print $2}' /proc/mounts); do umount -l "$m"; done
+	# A keeper left by a step that failed holds sessions no daemon serves:
+	# a process waiting on one would wait for ever.
+	pkill -f "layerfs keeper --store $t/" 2>/dev/null || true
 	fuse_errors stop
 	rm -rf "$t"
 }
