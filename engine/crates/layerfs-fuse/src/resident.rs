@@ -10,10 +10,10 @@
 //! `tests/daemon/fuse.sh` (traced once: a WRITE ended with no answer by the
 //! dying daemon's thread), and in none of 30 since. Pages the kernel has
 //! written stay resident (nothing here is swapped out unless the machine
-//! swaps), so only a request longer than any before is at risk: at a
-//! thread's first WRITE the buffer is made resident for the longest one,
-//! [`crate::door::MAX_WRITE`]. That costs 1 MiB per thread that is sent
-//! WRITEs; a door that passes its files through is sent none.
+//! swaps), so only a request reaching pages none reached before is at risk:
+//! at a thread's first WRITE the buffer is made resident for the longest
+//! one, [`crate::door::MAX_WRITE`]. That costs 1 MiB per thread that is
+//! sent WRITEs; a door that passes its files through is sent none.
 
 use std::cell::Cell;
 

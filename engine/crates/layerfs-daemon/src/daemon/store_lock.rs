@@ -93,10 +93,10 @@ fn wait_for_exit(pid: u32, limit: Duration) -> bool {
     }
     // The descriptor is readable once the process has exited, after the
     // kernel closed its files.
-    let timeout = Timespec::try_from(limit).unwrap_or(Timespec {
-        tv_sec: 10,
-        tv_nsec: 0,
-    });
+    let timeout = Timespec {
+        tv_sec: limit.as_secs() as _,
+        tv_nsec: limit.subsec_nanos() as _,
+    };
     let mut fds = [PollFd::new(&process, PollFlags::IN)];
     loop {
         match poll(&mut fds, Some(&timeout)) {
