@@ -38,6 +38,7 @@ use crate::answer::{
 use crate::attrs::{kind, kind_of_mode, timestamp, Caching, Inos};
 use crate::backing::Backing;
 use crate::callers::Callers;
+use crate::forgets::Forgets;
 use crate::handover::KernelInit;
 use crate::opens::{Held, OpenFiles, Way, CACHED, PASSTHROUGH};
 use crate::privilege;
@@ -75,6 +76,8 @@ pub struct Door {
     agreed: Arc<OnceLock<bool>>,
     /// The session's device, where backing files are registered.
     device: Arc<OnceLock<Arc<OwnedFd>>>,
+    /// Whether the rings serve, which lets FORGETs wait.
+    forgets: Arc<Forgets>,
 }
 
 /// The inodes known to have no `security.capability`. The kernel looks for
@@ -174,6 +177,7 @@ impl Door {
             sibling: false,
             agreed: Arc::default(),
             device: Arc::default(),
+            forgets: Arc::default(),
         }
     }
 
@@ -202,7 +206,13 @@ impl Door {
             sibling: true,
             agreed: self.agreed.clone(),
             device: self.device.clone(),
+            forgets: self.forgets.clone(),
         }
+    }
+
+    /// Said by a ring at its first request (see [`crate::forgets`]).
+    pub(crate) fn rings_serve(&self) {
+        self.forgets.rings_serve();
     }
 
     /// The inodes known to have no file capabilities, for the mount's owner
@@ -344,6 +354,12 @@ fn open_wants(flags: OpenFlags) -> Perm {
 }
 
 impl fuser::Filesystem for Door {
+    /// The door keeps no lookup counts: nothing to forget, but the read
+    /// of the next may wait ([`crate::forgets`]).
+    fn forget(&self, _req: &Request, _ino: INodeNo, _nlookup: u64) {
+        self.forgets.handled();
+    }
+
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
         if self.sibling {
             self.passthrough = self.agreed.get().copied().unwrap_or(false);

@@ -22,6 +22,8 @@ mod callers;
 #[cfg(target_os = "linux")]
 mod door;
 #[cfg(target_os = "linux")]
+mod forgets;
+#[cfg(target_os = "linux")]
 pub mod handover;
 #[cfg(target_os = "linux")]
 mod mount;

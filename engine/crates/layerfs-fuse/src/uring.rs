@@ -16,7 +16,8 @@
 //! kept nowhere, so that the reader's CPU is not the only one copying.
 //!
 //! The kernel still sends FORGETs and INTERRUPTs through `/dev/fuse`, where
-//! the session that answered FUSE_INIT goes on reading.
+//! the session that answered FUSE_INIT goes on reading, FORGETs in batches
+//! ([`crate::forgets`]).
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -316,6 +317,7 @@ fn serve(
             .user_data(i as u64)
     };
     let mut done: Vec<(u64, i32)> = Vec::with_capacity(DEPTH + 1);
+    let mut serving = false;
     loop {
         match ring.submit_and_wait(1) {
             Ok(_) => {}
@@ -339,6 +341,10 @@ fn serve(
                     return Ok(());
                 }
                 return Err(io::Error::from_raw_os_error(-result));
+            }
+            if !serving {
+                door.rings_serve();
+                serving = true;
             }
             let i = data as usize;
             let Some(mut slot) = slots[i].take() else {
