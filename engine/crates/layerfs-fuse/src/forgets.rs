@@ -85,7 +85,11 @@ mod tests {
         let batch = now + Duration::from_micros(1);
         assert_eq!(forgets.wait(Some(now), batch), None, "the next of a batch");
         let later = batch + Duration::from_millis(1);
-        assert_eq!(forgets.wait(Some(batch), later), Some(PAUSE), "one that woke it");
+        assert_eq!(
+            forgets.wait(Some(batch), later),
+            Some(PAUSE),
+            "one that woke it"
+        );
     }
 
     #[test]

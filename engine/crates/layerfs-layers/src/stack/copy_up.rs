@@ -148,13 +148,21 @@ impl Changing<'_> {
     /// Brings the non-directory `id` into the upper. A regular file with
     /// other names in its lower layer brings them all, so they stay one file.
     pub(super) fn copy_up(&self, id: FileId) -> Result<()> {
+        self.copy_up_open(id).map(drop)
+    }
+
+    /// [`copy_up`](Self::copy_up), and the copy of a regular file open for
+    /// reading and writing: what the open for writing that caused the
+    /// copy-up holds, with no second walk to it. `None` when there was
+    /// nothing to copy (in the upper already) or no regular file.
+    pub(super) fn copy_up_open(&self, id: FileId) -> Result<Option<OwnedFd>> {
         let found = self.tree.found(self.layers, id)?;
         if found.layer == UPPER {
-            return Ok(());
+            return Ok(None);
         }
         if found.kind() == FileKind::Directory {
             self.upper_dir(id)?;
-            return Ok(());
+            return Ok(None);
         }
         let node = self.tree.node(self.layers, id)?;
         let parent = self.upper_dir(node.parent)?;
@@ -165,41 +173,54 @@ impl Changing<'_> {
             _ => 0,
         };
         self.upper.reserve(self.layers, ENTRY_CHARGE + bytes)?;
-        self.place_copy(&found, &parent, &name)
+        let open = self
+            .place_copy(&found, &parent, &name)
             .inspect_err(|_| self.upper.freed())?;
         self.tree.caches.copied_up(id);
         if found.kind() == FileKind::Regular && found.host.nlink > 1 {
             self.copy_up_links(&found, parent.as_fd(), &name)?;
         }
         self.tree.dropped_file(id);
-        Ok(())
+        Ok(open)
     }
 
     /// Copies `found` into the work directory and renames the copy to `name`
-    /// in the upper directory `parent`.
-    fn place_copy(&self, found: &Found, parent: &Arc<OwnedFd>, name: &CStr) -> Result<()> {
+    /// in the upper directory `parent`; a regular file's copy stays open.
+    fn place_copy(
+        &self,
+        found: &Found,
+        parent: &Arc<OwnedFd>,
+        name: &CStr,
+    ) -> Result<Option<OwnedFd>> {
         let host = &self.layers.all[UPPER].host;
         let work = self.upper.work.as_fd();
         let mut staged = self.upper.stage(false);
         let tmp = &staged.name.clone();
         let src_name = &found.name;
-        match found.kind() {
+        let (copy, open) = match found.kind() {
+            // Through descriptors: no path walked after the two opens.
             FileKind::Regular => {
                 let src = hostdir::open_regular(found.parent.as_fd(), src_name, OFlags::RDONLY)?;
                 let dst = rustix::fs::openat(
                     work,
                     tmp,
-                    OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::CLOEXEC,
+                    OFlags::CREATE | OFlags::EXCL | OFlags::RDWR | OFlags::CLOEXEC,
                     Mode::from_raw_mode(0o600),
                 )?;
+                let copy = host.stats.fd(dst.as_fd())?;
+                // Read before the data's copy takes `src`; set after it and
+                // the owner, either of which would drop a file capability.
+                let kept = xattrs::served_by(src.as_fd())?;
                 self.copy_data(src, &dst, found.host.size)?;
-                copy_owner_mode_times(host, work, tmp, &found.host)?;
+                give_owner_mode_times(host, dst.as_fd(), &copy, &found.host)?;
+                xattrs::set_on(dst.as_fd(), kept)?;
                 hostdir::sync_all(dst.as_fd())?;
+                (copy, Some(dst))
             }
             FileKind::Symlink => {
                 let target = rustix::fs::readlinkat(&*found.parent, src_name, Vec::new())?;
                 rustix::fs::symlinkat(&target, work, tmp)?;
-                copy_owner_mode_times(host, work, tmp, &found.host)?;
+                (self.finish_node(found, work, tmp)?, None)
             }
             FileKind::Directory => return Err(Error::IsDir),
             kind => {
@@ -210,23 +231,32 @@ impl Changing<'_> {
                 };
                 let new = layerfs_vfs::NewEntry::Node(kind, found.host.rdev);
                 host.make(&caller, work, &found.host, tmp, new, &set)?;
-                copy_owner_mode_times(host, work, tmp, &found.host)?;
+                (self.finish_node(found, work, tmp)?, None)
             }
-        }
-        xattrs::copy(
-            found.parent.as_fd(),
-            src_name.as_bytes(),
-            work,
-            tmp.to_bytes(),
-        )?;
-        self.keep_identity(&host.stats.at(work, tmp)?, found)?;
+        };
+        self.keep_identity(&copy, found)?;
         keeping_times(host, parent.as_fd(), || {
             Ok(rustix::fs::renameat(work, tmp, &**parent, name)?)
         })?;
         staged.placed = true;
         self.placed_in(parent)?;
         self.tree.changed_entries();
-        Ok(())
+        Ok(open)
+    }
+
+    /// Gives the copy `tmp` of the symlink or special file `found` its
+    /// owner, mode, times and extended attributes (by path: neither can be
+    /// opened), and says what it is now.
+    fn finish_node(&self, found: &Found, work: BorrowedFd<'_>, tmp: &CStr) -> Result<Attr> {
+        let host = &self.layers.all[UPPER].host;
+        copy_owner_mode_times(host, work, tmp, &found.host)?;
+        xattrs::copy(
+            found.parent.as_fd(),
+            found.name.as_bytes(),
+            work,
+            tmp.to_bytes(),
+        )?;
+        host.stats.at(work, tmp)
     }
 
     /// Links the other lower names of `found`'s file to its upper copy.
@@ -387,6 +417,33 @@ fn keeping_times<T>(
     Ok(out)
 }
 
+/// Gives the new file `fd`, which is `now`, the owner (as root), mode and
+/// times of `like`; no `chown` where it has that owner already (a root
+/// server copying root's files).
+fn give_owner_mode_times(host: &Host, fd: BorrowedFd<'_>, now: &Attr, like: &Attr) -> Result<()> {
+    if host.as_root && (now.uid, now.gid) != (like.uid, like.gid) {
+        rustix::fs::fchown(
+            fd,
+            Some(rustix::fs::Uid::from_raw(like.uid)),
+            Some(rustix::fs::Gid::from_raw(like.gid)),
+        )?;
+    }
+    rustix::fs::fchmod(fd, hostdir::permissions(like.mode))?;
+    if let Some(times) = hostdir::timestamps(&times_of(like)) {
+        rustix::fs::futimens(fd, &times)?;
+    }
+    Ok(())
+}
+
+/// The access and modification times of `like`, to set.
+fn times_of(like: &Attr) -> SetAttr {
+    SetAttr {
+        atime: SetTime::Client(like.atime),
+        mtime: SetTime::Client(like.mtime),
+        ..SetAttr::default()
+    }
+}
+
 /// Gives `name` in `dir` the owner (as root), mode and times of `like`.
 pub(super) fn copy_owner_mode_times(
     host: &Host,
@@ -406,12 +463,7 @@ pub(super) fn copy_owner_mode_times(
     if like.kind != FileKind::Symlink {
         hostdir::chmod_at(dir, name, hostdir::permissions(like.mode))?;
     }
-    let times = SetAttr {
-        atime: SetTime::Client(like.atime),
-        mtime: SetTime::Client(like.mtime),
-        ..SetAttr::default()
-    };
-    hostdir::apply(dir, name, &times)
+    hostdir::apply(dir, name, &times_of(like))
 }
 
 #[cfg(test)]

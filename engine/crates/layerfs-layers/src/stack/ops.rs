@@ -91,7 +91,17 @@ impl StackFs {
         }
         allowed(&f.attr)?;
         if write && f.layer != UPPER {
-            self.changing(layers).copy_up(id)?;
+            // The copy, open already.
+            if let Some(fd) = self.changing(layers).copy_up_open(id)? {
+                let fd = Arc::new(fd);
+                let host = layers.all[UPPER].host.stats.fd(fd.as_fd())?;
+                let attr = self.tree.shown(layers, UPPER, host)?;
+                let stamp = self.tree.caches.stamp(layers.generation);
+                self.tree
+                    .caches
+                    .keep_file(id, stamp, UPPER, fd.clone(), attr.generation);
+                return Ok((fd, attr));
+            }
             f = self.tree.found(layers, id)?;
         }
         let fd = Arc::new(hostdir::open_file(f.parent.as_fd(), &f.name)?);

@@ -47,6 +47,11 @@ pub(super) fn served(dir: BorrowedFd<'_>, name: &[u8]) -> Result<Xattrs> {
     Ok(xattrs::read(On::Path(path), serves)?)
 }
 
+/// The attributes a workspace serves of the open file `fd`, sorted by name.
+pub(super) fn served_by(fd: BorrowedFd<'_>) -> Result<Xattrs> {
+    Ok(xattrs::read(On::Fd(fd), serves)?)
+}
+
 /// Copies the attributes a workspace serves of `from_name` in `from` to
 /// `to_name` in `to`: a copy-up keeps them.
 pub(super) fn copy(
@@ -56,9 +61,24 @@ pub(super) fn copy(
     to_name: &[u8],
 ) -> Result<()> {
     let to = path_in(to, to_name);
-    for (name, value) in served(from, from_name)? {
-        let flags = rustix::fs::XattrFlags::empty();
-        match rustix::fs::lsetxattr(to.as_c_str(), name.as_os_str(), &value, flags) {
+    set_each(served(from, from_name)?, |name, value, flags| {
+        rustix::fs::lsetxattr(to.as_c_str(), name, value, flags)
+    })
+}
+
+/// Gives the open file `fd` the attributes `kept`: a copy-up keeps them.
+pub(super) fn set_on(fd: BorrowedFd<'_>, kept: Xattrs) -> Result<()> {
+    set_each(kept, |name, value, flags| {
+        rustix::fs::fsetxattr(fd, name, value, flags)
+    })
+}
+
+fn set_each(
+    kept: Xattrs,
+    set: impl Fn(&OsStr, &[u8], rustix::fs::XattrFlags) -> rustix::io::Result<()>,
+) -> Result<()> {
+    for (name, value) in kept {
+        match set(&name, &value, rustix::fs::XattrFlags::empty()) {
             Ok(()) => {}
             // A user. attribute on a symlink of an image made elsewhere.
             Err(rustix::io::Errno::PERM) if name.as_bytes().starts_with(b"user.") => {}
