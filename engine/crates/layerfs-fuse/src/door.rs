@@ -327,7 +327,7 @@ fn with_mode(mode: u32) -> SetAttr {
     }
 }
 
-fn set_time(t: Option<TimeOrNow>) -> SetTime {
+pub(crate) fn set_time(t: Option<TimeOrNow>) -> SetTime {
     match t {
         None => SetTime::Keep,
         Some(TimeOrNow::Now) => SetTime::ServerNow,
@@ -450,49 +450,14 @@ impl fuser::Filesystem for Door {
         reply: ReplyAttr,
     ) {
         let set = SetAttr {
-            mode: mode.map(|m| m & 0o7777),
+            mode,
             uid,
             gid,
             size,
             atime: set_time(atime),
             mtime: set_time(mtime),
         };
-        let id = self.id(ino);
-        // A SETATTR of nothing is the kernel's before a write by a caller
-        // without CAP_FSETID to a file with setuid, setgid or capabilities
-        // (it leaves out the mode it would set: see [`crate::privilege`]).
-        if set.is_empty() {
-            if let Err(e) = self.drop_privilege(id) {
-                return reply.error(errno(e));
-            }
-        }
-        let result = self
-            .fs
-            .setattr(&self.caller(req), id, &set, None)
-            .and_then(|c| self.after(id, c.after));
-        // A file with no name left is still changed through an open
-        // (ftruncate, fchmod, the kernel's writeback setting times).
-        let result = self.or_held(id, true, result, |file| {
-            let set = hostdir::check_setattr(&self.caller(req), &held_attr(id, file)?, &set)?;
-            if let Some(size) = set.size {
-                rustix::fs::ftruncate(file, size)?;
-            }
-            if set.uid.is_some() || set.gid.is_some() {
-                let (uid, gid) = (set.uid.map(Uid::from_raw), set.gid.map(Gid::from_raw));
-                rustix::fs::fchown(file, uid, gid)?;
-            }
-            if let Some(mode) = set.mode {
-                rustix::fs::fchmod(file, hostdir::permissions(mode))?;
-            }
-            if let Some(times) = hostdir::timestamps(&set) {
-                rustix::fs::futimens(file, &times)?;
-            }
-            held_attr(id, file)
-        });
-        match result {
-            Ok(a) => reply.attr(&self.caching.ttl(), &self.inos.attr(&a)),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.setattr_as(Who::of(req), ino, set, reply)
     }
 
     fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
@@ -974,6 +939,52 @@ impl Door {
     pub(crate) fn getattr_as(&self, ino: INodeNo, reply: impl AttrAnswer) {
         let id = self.id(ino);
         match self.or_held(id, false, self.fs.getattr(id), |file| held_attr(id, file)) {
+            Ok(a) => reply.attr(&self.caching.ttl(), &self.inos.attr(&a)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    /// SETATTR of `set` (its mode's permission bits only: the kernel
+    /// sends the file type too).
+    pub(crate) fn setattr_as(&self, who: Who, ino: INodeNo, set: SetAttr, reply: impl AttrAnswer) {
+        let set = SetAttr {
+            mode: set.mode.map(|m| m & 0o7777),
+            ..set
+        };
+        let caller = self.caller_of(who);
+        let id = self.id(ino);
+        // A SETATTR of nothing is the kernel's before a write by a caller
+        // without CAP_FSETID to a file with setuid, setgid or capabilities
+        // (it leaves out the mode it would set: see [`crate::privilege`]).
+        if set.is_empty() {
+            if let Err(e) = self.drop_privilege(id) {
+                return reply.error(errno(e));
+            }
+        }
+        let result = self
+            .fs
+            .setattr(&caller, id, &set, None)
+            .and_then(|c| self.after(id, c.after));
+        // A file with no name left is still changed through an open
+        // (ftruncate, fchmod, the kernel's writeback setting times).
+        let result = self.or_held(id, true, result, |file| {
+            let set = hostdir::check_setattr(&caller, &held_attr(id, file)?, &set)?;
+            if let Some(size) = set.size {
+                rustix::fs::ftruncate(file, size)?;
+            }
+            if set.uid.is_some() || set.gid.is_some() {
+                let (uid, gid) = (set.uid.map(Uid::from_raw), set.gid.map(Gid::from_raw));
+                rustix::fs::fchown(file, uid, gid)?;
+            }
+            if let Some(mode) = set.mode {
+                rustix::fs::fchmod(file, hostdir::permissions(mode))?;
+            }
+            if let Some(times) = hostdir::timestamps(&set) {
+                rustix::fs::futimens(file, &times)?;
+            }
+            held_attr(id, file)
+        });
+        match result {
             Ok(a) => reply.attr(&self.caching.ttl(), &self.inos.attr(&a)),
             Err(e) => reply.error(errno(e)),
         }

@@ -4,25 +4,29 @@
 //!
 //! Those are the requests every file copied in, removed or first appended
 //! to costs (LOOKUP, CREATE, GETXATTR of `security.capability`, RELEASE,
-//! the directory's GETATTR, UNLINK, OPEN, FLUSH), and READ and WRITE, whose
-//! data would otherwise be copied twice more; the ring hands any other to a
-//! fuser session.
+//! the directory's GETATTR, UNLINK, OPEN, FLUSH, and the SETATTR of times
+//! the kernel's writeback cache sends after a write and an unlink), and
+//! READ and WRITE, whose data would otherwise be copied twice more; the
+//! ring hands any other to a fuser session.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, OpenFlags, WriteFlags,
+    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, OpenFlags, TimeOrNow,
+    WriteFlags,
 };
+use layerfs_vfs::SetAttr;
 
 use crate::answer::{
     Answer, AttrAnswer, CreateAnswer, DataAnswer, EmptyAnswer, EntryAnswer, OpenAnswer,
     WriteAnswer, XattrAnswer,
 };
 use crate::backing::Backing;
-use crate::door::{Door, Who};
+use crate::door::{set_time, Door, Who};
 
 const LOOKUP: u32 = 1;
 const GETATTR: u32 = 3;
+const SETATTR: u32 = 4;
 const UNLINK: u32 = 10;
 const OPEN: u32 = 14;
 pub const READ: u32 = 15;
@@ -98,6 +102,42 @@ pub fn read_in(op: &[u8]) -> Option<(u64, u32)> {
     (op.len() >= 24).then(|| (u64_at(op, 8), u32_at(op, 16)))
 }
 
+/// `FATTR_*`: which fields of `struct fuse_setattr_in` to set.
+const FATTR_MODE: u32 = 1 << 0;
+const FATTR_UID: u32 = 1 << 1;
+const FATTR_GID: u32 = 1 << 2;
+const FATTR_SIZE: u32 = 1 << 3;
+const FATTR_ATIME: u32 = 1 << 4;
+const FATTR_MTIME: u32 = 1 << 5;
+const FATTR_ATIME_NOW: u32 = 1 << 7;
+const FATTR_MTIME_NOW: u32 = 1 << 8;
+
+/// What a `struct fuse_setattr_in` asks to set (valid, padding, fh, size,
+/// lock_owner, atime, mtime, ctime, atimensec, mtimensec, ctimensec, mode,
+/// unused4, uid, gid, unused5), as fuser reads it: the change time, the
+/// file handle and FATTR_KILL_SUIDGID are not the door's to use.
+fn setattr_in(op: &[u8]) -> SetAttr {
+    let valid = u32_at(op, 0);
+    let has = |bit: u32| valid & bit != 0;
+    let time = |bit: u32, now: u32, secs_at: usize, nanos_at: usize| {
+        set_time(has(bit).then(|| match has(now) {
+            true => TimeOrNow::Now,
+            false => TimeOrNow::SpecificTime(system_time(
+                u64_at(op, secs_at) as i64,
+                u32_at(op, nanos_at),
+            )),
+        }))
+    };
+    SetAttr {
+        mode: has(FATTR_MODE).then(|| u32_at(op, 68)),
+        uid: has(FATTR_UID).then(|| u32_at(op, 76)),
+        gid: has(FATTR_GID).then(|| u32_at(op, 80)),
+        size: has(FATTR_SIZE).then(|| u64_at(op, 16)),
+        atime: time(FATTR_ATIME, FATTR_ATIME_NOW, 32, 56),
+        mtime: time(FATTR_MTIME, FATTR_MTIME_NOW, 40, 60),
+    }
+}
+
 /// Answers `h` (its operation's header `op`, then `payload`) with `door`
 /// into `out`, if it is a request the ring answers itself; false, with
 /// `out` empty, for any other.
@@ -121,6 +161,7 @@ pub fn answer(door: &Door, h: &InHeader, op: &[u8], payload: &[u8], out: &mut An
             None => reply.error(Errno::EINVAL),
         },
         GETATTR => door.getattr_as(ino, reply),
+        SETATTR if op.len() >= 88 => door.setattr_as(who, ino, setattr_in(op), reply),
         UNLINK => match name(args) {
             Some(name) => door.unlink_as(who, ino, name, reply),
             None => reply.error(Errno::EINVAL),
@@ -156,7 +197,7 @@ pub fn answer(door: &Door, h: &InHeader, op: &[u8], payload: &[u8], out: &mut An
             }
             None => reply.error(Errno::EINVAL),
         },
-        OPEN | WRITE | RELEASE | GETXATTR | CREATE => reply.error(Errno::EIO),
+        SETATTR | OPEN | WRITE | RELEASE | GETXATTR | CREATE => reply.error(Errno::EIO),
         _ => return false,
     }
     true
@@ -299,6 +340,16 @@ fn file_type_bits(kind: FileType) -> libc::mode_t {
     }
 }
 
+/// The time `secs` and `nanos` after the epoch, the seconds negative before
+/// it with the nanoseconds counting forward (as `struct timespec`).
+fn system_time(secs: i64, nanos: u32) -> SystemTime {
+    let nanos = Duration::from_nanos(u64::from(nanos.min(999_999_999)));
+    match u64::try_from(secs) {
+        Ok(secs) => UNIX_EPOCH + Duration::from_secs(secs) + nanos,
+        Err(_) => UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs()) + nanos,
+    }
+}
+
 /// Seconds and nanoseconds since the epoch, before it negative with the
 /// nanoseconds counting forward (as `struct timespec`).
 fn time(t: SystemTime) -> (i64, u32) {
@@ -397,6 +448,59 @@ mod tests {
         assert_eq!(t(Duration::new(1, 500_000_000)), (-2, 500_000_000));
         assert_eq!(t(Duration::from_secs(3)), (-3, 0));
         assert_eq!(time(UNIX_EPOCH + Duration::new(7, 9)), (7, 9));
+        for (secs, nanos) in [(-2, 500_000_000), (-3, 0), (7, 9), (0, 1)] {
+            assert_eq!(time(system_time(secs, nanos)), (secs, nanos), "read back");
+        }
+    }
+
+    /// `struct fuse_setattr_in` with `valid`, size, times, mode, uid, gid.
+    fn setattr_in_of(valid: u32, size: u64, times: [(i64, u32); 2], ids: [u32; 3]) -> Vec<u8> {
+        let mut b = vec![0u8; 88];
+        b[0..4].copy_from_slice(&valid.to_ne_bytes());
+        b[16..24].copy_from_slice(&size.to_ne_bytes());
+        b[32..40].copy_from_slice(&times[0].0.to_ne_bytes());
+        b[40..48].copy_from_slice(&times[1].0.to_ne_bytes());
+        b[56..60].copy_from_slice(&times[0].1.to_ne_bytes());
+        b[60..64].copy_from_slice(&times[1].1.to_ne_bytes());
+        for (at, word) in [68, 76, 80].into_iter().zip(ids) {
+            b[at..at + 4].copy_from_slice(&word.to_ne_bytes());
+        }
+        b
+    }
+
+    #[test]
+    fn a_setattr_sets_what_its_valid_bits_name_and_answers_the_attributes() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), b"hello world").unwrap();
+        let d = door(dir.path(), Caching::Shared);
+        let nodeid = u64_at(&ask(&d, LOOKUP, ROOT, &[], b"f\0").unwrap().body, 0);
+        let meta = std::fs::metadata(dir.path().join("f")).unwrap();
+        // Size, mode and the modification time; the access time and the
+        // owner are there but not valid.
+        let valid = FATTR_SIZE | FATTR_MODE | FATTR_MTIME;
+        let op = setattr_in_of(valid, 5, [(1, 2), (-2, 500_000_000)], [0o100600, 7, 8]);
+        let set = ask(&d, SETATTR, nodeid, &op, &[]).unwrap();
+        assert_eq!((set.error, set.body.len()), (0, 16 + 88), "fuse_attr_out");
+        let now = std::fs::metadata(dir.path().join("f")).unwrap();
+        assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), b"hello");
+        assert_eq!(now.mode() & 0o7777, 0o600);
+        assert_eq!((now.mtime(), now.mtime_nsec()), (-2, 500_000_000));
+        assert_eq!((now.atime(), now.uid()), (meta.atime(), meta.uid()));
+        assert_eq!(u64_at(&set.body, 16 + 8), 5, "the answer's size");
+        // The access time set to now.
+        let op = setattr_in_of(FATTR_ATIME | FATTR_ATIME_NOW, 0, [(1, 2), (0, 0)], [0; 3]);
+        assert_eq!(ask(&d, SETATTR, nodeid, &op, &[]).unwrap().error, 0);
+        let now = std::fs::metadata(dir.path().join("f")).unwrap();
+        assert!(
+            now.atime() > 1,
+            "not the time in the request: {}",
+            now.atime()
+        );
+        assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), b"hello");
+        // A request too short for its arguments.
+        let short = ask(&d, SETATTR, nodeid, &[0; 40], &[]).unwrap();
+        assert_eq!(short.error, -libc::EIO);
     }
 
     #[test]
