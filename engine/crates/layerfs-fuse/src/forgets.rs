@@ -6,8 +6,8 @@
 //! counts, so a FORGET changes nothing in the door and may wait. A thread
 //! woken by one therefore waits [`PAUSE`] before it reads on: FORGETs
 //! queued meanwhile wake no one and come in one BATCH_FORGET. `rm -rf` of
-//! 20,000 files through the rings took 0.50-0.57 s with it, against
-//! 0.80-0.88 s without (docs/benchmarks.md).
+//! 20,000 files through the rings took 0.46-0.50 s with it, against
+//! 0.84-0.89 s without (docs/architecture/engine/kernel-routes/fuse.md).
 //!
 //! Through `/dev/fuse` alone the same wait would hold up the requests that
 //! thread would read next, so there the door never waits.
@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long a door thread woken by a FORGET waits before it reads on.
-pub(crate) const PAUSE: Duration = Duration::from_millis(5);
+const PAUSE: Duration = Duration::from_millis(5);
 
 /// The FORGETs of one BATCH_FORGET reach the door one after another within
 /// microseconds; one that comes longer than this after the thread's last
