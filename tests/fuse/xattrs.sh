@@ -103,4 +103,28 @@ for i in range(2000):
 	fusermount3 -u "$t/m"
 	wait $server || true
 done
+
+# A door run by a user who is not root copies up a read-only file with its
+# attributes: set before the copy's mode, which takes away the write
+# permission a user needs to set one.
+step "served by a user: a read-only file with an attribute, made writable"
+if ! setpriv --reuid=65534 --regid=65534 --clear-groups test -r /dev/fuse -a -w /dev/fuse; then
+	skip_or_fail "FUSE extended attributes served by a user" "/dev/fuse is not open to users (chmod 666 /dev/fuse)"
+	echo "FUSE extended attributes: ok"
+	exit 0
+fi
+rm -rf "$t/upper" && mkdir "$t/upper"
+echo locked >"$t/lower/d/locked"
+py "os.setxattr(sys.argv[1], 'user.origin', b'layer')" "$t/lower/d/locked"
+chmod 444 "$t/lower/d/locked"
+chown -R 65534:65534 "$t/lower" "$t/upper" "$t/m"
+as_nobody() { setpriv --reuid=65534 --regid=65534 --clear-groups "$@"; }
+as_nobody "$layerfs" serve --fuse "$t/m" --layer "$t/lower" --upper "$t/upper" >"$t/serve.log" 2>&1 &
+for _ in $(seq 100); do mounted "$t/m" && break; sleep 0.1; done
+mounted "$t/m" || fail "not mounted by the user: $(cat "$t/serve.log")"
+as_nobody chmod 644 "$t/m/d/locked" || fail "the user could not make a read-only lower file writable"
+[[ $(stat -c %a "$t/upper/d/locked") == 644 ]] || fail "the copy's mode: $(stat -c %a "$t/upper/d/locked")"
+[[ $(py "print(os.getxattr(sys.argv[1], 'user.origin').decode())" "$t/upper/d/locked") == layer ]] ||
+	fail "the copy-up lost the read-only file's attribute"
+fusermount3 -u "$t/m"
 echo "FUSE extended attributes: ok"

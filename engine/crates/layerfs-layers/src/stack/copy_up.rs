@@ -209,11 +209,14 @@ impl Changing<'_> {
                 )?;
                 let copy = host.stats.fd(dst.as_fd())?;
                 // Read before the data's copy takes `src`; set after it and
-                // the owner, either of which would drop a file capability.
+                // the owner, either of which would drop a file capability,
+                // and before the mode, which may take away the write
+                // permission a server that is not root sets them with.
                 let kept = xattrs::served_by(src.as_fd())?;
                 self.copy_data(src, &dst, found.host.size)?;
-                give_owner_mode_times(host, dst.as_fd(), &copy, &found.host)?;
+                give_owner(host, dst.as_fd(), &copy, &found.host)?;
                 xattrs::set_on(dst.as_fd(), kept)?;
+                give_mode_times(dst.as_fd(), &found.host)?;
                 hostdir::sync_all(dst.as_fd())?;
                 (copy, Some(dst))
             }
@@ -417,10 +420,10 @@ fn keeping_times<T>(
     Ok(out)
 }
 
-/// Gives the new file `fd`, which is `now`, the owner (as root), mode and
-/// times of `like`; no `chown` where it has that owner already (a root
-/// server copying root's files).
-fn give_owner_mode_times(host: &Host, fd: BorrowedFd<'_>, now: &Attr, like: &Attr) -> Result<()> {
+/// Gives the new file `fd`, which is `now`, the owner of `like` (as root);
+/// no `chown` where it has that owner already (a root server copying
+/// root's files).
+fn give_owner(host: &Host, fd: BorrowedFd<'_>, now: &Attr, like: &Attr) -> Result<()> {
     if host.as_root && (now.uid, now.gid) != (like.uid, like.gid) {
         rustix::fs::fchown(
             fd,
@@ -428,6 +431,11 @@ fn give_owner_mode_times(host: &Host, fd: BorrowedFd<'_>, now: &Attr, like: &Att
             Some(rustix::fs::Gid::from_raw(like.gid)),
         )?;
     }
+    Ok(())
+}
+
+/// Gives the new file `fd` the mode and times of `like`.
+fn give_mode_times(fd: BorrowedFd<'_>, like: &Attr) -> Result<()> {
     rustix::fs::fchmod(fd, hostdir::permissions(like.mode))?;
     if let Some(times) = hostdir::timestamps(&times_of(like)) {
         rustix::fs::futimens(fd, &times)?;
