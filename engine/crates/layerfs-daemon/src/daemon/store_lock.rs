@@ -164,10 +164,28 @@ mod tests {
                 Err(e) if e.raw_os_error() == Some(rustix::io::Errno::TXTBSY.raw_os_error()) => {
                     std::thread::sleep(Duration::from_millis(10))
                 }
-                spawned => return (dir, spawned.unwrap()),
+                spawned => {
+                    let child = spawned.unwrap();
+                    named_as_this(child.id());
+                    return (dir, child);
+                }
             }
         }
         panic!("{} stayed busy", copy.display());
+    }
+
+    /// Waits until process `pid` bears this program's name. The kernel
+    /// lets a spawning parent run on once the child has its new memory,
+    /// before it renames the child: until then the child bears the name of
+    /// the thread that spawned it.
+    #[cfg(target_os = "linux")]
+    fn named_as_this(pid: u32) {
+        let name = |of: &str| std::fs::read(format!("/proc/{of}/comm")).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while name(&pid.to_string()) != name("self") {
+            assert!(Instant::now() < deadline, "process {pid} was never renamed");
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     #[cfg(target_os = "linux")]
