@@ -101,7 +101,7 @@ impl StackFs {
         let work_path = state.join("work");
         // Copies a crash left half made: never renamed into place, so unseen.
         if work_path.exists() {
-            std::fs::remove_dir_all(&work_path).map_err(|e| at(&work_path, &e))?;
+            crate::remove_tree(&work_path).map_err(|e| at(&work_path, &e))?;
         }
         std::fs::create_dir(&work_path).map_err(|e| at(&work_path, &e))?;
         let work = open_root(&work_path).map_err(|e| at(&work_path, &e))?;

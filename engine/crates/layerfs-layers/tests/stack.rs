@@ -945,3 +945,39 @@ fn a_held_file_stands_for_its_file_until_a_copy_up_or_removal() {
     fs.remove(&root(), fs.root(), b"f").unwrap();
     assert!(!fs.kept_is_host_file(f, &held, true), "a removed file");
 }
+
+/// A lower file is only ever read: the descriptor the stack keeps for it is
+/// open for reading alone (one open for writing would also keep the host
+/// from running the file: ETXTBSY).
+#[cfg(target_os = "linux")]
+#[test]
+fn a_lower_file_is_held_open_for_reading_only() {
+    let s = Stack::new(1, |_, l| std::fs::write(l.join("f"), b"lower").unwrap());
+    let fs = s.open();
+    let f = at(&fs, "f").unwrap();
+    assert_eq!(read_all(&fs, f), b"lower");
+    let lower = s.lowers[0].join("f").canonicalize().unwrap();
+    let mut held = 0;
+    for fd in std::fs::read_dir("/proc/self/fd").unwrap() {
+        let fd = fd.unwrap();
+        if std::fs::read_link(fd.path()).ok() != Some(lower.clone()) {
+            continue;
+        }
+        let info = format!("/proc/self/fdinfo/{}", fd.file_name().to_string_lossy());
+        let Ok(info) = std::fs::read_to_string(info) else {
+            continue;
+        };
+        let flags = info
+            .lines()
+            .find_map(|l| l.strip_prefix("flags:"))
+            .map(|f| u32::from_str_radix(f.trim(), 8).unwrap())
+            .unwrap();
+        assert_eq!(
+            flags & libc::O_ACCMODE as u32,
+            libc::O_RDONLY as u32,
+            "{info}"
+        );
+        held += 1;
+    }
+    assert!(held > 0, "no descriptor for the lower file was found");
+}

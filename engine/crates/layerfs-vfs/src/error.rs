@@ -113,9 +113,15 @@ impl From<io::Error> for Error {
     }
 }
 
+/// What a user reads: the host's words for the errno ("Permission denied
+/// (os error 13)"), but where the errno would mislead.
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(self, f)
+        match self {
+            Error::Stale => f.write_str("the file is gone (stale)"),
+            Error::NotSync => f.write_str("the file changed meanwhile"),
+            e => io::Error::from_raw_os_error(e.errno()).fmt(f),
+        }
     }
 }
 

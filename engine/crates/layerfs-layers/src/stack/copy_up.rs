@@ -134,15 +134,21 @@ impl Changing<'_> {
             work,
             tmp.to_bytes(),
         )?;
-        copy_owner_mode_times(&self.layers.all[UPPER].host, work, tmp, &found.host)?;
+        let host = &self.layers.all[UPPER].host;
+        copy_owner_mode_times(host, work, tmp, &found.host)?;
         let name = hostdir::cstr(&node.name)?;
-        keeping_times(&self.layers.all[UPPER].host, parent.as_fd(), || {
-            Ok(rustix::fs::renameat(work, tmp, &*parent, &name)?)
+        // Open before the move, which rewrites its `..`: a read-only copy
+        // is lent its owner's write permission for that.
+        let up = hostdir::open_dir(work, tmp)?;
+        keeping_times(host, parent.as_fd(), || {
+            hostdir::lending_write(&[up.as_fd()], || {
+                Ok(rustix::fs::renameat(work, tmp, &*parent, &name)?)
+            })
         })?;
         staged.placed = true;
         self.placed_in(&parent)?;
         self.tree.changed_dirs();
-        Ok(Arc::new(hostdir::open_dir(parent.as_fd(), &name)?))
+        Ok(Arc::new(up))
     }
 
     /// Brings the non-directory `id` into the upper. A regular file with
@@ -401,14 +407,11 @@ fn copy_bytes(src: OwnedFd, dst: &OwnedFd) -> Result<()> {
 
 /// Runs `change`, which adds a name to the upper directory `dir`, then gives
 /// `dir` back its access and modification times: a copy-up is no change a
-/// client made to the directory (overlayfs keeps them too).
-fn keeping_times<T>(
-    host: &Host,
-    dir: BorrowedFd<'_>,
-    change: impl FnOnce() -> Result<T>,
-) -> Result<T> {
+/// client made to the directory (overlayfs keeps them too). A read-only
+/// `dir` is lent its owner's write permission ([`hostdir::lending_write`]).
+fn keeping_times<T>(host: &Host, dir: BorrowedFd<'_>, change: impl Fn() -> Result<T>) -> Result<T> {
     let before = host.stats.fd(dir)?;
-    let out = change()?;
+    let out = hostdir::lending_write(&[dir], change)?;
     let times = SetAttr {
         atime: SetTime::Client(before.atime),
         mtime: SetTime::Client(before.mtime),

@@ -104,7 +104,12 @@ impl StackFs {
             }
             f = self.tree.found(layers, id)?;
         }
-        let fd = Arc::new(hostdir::open_file(f.parent.as_fd(), &f.name)?);
+        // A lower file is only read: never open for writing, which would
+        // also keep the host from running it (ETXTBSY).
+        let fd = Arc::new(match f.layer {
+            UPPER => hostdir::open_file(f.parent.as_fd(), &f.name)?,
+            _ => hostdir::open_regular(f.parent.as_fd(), &f.name, rustix::fs::OFlags::RDONLY)?,
+        });
         let stamp = self.tree.caches.stamp(layers.generation);
         self.tree
             .caches
@@ -437,8 +442,13 @@ impl Filesystem for StackFs {
             let staged = self.upper.stage(true);
             let tmp = &staged.name;
             host.make(caller, self.upper.work.as_fd(), &d.attr, tmp, what, set)?;
-            mark_opaque(hostdir::open_dir(self.upper.work.as_fd(), tmp)?.as_fd())?;
-            rustix::fs::renameat(&self.upper.work, tmp, &*up, &cname)?;
+            let made = hostdir::open_dir(self.upper.work.as_fd(), tmp)?;
+            mark_opaque(made.as_fd())?;
+            // A read-only directory moves only with its owner's write
+            // permission, lent for it.
+            hostdir::lending_write(&[made.as_fd()], || {
+                Ok(rustix::fs::renameat(&self.upper.work, tmp, &*up, &cname)?)
+            })?;
         } else {
             host.make(caller, up.as_fd(), &d.attr, &cname, what, set)?;
         }

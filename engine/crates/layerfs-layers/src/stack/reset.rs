@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use layerfs_vfs::hostdir::{self, cstr};
 use layerfs_vfs::{Error, FileId, FileKind, Result};
-use rustix::fs::AtFlags;
+use rustix::fs::{AtFlags, Mode};
 
 use super::inodes::ROOT;
 use super::merge::{Layers, Part, UPPER};
@@ -108,11 +108,24 @@ impl StackFs {
     fn discard_dir(&self, upper: BorrowedFd<'_>, name: &CStr, done: &mut ResetDone) -> Result<()> {
         let aside = CString::new(format!("reset-{}", DISCARDED.fetch_add(1, Relaxed)))
             .expect("no NUL in a number");
-        match rustix::fs::renameat(upper, name, &self.upper.work, &*aside) {
-            Ok(()) => done.discarded.push(aside),
+        let set_aside = || match rustix::fs::renameat(upper, name, &self.upper.work, &*aside) {
+            Ok(()) => Ok(true),
             // A state directory on another filesystem: removed in place.
-            Err(rustix::io::Errno::XDEV) => remove_tree_at(upper, name)?,
-            Err(e) => return Err(e.into()),
+            Err(rustix::io::Errno::XDEV) => Ok(false),
+            Err(e) => Err(e.into()),
+        };
+        let set_aside = match set_aside() {
+            // Moved to another parent, a read-only directory is lent its
+            // owner's write permission, as is a read-only `upper`.
+            Err(Error::Access) => {
+                let moved = hostdir::open_dir(upper, name)?;
+                hostdir::lending_write(&[upper, moved.as_fd()], set_aside)?
+            }
+            done => done?,
+        };
+        match set_aside {
+            true => done.discarded.push(aside),
+            false => remove_tree_at(upper, name)?,
         }
         Ok(())
     }
@@ -191,7 +204,10 @@ impl StackFs {
             }
             match name.strip_prefix(b".wh.") {
                 Some(b".wh..opq") => {
-                    rustix::fs::unlinkat(upper, &*cstr(&name)?, AtFlags::empty())?;
+                    let marker = cstr(&name)?;
+                    hostdir::lending_write(&[upper], || {
+                        Ok(rustix::fs::unlinkat(upper, &marker, AtFlags::empty())?)
+                    })?;
                     done.changed_dir(upper)?;
                     done.changed_path(here.path);
                 }
@@ -225,11 +241,13 @@ impl StackFs {
         }
         let mut changed = false;
         if let Ok(w) = whiteout_name(name) {
-            match rustix::fs::unlinkat(upper, &w, AtFlags::empty()) {
-                Ok(()) => changed = true,
-                Err(rustix::io::Errno::NOENT) => {}
-                Err(e) => return Err(e.into()),
-            }
+            changed = hostdir::lending_write(&[upper], || {
+                match rustix::fs::unlinkat(upper, &w, AtFlags::empty()) {
+                    Ok(()) => Ok(true),
+                    Err(rustix::io::Errno::NOENT) => Ok(false),
+                    Err(e) => Err(e.into()),
+                }
+            })?;
         }
         match rustix::fs::statat(upper, &c, AtFlags::SYMLINK_NOFOLLOW) {
             Ok(st) => {
@@ -250,7 +268,9 @@ impl StackFs {
                     }
                     self.discard_dir(upper, &c, done)?;
                 } else {
-                    rustix::fs::unlinkat(upper, &c, AtFlags::empty())?;
+                    hostdir::lending_write(&[upper], || {
+                        Ok(rustix::fs::unlinkat(upper, &c, AtFlags::empty())?)
+                    })?;
                 }
             }
             Err(rustix::io::Errno::NOENT) => {}
@@ -306,8 +326,15 @@ fn below_too(parts: &[Part]) -> bool {
     parts.iter().any(|p| p.layer != UPPER)
 }
 
-/// Removes the directory `name` in `dir` and everything in it.
+/// Removes the directory `name` in `dir` and everything in it. A directory
+/// its owner may not read, search or change is made so first, as it goes:
+/// a server that is not root could not empty it otherwise.
 fn remove_tree_at(dir: BorrowedFd<'_>, name: &std::ffi::CStr) -> Result<()> {
+    let mode = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)?.st_mode;
+    let mode = hostdir::permissions(mode as u32);
+    if !mode.contains(Mode::RWXU) {
+        hostdir::chmod_at(dir, name, mode | Mode::RWXU)?;
+    }
     let sub = hostdir::open_dir(dir, name)?;
     for (entry, _, is_dir) in hostdir::list(sub.as_fd())? {
         let c = cstr(&entry)?;

@@ -71,8 +71,10 @@ pub fn is_opaque(dir: BorrowedFd<'_>) -> Result<bool> {
 /// Makes the empty marker file `name` in `dir`, if it is not there.
 fn make_marker(dir: BorrowedFd<'_>, name: &CStr) -> Result<()> {
     let flags = OFlags::CREATE | OFlags::WRONLY | OFlags::CLOEXEC;
-    rustix::fs::openat(dir, name, flags, Mode::from_raw_mode(0o600))?;
-    Ok(())
+    hostdir::lending_write(&[dir], || {
+        rustix::fs::openat(dir, name, flags, Mode::from_raw_mode(0o600))?;
+        Ok(())
+    })
 }
 
 /// Makes directory `dir` opaque. Its access and modification times stay:
@@ -114,7 +116,10 @@ pub fn clear_whiteout(dir: BorrowedFd<'_>, name: &[u8]) -> Result<()> {
 pub fn clear_markers(dir: BorrowedFd<'_>) -> Result<()> {
     for (name, _, _) in hostdir::list(dir)? {
         if is_hidden(&name) {
-            rustix::fs::unlinkat(dir, &cstr(&name)?, AtFlags::empty())?;
+            let name = cstr(&name)?;
+            hostdir::lending_write(&[dir], || {
+                Ok(rustix::fs::unlinkat(dir, &name, AtFlags::empty())?)
+            })?;
         } else {
             return Err(Error::NotEmpty);
         }
