@@ -81,8 +81,8 @@ changes() (
 as_nobody "$layerfs" serve --fuse "$t/m" --layer "$t/lower" --upper "$t/upper" >"$t/serve.log" 2>&1 &
 for _ in $(seq 100); do mounted "$t/m" && break; sleep 0.1; done
 mounted "$t/m" || fail "not mounted by the user: $(cat "$t/serve.log")"
-changes "$t/plain" >"$t/want" 2>&1
-changes "$t/m" 2>&1 | sed "s|$t/m|$t/plain|g" >"$t/got"
+changes "$t/plain" >"$t/want" 2>&1 || true
+{ changes "$t/m" 2>&1 || true; } | sed "s|$t/m|$t/plain|g" >"$t/got"
 diff -u "$t/want" "$t/got" || fail "the mount and Linux itself differ (above: - Linux, + the mount)"
 fusermount3 -u "$t/m"
 # Durable in the upper, with each directory's exact mode.

@@ -8,7 +8,8 @@
 # write by a user who is not root takes it away, as Linux does, while the
 # layer keeps it; the kernel looks for one before the first write to a
 # file, and the door answers later looks from memory (one host call for
-# 2,000 writes).
+# 2,000 writes). A door run by a user copies up a read-only file with its
+# attributes, and a file with a capability without it.
 # Needs root and /dev/fuse; says SKIPPED without them (tests/skip.sh).
 # usage: tests/fuse/xattrs.sh LAYERFS
 set -euo pipefail
@@ -107,7 +108,7 @@ done
 # A door run by a user who is not root copies up a read-only file with its
 # attributes: set before the copy's mode, which takes away the write
 # permission a user needs to set one.
-step "served by a user: a read-only file with an attribute, made writable"
+step "served by a user: a read-only file with an attribute, made writable; a file capability"
 if ! setpriv --reuid=65534 --regid=65534 --clear-groups test -r /dev/fuse -a -w /dev/fuse; then
 	skip_or_fail "FUSE extended attributes served by a user" "/dev/fuse is not open to users (chmod 666 /dev/fuse)"
 	echo "FUSE extended attributes: ok"
@@ -126,5 +127,13 @@ as_nobody chmod 644 "$t/m/d/locked" || fail "the user could not make a read-only
 [[ $(stat -c %a "$t/upper/d/locked") == 644 ]] || fail "the copy's mode: $(stat -c %a "$t/upper/d/locked")"
 [[ $(py "print(os.getxattr(sys.argv[1], 'user.origin').decode())" "$t/upper/d/locked") == layer ]] ||
 	fail "the copy-up lost the read-only file's attribute"
+# A file capability, which only root may set: the user's copy-up goes
+# without it (a user's import keeps none either), and the change is made.
+py "os.setxattr(sys.argv[1], 'security.capability', b'$cap')" "$t/lower/d/tool"
+as_nobody touch "$t/m/d/tool" || fail "the user could not touch a lower file with a file capability"
+[[ -f $t/upper/d/tool && $(py "print(os.listxattr(sys.argv[1]))" "$t/upper/d/tool") == "[]" ]] ||
+	fail "the user's copy of a file with a capability: $(ls -la "$t/upper/d")"
+[[ $(py "print(os.getxattr(sys.argv[1], 'security.capability').hex())" "$t/lower/d/tool") == 0100000200200000* ]] ||
+	fail "the layer lost its file capability"
 fusermount3 -u "$t/m"
 echo "FUSE extended attributes: ok"

@@ -82,6 +82,11 @@ fn set_each(
             Ok(()) => {}
             // A user. attribute on a symlink of an image made elsewhere.
             Err(rustix::io::Errno::PERM) if name.as_bytes().starts_with(b"user.") => {}
+            // One only root may keep (a file capability), and a server
+            // that is not root: the copy goes without it, as that user's
+            // import of the layer would have, rather than the change the
+            // copy-up is for failing.
+            Err(rustix::io::Errno::PERM) if !xattrs::keeps(name.as_bytes(), false) => {}
             Err(e) => return Err(e.into()),
         }
     }
