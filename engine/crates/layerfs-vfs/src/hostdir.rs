@@ -15,12 +15,14 @@ use crate::attr::{Attr, FileKind, SetAttr, SetTime};
 use crate::error::{Error, Result};
 use crate::fs::{Allocate, Create, FsStat, NewEntry, ReadSource, Stability};
 
+mod lending;
 mod listing;
 mod rules;
 mod stat;
 mod sys;
 pub mod watch;
 
+pub use lending::lending_write;
 pub use listing::{list, name_cookie};
 pub use rules::{
     apply, check_name, check_setattr, creatable, cstr, exclusive_times, may_change_entries,
@@ -353,51 +355,6 @@ mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
 
-    /// A server that is not root, refused a change to a read-only directory
-    /// it owns, is lent the write permission for it and gives it back; one
-    /// it does not own stays refused and unchanged.
-    #[cfg(target_os = "linux")]
-    #[test]
-    fn a_read_only_directory_is_lent_its_owners_write_permission_for_a_change() {
-        const TEST: &str = "hostdir::a_read_only_directory_is_lent_its_owners_write_permission";
-        if !rustix::process::geteuid().is_root() {
-            return layerfs_testkit::skipped(TEST, "needs root, to act as a user");
-        }
-        let t = tempfile::tempdir().unwrap();
-        let (mine, roots) = (t.path().join("mine"), t.path().join("roots"));
-        for d in [&mine, &roots] {
-            std::fs::create_dir(d).unwrap();
-        }
-        std::os::unix::fs::chown(&mine, Some(1000), Some(1000)).unwrap();
-        for d in [&mine, &roots] {
-            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o555)).unwrap();
-        }
-        let open = |d: &std::path::Path| rustix::fs::open(d, OFlags::DIRECTORY, Mode::empty());
-        let (mine_fd, roots_fd) = (open(&mine).unwrap(), open(&roots).unwrap());
-        std::thread::spawn(move || {
-            // This thread alone becomes uid 1000.
-            let user = rustix::fs::Uid::from_raw(1000);
-            rustix::thread::set_thread_res_uid(user, user, user).unwrap();
-            fn make(dir: BorrowedFd<'_>) -> Result<()> {
-                let flags = OFlags::CREATE | OFlags::WRONLY | OFlags::CLOEXEC;
-                rustix::fs::openat(dir, "f", flags, Mode::from_raw_mode(0o600))?;
-                Ok(())
-            }
-            let (mine, roots) = (mine_fd.as_fd(), roots_fd.as_fd());
-            assert_eq!(make(mine), Err(Error::Access));
-            lending_write(&[mine], || make(mine)).unwrap();
-            assert_eq!(lending_write(&[roots], || make(roots)), Err(Error::Access));
-        })
-        .join()
-        .unwrap();
-        assert!(mine.join("f").exists());
-        assert!(!roots.join("f").exists());
-        for d in [&mine, &roots] {
-            let mode = std::fs::metadata(d).unwrap().permissions().mode() & 0o7777;
-            assert_eq!(mode, 0o555, "{}", d.display());
-        }
-    }
-
     /// Both ways of `chmod_at` change a file and leave a symlink's target alone.
     #[test]
     fn a_chmod_changes_the_entry_and_never_a_symlinks_target() {
@@ -586,39 +543,6 @@ pub fn open_dir(dir: BorrowedFd<'_>, name: &CStr) -> rustix::io::Result<rustix::
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::empty(),
     )
-}
-
-/// Runs `change`, which writes to the directories `dirs` (adds or removes a
-/// name, or moves one of them to another parent); where it is refused
-/// because one of them lacks its owner's write permission, lends the owner
-/// that permission for a second try and takes it back after.
-///
-/// A server that is not root needs this wherever it changes a directory
-/// for its own reasons rather than a client's: a copy-up into a read-only
-/// directory, whose files the user may still change as on any filesystem,
-/// or a marker in one. Root is never refused for a mode, so it never
-/// lends. A crash while lent leaves the directory with the owner's write
-/// permission, one bit more than it had, and nothing missing.
-pub fn lending_write<T>(dirs: &[BorrowedFd<'_>], change: impl Fn() -> Result<T>) -> Result<T> {
-    match change() {
-        Err(Error::Access) => {}
-        done => return done,
-    }
-    let mut lent = Vec::new();
-    for &dir in dirs {
-        let mode = permissions(host_attr(dir)?.mode);
-        if !mode.contains(Mode::WUSR) && rustix::fs::fchmod(dir, mode | Mode::WUSR).is_ok() {
-            lent.push((dir, mode));
-        }
-    }
-    if lent.is_empty() {
-        return Err(Error::Access);
-    }
-    let out = change();
-    for (dir, mode) in lent {
-        rustix::fs::fchmod(dir, mode)?;
-    }
-    out
 }
 
 /// Raises the soft limit on open files to the hard one, for servers that

@@ -144,6 +144,11 @@ pub fn host_attr(fd: BorrowedFd<'_>) -> Result<Attr> {
     imp::fd(fd).map(|(attr, _)| attr)
 }
 
+/// [`host_attr`], and the device holding the file.
+pub(super) fn with_device(fd: BorrowedFd<'_>) -> Result<(Attr, u64)> {
+    imp::fd(fd)
+}
+
 /// How many host attribute reads (through [`Stats`]) `op` made on this
 /// thread: what tests assert an operation costs.
 #[cfg(feature = "count-host-calls")]
@@ -211,6 +216,9 @@ impl Stats {
         if self.dev.is_some_and(|export| export != dev) {
             another_filesystem(dev);
             return Err(Error::XDev);
+        }
+        if a.kind == FileKind::Directory {
+            super::lending::show_kept_mode(dev, &mut a);
         }
         if !self.birth_is_identity {
             a.generation = 0;
