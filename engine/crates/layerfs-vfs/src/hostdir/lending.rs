@@ -30,7 +30,7 @@ use crate::error::{Error, Result};
 
 /// Directories lent the permission now: device, inode, and the mode they
 /// keep.
-static LENT: Mutex<Vec<(u64, u64, Mode)>> = Mutex::new(Vec::new());
+static LENT: Mutex<Vec<(u64, u64, u32)>> = Mutex::new(Vec::new());
 /// How many entries [`LENT`] holds: the one load an attribute read makes
 /// while none is lent.
 static LENDING: AtomicUsize = AtomicUsize::new(0);
@@ -52,7 +52,7 @@ pub fn lending_write<T>(dirs: &[BorrowedFd<'_>], change: impl Fn() -> Result<T>)
             continue;
         }
         // Shown as it is before it changes.
-        let entry = (dev, attr.fileid, mode);
+        let entry = (dev, attr.fileid, attr.mode);
         keep_showing(entry);
         match rustix::fs::fchmod(dir, mode | Mode::WUSR) {
             Ok(()) => lent.push((dir, entry)),
@@ -65,19 +65,19 @@ pub fn lending_write<T>(dirs: &[BorrowedFd<'_>], change: impl Fn() -> Result<T>)
     let out = change();
     let mut restored = Ok(());
     for (dir, entry) in lent {
-        restored = restored.and(rustix::fs::fchmod(dir, entry.2));
+        restored = restored.and(rustix::fs::fchmod(dir, permissions(entry.2)));
         stop_showing(entry);
     }
     restored?;
     out
 }
 
-fn keep_showing(entry: (u64, u64, Mode)) {
+fn keep_showing(entry: (u64, u64, u32)) {
     LENT.lock().push(entry);
     LENDING.fetch_add(1, SeqCst);
 }
 
-fn stop_showing(entry: (u64, u64, Mode)) {
+fn stop_showing(entry: (u64, u64, u32)) {
     let mut all = LENT.lock();
     if let Some(i) = all.iter().position(|&e| e == entry) {
         all.swap_remove(i);
@@ -93,7 +93,7 @@ pub(super) fn show_kept_mode(dev: u64, attr: &mut Attr) {
     }
     let lent = LENT.lock();
     if let Some(&(_, _, mode)) = lent.iter().find(|e| (e.0, e.1) == (dev, attr.fileid)) {
-        attr.mode = mode.bits();
+        attr.mode = mode;
     }
 }
 
