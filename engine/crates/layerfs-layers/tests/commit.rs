@@ -262,3 +262,65 @@ fn a_commit_whose_stack_cannot_be_recorded_takes_everything_back() {
     assert_eq!(read(&fs, id), b"data\nmore\n");
     assert_eq!(fs.stack().len(), 2, "the old stack");
 }
+
+/// A commit by a server that is not root, of a file the NFS client keeps
+/// in a directory made read-only since: the new upper's copy of that
+/// directory and the committed layer's are read-only too, and the file's
+/// second name goes into one and its debris out of the other all the same.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_server_that_is_not_root_commits_debris_in_a_read_only_directory() {
+    use std::os::unix::fs::PermissionsExt;
+    const USER: u32 = 1000;
+    if !rustix::process::geteuid().is_root() {
+        return layerfs_testkit::skipped(
+            "a_server_that_is_not_root_commits_debris_in_a_read_only_directory",
+            "needs root, to act as a user",
+        );
+    }
+    let t = tempfile::tempdir().unwrap();
+    std::os::unix::fs::chown(t.path(), Some(USER), Some(USER)).unwrap();
+    let dir = t.path().to_path_buf();
+    let layer = std::thread::spawn(move || {
+        // This thread alone becomes the user.
+        let (uid, gid) = (
+            rustix::fs::Uid::from_raw(USER),
+            rustix::fs::Gid::from_raw(USER),
+        );
+        rustix::thread::set_thread_res_gid(gid, gid, gid).unwrap();
+        rustix::thread::set_thread_res_uid(uid, uid, uid).unwrap();
+        let base = lower(&dir);
+        std::fs::create_dir(base.join("ro")).unwrap();
+        let ws = Workspace::create(&dir.join("ws"), &[base]).unwrap();
+        let fs = ws.fs();
+        let ro = fs.lookup(&root(), ROOT, b"ro").unwrap().fileid;
+        let debris = ".nfs00000000000012340000000b";
+        let (attr, _) = fs
+            .create(
+                &root(),
+                ro,
+                debris.as_bytes(),
+                Create::Unchecked(SetAttr::default()),
+            )
+            .unwrap();
+        let mode = |mode| SetAttr {
+            mode: Some(mode),
+            ..SetAttr::default()
+        };
+        fs.setattr(&root(), ro, &mode(0o555), None).unwrap();
+        let layer = ws.commit(&[]).unwrap();
+        assert!(fs.getattr(attr.fileid).is_ok(), "the client's file is kept");
+        layer
+    })
+    .join()
+    .unwrap();
+    assert!(!layer
+        .join("ro")
+        .join(".nfs00000000000012340000000b")
+        .exists());
+    let mode = std::fs::metadata(layer.join("ro"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o7777, 0o555, "the layer's directory keeps its mode");
+}

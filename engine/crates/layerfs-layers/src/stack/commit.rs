@@ -184,7 +184,17 @@ impl StackFs {
         for m in moving {
             let (old_dir, name) = open_parent(old.root.as_fd(), &m.path)?;
             let new_dir = make_parents(&old.host, old.root.as_fd(), new.root.as_fd(), &m.path)?;
-            rustix::fs::linkat(&old_dir, &name, &new_dir, &name, AtFlags::empty())?;
+            // Directories keep their modes: a read-only one is lent its
+            // owner's write permission where the server is not root.
+            hostdir::lending_write(&[new_dir.as_fd()], || {
+                Ok(rustix::fs::linkat(
+                    &old_dir,
+                    &name,
+                    &new_dir,
+                    &name,
+                    AtFlags::empty(),
+                )?)
+            })?;
             let host = old.host.stats.at(old_dir.as_fd(), &*name)?;
             let shown = self.tree.shown(current, UPPER, host)?;
             let origin = super::inodes::Origin {
@@ -369,10 +379,10 @@ fn finish_in(
 ) -> Result<()> {
     for (m, copy) in moving.iter().zip(copies) {
         let (dir, name) = open_parent(committed, &m.path)?;
-        match copy {
-            Some(tmp) => rustix::fs::renameat(work, tmp, &dir, &*name)?,
-            None => rustix::fs::unlinkat(&dir, &*name, AtFlags::empty())?,
-        }
+        hostdir::lending_write(&[dir.as_fd()], || match copy {
+            Some(tmp) => Ok(rustix::fs::renameat(work, tmp, &dir, &*name)?),
+            None => Ok(rustix::fs::unlinkat(&dir, &*name, AtFlags::empty())?),
+        })?;
         hostdir::sync_all(dir.as_fd())?;
     }
     Ok(())
