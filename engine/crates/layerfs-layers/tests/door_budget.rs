@@ -63,7 +63,7 @@ mod linux {
     const BUDGETS: [(Loop, f64); 4] = [
         (Loop::Create, 19.0),
         (Loop::Remove, 11.0),
-        (Loop::Append, 28.0),
+        (Loop::Append, 27.0),
         (Loop::Writes, 0.1),
     ];
 

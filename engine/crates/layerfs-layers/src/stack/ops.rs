@@ -67,6 +67,25 @@ impl StackFs {
         write: bool,
         allowed: impl Fn(&Attr) -> Result<()>,
     ) -> Result<(Arc<OwnedFd>, Attr)> {
+        match self.open_host_file(layers, id, write, allowed)? {
+            (fd, Some(attr)) => Ok((fd, attr)),
+            (fd, None) => {
+                let host = layers.all[UPPER].host.stats.fd(fd.as_fd())?;
+                Ok((fd, self.tree.shown(layers, UPPER, host)?))
+            }
+        }
+    }
+
+    /// [`open_file`](Self::open_file) for a caller that may not need the
+    /// attributes: `None` for a copy made by this open, whose attributes the
+    /// host is not asked for here (a door's open needs only the file).
+    fn open_host_file(
+        &self,
+        layers: &Layers,
+        id: FileId,
+        write: bool,
+        allowed: impl Fn(&Attr) -> Result<()>,
+    ) -> Result<(Arc<OwnedFd>, Option<Attr>)> {
         if let Some((layer, fd)) = self.tree.caches.file(id, layers.generation) {
             if layer == UPPER || !write {
                 let host = layers.all[layer].host.stats.fd(fd.as_fd())?;
@@ -75,7 +94,7 @@ impl StackFs {
                 if host.nlink > 0 {
                     let attr = self.tree.shown(layers, layer, host)?;
                     allowed(&attr)?;
-                    return Ok((fd, attr));
+                    return Ok((fd, Some(attr)));
                 }
                 self.tree.dropped_file(id);
             }
@@ -94,13 +113,13 @@ impl StackFs {
             // The copy, open already.
             if let Some(fd) = self.changing(layers).copy_up_open(id)? {
                 let fd = Arc::new(fd);
-                let host = layers.all[UPPER].host.stats.fd(fd.as_fd())?;
-                let attr = self.tree.shown(layers, UPPER, host)?;
+                // The copy is known by the id and generation of the file it
+                // copies (its identity, noted by the copy-up).
                 let stamp = self.tree.caches.stamp(layers.generation);
                 self.tree
                     .caches
-                    .keep_file(id, stamp, UPPER, fd.clone(), attr.generation);
-                return Ok((fd, attr));
+                    .keep_file(id, stamp, UPPER, fd.clone(), f.attr.generation);
+                return Ok((fd, None));
             }
             f = self.tree.found(layers, id)?;
         }
@@ -114,7 +133,7 @@ impl StackFs {
         self.tree
             .caches
             .keep_file(id, stamp, f.layer, fd.clone(), f.attr.generation);
-        Ok((fd, f.attr))
+        Ok((fd, Some(f.attr)))
     }
 
     /// The change to the upper file `fd`, which clients saw as `before`:
@@ -791,7 +810,7 @@ impl HostFiles for StackFs {
         } else {
             Perm::READ
         };
-        let (fd, _) = self.open_file(&layers, id, write, |attr| {
+        let (fd, _) = self.open_host_file(&layers, id, write, |attr| {
             if !access::permits(attr, caller, want) {
                 return Err(Error::Access);
             }
@@ -820,7 +839,7 @@ impl HostFiles for StackFs {
                 return Ok(Some(fd));
             }
         }
-        let (fd, _) = self.open_file(&layers, id, write, |_| Ok(()))?;
+        let (fd, _) = self.open_host_file(&layers, id, write, |_| Ok(()))?;
         Ok(Some(fd))
     }
 
