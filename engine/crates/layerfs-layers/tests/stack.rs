@@ -981,3 +981,56 @@ fn a_lower_file_is_held_open_for_reading_only() {
     }
     assert!(held > 0, "no descriptor for the lower file was found");
 }
+
+/// Where a lower file was found is kept past changes to other files (so an
+/// open after a walk does not look through the layers again), and never
+/// past a change to the file itself: a removed or replaced lower file opened
+/// for writing by the id a client still holds is stale, not copied up again
+/// over its whiteout, and a copied-up file shows its copy.
+#[test]
+fn a_lower_file_found_before_another_changed_is_still_where_its_own_changes_left_it() {
+    let s = Stack::new(1, |_, l| {
+        for name in ["a", "b", "c", "d", "e"] {
+            std::fs::write(l.join(name), name).unwrap();
+        }
+        std::fs::write(l.join("h1"), b"linked").unwrap();
+        std::fs::hard_link(l.join("h1"), l.join("h2")).unwrap();
+    });
+    let fs = s.open();
+    let host = fs.host_files().unwrap();
+    let id = |name: &str| at(&fs, name).unwrap();
+    let (a, b, c, d, e, h1) = (id("a"), id("b"), id("c"), id("d"), id("e"), id("h1"));
+    assert_eq!(id("h2"), h1);
+    // Another file's copy-up and writes.
+    fs.write(&root(), a, 1, b"A", Stability::FileSync).unwrap();
+    // Removed: its id is stale, for writing too, and its name stays gone.
+    fs.remove(&root(), fs.root(), b"b").unwrap();
+    assert_eq!(fs.getattr(b), Err(Error::Stale));
+    assert_eq!(host.host_file(&root(), b, true).err(), Some(Error::Stale));
+    assert_eq!(
+        fs.write(&root(), b, 0, b"B", Stability::FileSync).err(),
+        Some(Error::Stale)
+    );
+    // Replaced by a rename: the same.
+    fs.rename(&root(), fs.root(), b"c", fs.root(), b"d")
+        .unwrap();
+    assert_eq!(fs.getattr(d), Err(Error::Stale));
+    assert_eq!(host.host_file(&root(), d, true).err(), Some(Error::Stale));
+    assert_eq!(read_all(&fs, id("d")), b"c");
+    assert_eq!(id("d"), c);
+    // Copied up by a write: its copy is what opens and lookups show.
+    fs.write(&root(), e, 1, b"E", Stability::FileSync).unwrap();
+    assert_eq!(fs.getattr(e).unwrap().size, 2);
+    let fd = host.host_file(&root(), e, true).unwrap().unwrap();
+    assert_eq!(rustix::fs::fstat(&*fd).unwrap().st_size, 2);
+    assert_eq!(fs.lookup(&root(), fs.root(), b"e").unwrap().size, 2);
+    // One name of a lower hard link removed: the other is the one file.
+    fs.remove(&root(), fs.root(), b"h1").unwrap();
+    fs.write(&root(), h1, 6, b"!", Stability::FileSync).unwrap();
+    assert_eq!(read_all(&fs, id("h2")), b"linked!");
+    assert_eq!(names(&fs, fs.root()), ["a", "d", "e", "h2"]);
+    for (name, data) in [("a", "a"), ("b", "b"), ("c", "c"), ("d", "d"), ("e", "e")] {
+        let layer = std::fs::read(s.lowers[0].join(name)).unwrap();
+        assert_eq!(layer, data.as_bytes(), "the layer's {name} changed");
+    }
+}

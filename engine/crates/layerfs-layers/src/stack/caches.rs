@@ -13,7 +13,14 @@
 //!   listings and where files were found go.
 //!
 //! Every entry carries the counters it was made under and is used only while
-//! they are current. Lower layers' attributes are kept by generation alone:
+//! they are current. Where a lower file was found is the exception to
+//! `dirs` and `entries`: nothing but a change to that file moves it (its
+//! copy-up, a removal of its name, a rename over it; a directory with lower
+//! parts moves only by copying up each file under it), and each such change
+//! drops it ([`Caches::forget_file`]) once it has moved `entries`. So it is
+//! kept for its generation, and copying one file up, or making a directory's
+//! upper part, does not send the next open of another through the layers.
+//! Lower layers' attributes are kept by generation alone:
 //! nothing but a new generation changes a lower file (a change copies it up,
 //! and from then on it is listed in the upper). Open files are kept by
 //! generation and dropped one by one when their file goes. What a LOOKUP
@@ -111,6 +118,14 @@ impl<K: Hash + Eq, V: Clone> Kept<K, V> {
         }
     }
 
+    /// The value kept for `key`, if `valid` takes it with its stamp.
+    fn get_where(&self, key: &K, valid: impl Fn(&Stamp, &V) -> bool) -> Option<V> {
+        let map = self.map.lock();
+        map.get(key)
+            .filter(|(stamp, v)| valid(stamp, v))
+            .map(|(_, v)| v.clone())
+    }
+
     fn remove(&self, key: &K) {
         self.map.lock().remove(key);
     }
@@ -130,13 +145,22 @@ struct KeptFile {
     generation: u64,
 }
 
+/// Where a file (not a directory) was found; `lasting` for a lower file
+/// found while no entry changed, which stays found there until a change to
+/// it drops it.
+#[derive(Clone)]
+struct Located {
+    found: Found,
+    lasting: bool,
+}
+
 pub struct Caches {
     dirs_moved: AtomicU64,
     entries_moved: AtomicU64,
     /// Where directories are, with every layer's part of each.
     dirs: Kept<FileId, Found>,
     /// Where files (not directories) were found.
-    located: Kept<FileId, Found>,
+    located: Kept<FileId, Located>,
     listings: Kept<FileId, Listing>,
     /// Entries whose attributes a directory's last listing with attributes
     /// read from the host, kept as its listing is.
@@ -242,11 +266,21 @@ impl Caches {
 
     pub fn located(&self, id: FileId, generation: u64) -> Option<Found> {
         let now = self.stamp(generation);
-        self.located.get(&id, |s| *s == now)
+        let current =
+            |s: &Stamp, l: &Located| *s == now || (l.lasting && s.generation == now.generation);
+        self.located.get_where(&id, current).map(|l| l.found)
     }
 
+    /// Keeps where `id` was found by a walk that began under `stamp`. A
+    /// lower file is kept past other changes when no entry changed during
+    /// the walk: then it saw every change that had moved `id`, and a change
+    /// to `id` still under way drops it after this (both under the map's
+    /// lock, the drop after the change moved `entries`).
     pub fn keep_located(&self, id: FileId, stamp: Stamp, found: Found) {
-        self.located.insert(id, stamp, found);
+        let mut map = self.located.map.lock();
+        let lasting = found.layer != UPPER && self.entries_moved.load(Relaxed) == stamp.entries;
+        map.make_room(&id);
+        map.insert(id, (stamp, Located { found, lasting }));
     }
 
     pub fn listing(&self, dir: FileId, generation: u64) -> Option<Listing> {
@@ -313,15 +347,18 @@ impl Caches {
         self.files.holds(&id, this_generation, |f| f.layer == UPPER)
             || self
                 .located
-                .holds(&id, this_generation, |f| f.layer == UPPER)
+                .holds(&id, this_generation, |l| l.found.layer == UPPER)
             || self.dir_holds(id, generation, |d| {
                 d.parts.iter().all(|part| part.layer == UPPER)
             })
     }
 
-    /// The file `id` names is gone.
+    /// The file `id` names is gone, or moved (copied up, a name of it
+    /// removed or renamed over): what is kept of it goes. Called after the
+    /// change moved `entries`.
     pub fn forget_file(&self, id: FileId) {
         self.files.remove(&id);
+        self.located.remove(&id);
     }
 
     /// The attributes of `id`, a file found in a lower layer.

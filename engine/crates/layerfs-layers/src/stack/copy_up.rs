@@ -170,6 +170,8 @@ impl Changing<'_> {
             self.upper_dir(id)?;
             return Ok(None);
         }
+        // From here, made or failed half way, it has moved.
+        let _moving = self.tree.moving(id);
         let node = self.tree.node(self.layers, id)?;
         let parent = self.upper_dir(node.parent)?;
         let name = hostdir::cstr(&node.name)?;
@@ -186,7 +188,6 @@ impl Changing<'_> {
         if found.kind() == FileKind::Regular && found.host.nlink > 1 {
             self.copy_up_links(&found, parent.as_fd(), &name)?;
         }
-        self.tree.dropped_file(id);
         Ok(open)
     }
 

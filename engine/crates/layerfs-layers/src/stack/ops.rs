@@ -592,6 +592,8 @@ impl Filesystem for StackFs {
             Some(_) => has_whiteout(up_to.as_fd(), to_name)?,
         };
         let dst_below = whiteout_at_dst || layers.shows_below(&to_parts, UPPER, &to_c)?;
+        // The source is in the upper now; a file it replaces moves.
+        let _moving = dst.as_ref().map(|d| self.tree.moving(d.attr.fileid));
         if moving_dir && dst_below {
             let moved = hostdir::open_dir(up_from.as_fd(), &from_c)?;
             mark_opaque(moved.as_fd())?;

@@ -97,6 +97,14 @@ impl Tree {
         self.caches.forget_file(id);
     }
 
+    /// For a change that moves file `id` (copies it up, removes a name of
+    /// it, renames over it): when the guard drops, whether the change was
+    /// made or failed half way, entries have moved and what is kept of `id`
+    /// goes, in that order ([`Caches::keep_located`] relies on it).
+    pub(super) fn moving(&self, id: FileId) -> MovingFile<'_> {
+        MovingFile { tree: self, id }
+    }
+
     /// The entry `id` names now.
     pub(super) fn found(&self, layers: &Layers, id: FileId) -> Result<Found> {
         if id == ROOT {
@@ -403,4 +411,17 @@ fn link_index(layer: &Layer) -> Result<LinkIndex> {
         }
     }
     Ok(index)
+}
+
+/// A change to one file under way ([`Tree::moving`]).
+pub(super) struct MovingFile<'a> {
+    tree: &'a Tree,
+    id: FileId,
+}
+
+impl Drop for MovingFile<'_> {
+    fn drop(&mut self) {
+        self.tree.changed_entries();
+        self.tree.dropped_file(self.id);
+    }
 }

@@ -134,6 +134,7 @@ impl Changing<'_> {
                 .ok_or(Error::Io)?;
             return self.unlink_entry(dir, &d, &f, name);
         }
+        let _moving = tree.moving(f.attr.fileid);
         let below = f.layer != UPPER || layers.shows_below(&d.parts, UPPER, &f.name)?;
         let up = self.upper_dir_of(dir, d)?;
         if f.layer == UPPER && f.kind() == FileKind::Directory {
