@@ -148,6 +148,8 @@ echo "-- extended attributes and file capabilities through the door"
 check "FUSE extended attributes" tests/fuse/xattrs.sh target/release/layerfs
 echo "-- read-only directories under a door and a daemon run by a user"
 check "FUSE read-only directories" tests/fuse/readonly.sh target/release/layerfs
+echo "-- git, make, sqlite3, mmap, flock and tar through the door, as root and as a user"
+check "programs through FUSE" tests/fuse/programs.sh target/release/layerfs
 echo "-- the workspace daemon through FUSE: import, create, mount, commit, kill -9, restart"
 check "daemon through FUSE" tests/daemon/fuse.sh target/release/layerfs
 echo "-- 16 clients on workspaces of their own for 2 minutes, each step checked"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The FUSE door's start and stop as a user meets them: one-line errors,
 # SIGTERM unmounts and exits 0, a door killed with -9 leaves a mount that
-# fails fast and that a restart or fusermount3 -u clears, passthrough keeps
+# fails fast and that a restart or fusermount3 -u clears, a door unmounted
+# from outside exits and leaves a later mount at its path, passthrough keeps
 # reads away from the door (and --no-passthrough does not), a file made
 # setuid behind the door loses the bit at a write through passthrough, and
 # a user who is not root mounts through fusermount3 a mount no other user can reach.
@@ -69,6 +70,24 @@ rc=0
 wait $door || rc=$?
 [[ $rc == 0 ]] || fail "exit status $rc after SIGTERM"
 mounted "$t/mnt" && fail "still mounted after SIGTERM"
+
+step "unmounted from outside: the door exits and leaves alone what is mounted there since"
+# The door's banner says fusermount3 -u stops it; a door that unmounted its
+# path again on the way out would take whatever was mounted there since (a
+# restarted door's mount: here a bind mount, made at once).
+mkdir -p "$t/since"
+echo since >"$t/since/mark"
+"$layerfs" serve --fuse "$t/mnt" "$t/src" >/dev/null 2>&1 &
+door=$!
+wait_mounted "$t/mnt"
+umount "$t/mnt"
+mount --bind "$t/since" "$t/mnt"
+rc=0
+timeout 10 tail --pid=$door -f /dev/null || rc=$?
+[[ $rc == 0 ]] || fail "the door did not exit once unmounted from outside"
+wait $door || fail "exit status $? once unmounted from outside"
+[[ $(cat "$t/mnt/mark" 2>/dev/null) == since ]] || fail "the door unmounted what was mounted at its path after it"
+umount "$t/mnt"
 
 step "kill -9: the mount fails fast, a restart clears it"
 ("$layerfs" serve --fuse "$t/mnt" "$t/src" >/dev/null 2>&1 &)

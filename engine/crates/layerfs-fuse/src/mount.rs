@@ -351,6 +351,17 @@ impl Mounted {
         let Some(session) = self.session.take() else {
             return Ok(());
         };
+        if !connected(&self.device) {
+            // Unmounted from outside (or aborted): nothing of this mount is
+            // left, and unmounting its path now could take what was mounted
+            // there since, a restarted door's mount, say. fuser 0.18 would
+            // unmount the path all the same when its session drops (its
+            // check for a live connection takes a dead one as live), so the
+            // session is let go: its threads end at their next read, and
+            // what it holds (a descriptor or two) stays with the process.
+            std::mem::forget(session);
+            return Ok(());
+        }
         let unmounted = if self.resumed {
             unmount(&self.mountpoint).and_then(|()| session.join())
         } else {
@@ -379,6 +390,21 @@ impl Drop for Mounted {
     fn drop(&mut self) {
         if let Err(e) = self.take_down() {
             tracing::warn!("unmounting {}: {e}", self.mountpoint.display());
+        }
+    }
+}
+
+/// Whether the FUSE connection of `device` still stands: the kernel says
+/// POLLERR on its devices once it has ended (an unmount, an abort).
+fn connected(device: &OwnedFd) -> bool {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let mut fds = [PollFd::new(device, PollFlags::empty())];
+    loop {
+        match poll(&mut fds, Some(&Timespec::default())) {
+            Ok(_) => return !fds[0].revents().contains(PollFlags::ERR),
+            Err(rustix::io::Errno::INTR) => continue,
+            // Not known to be gone: taken down as a live mount is.
+            Err(_) => return true,
         }
     }
 }
