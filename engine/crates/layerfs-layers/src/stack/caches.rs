@@ -81,9 +81,14 @@ impl<K: Hash + Eq, V: Clone> Kept<K, V> {
     }
 
     fn get(&self, key: &K, valid: impl Fn(&Stamp) -> bool) -> Option<V> {
+        self.get_where(key, |stamp, _| valid(stamp))
+    }
+
+    /// The value kept for `key`, if `valid` takes it with its stamp.
+    fn get_where(&self, key: &K, valid: impl Fn(&Stamp, &V) -> bool) -> Option<V> {
         let map = self.map.lock();
         map.get(key)
-            .filter(|(stamp, _)| valid(stamp))
+            .filter(|(stamp, v)| valid(stamp, v))
             .map(|(_, v)| v.clone())
     }
 
@@ -96,9 +101,15 @@ impl<K: Hash + Eq, V: Clone> Kept<K, V> {
 
     /// Keeps `value`; whether the map was full and started over.
     fn insert(&self, key: K, stamp: Stamp, value: V) -> bool {
+        self.insert_with(key, stamp, || value)
+    }
+
+    /// [`insert`](Self::insert) of the value `make` gives under the map's
+    /// lock, so that nothing removed under it can fall between.
+    fn insert_with(&self, key: K, stamp: Stamp, make: impl FnOnce() -> V) -> bool {
         let mut map = self.map.lock();
         let full = map.make_room(&key).is_some();
-        map.insert(key, (stamp, value));
+        map.insert(key, (stamp, make()));
         full
     }
 
@@ -116,14 +127,6 @@ impl<K: Hash + Eq, V: Clone> Kept<K, V> {
                 found(i, v);
             }
         }
-    }
-
-    /// The value kept for `key`, if `valid` takes it with its stamp.
-    fn get_where(&self, key: &K, valid: impl Fn(&Stamp, &V) -> bool) -> Option<V> {
-        let map = self.map.lock();
-        map.get(key)
-            .filter(|(stamp, v)| valid(stamp, v))
-            .map(|(_, v)| v.clone())
     }
 
     fn remove(&self, key: &K) {
@@ -277,10 +280,10 @@ impl Caches {
     /// to `id` still under way drops it after this (both under the map's
     /// lock, the drop after the change moved `entries`).
     pub fn keep_located(&self, id: FileId, stamp: Stamp, found: Found) {
-        let mut map = self.located.map.lock();
-        let lasting = found.layer != UPPER && self.entries_moved.load(Relaxed) == stamp.entries;
-        map.make_room(&id);
-        map.insert(id, (stamp, Located { found, lasting }));
+        self.located.insert_with(id, stamp, || Located {
+            lasting: found.layer != UPPER && self.entries_moved.load(Relaxed) == stamp.entries,
+            found,
+        });
     }
 
     pub fn listing(&self, dir: FileId, generation: u64) -> Option<Listing> {
