@@ -8,7 +8,9 @@
 # second workspace from the commit and see the changes there; twenty more
 # mounts within their memory and threads; kill -9 the daemon under a
 # reader, a writer and ls and start it again (the mount stays, and none of
-# them sees an error); SIGTERM leaves no mount and no keeper; the demo; a
+# them sees an error), and across that and an upgrade, files held open
+# (read, write, append, a shared mapping) used, opened again while held, and
+# opened, written and copied up once closed (tests/daemon/held.py); SIGTERM leaves no mount and no keeper; the demo; a
 # user who is not root, whose daemon is killed under a writer too.
 # Needs root and /dev/fuse; says SKIPPED without them (tests/skip.sh).
 # usage: tests/daemon/fuse.sh LAYERFS
@@ -25,6 +27,7 @@ mkdir -m 700 "$t/run"
 daemon= lister=
 cleanup() {
 	[[ -n $lister ]] && kill "$lister" 2>/dev/null
+	[[ -n $holder ]] && kill "$holder" 2>/dev/null
 	[[ -n $daemon ]] && kill -TERM "$daemon" 2>/dev/null && wait "$daemon" || true
 	[[ -n ${NOBODY_PID:-} ]] && kill -TERM "$NOBODY_PID" 2>/dev/null || true
 	for m in $(awk -v t="$t/" 'index($2, t) == 1 {print $2}' /proc/mounts); do umount -l "$m"; done
@@ -85,6 +88,25 @@ start_daemon() {
 }
 check() { # check FILE CONTENT
 	[[ $(cat "$1") == "$2" ]] || fail "$1 holds '$(cat "$1" 2>&1)', not '$2'"
+}
+# hold DIR LOWER [RUNAS...]: files held open in DIR (tests/daemon/held.py),
+# in a process of their own, so that no daemon started meanwhile inherits
+# them; `held_go` lets it go on and waits for its verdict.
+holder=
+hold() {
+	local dir=$1 lower=$2
+	shift 2
+	: >"$t/held.signal"
+	chmod 666 "$t/held.signal"
+	"$@" python3 "$(dirname "$0")/held.py" "$dir" "$lower" "$t/held.signal" >"$t/held.out" 2>&1 &
+	holder=$!
+	for _ in $(seq 200); do [[ $(cat "$t/held.signal") == held ]] && return; sleep 0.05; done
+	fail "the files were not held: $(cat "$t/held.out")"
+}
+held_go() { # held_go WHAT
+	echo go >"$t/held.signal"
+	wait "$holder" || fail "files held across $1: $(cat "$t/held.out")"
+	holder=
 }
 
 step "daemon up; a directory and an OCI tarball imported"
@@ -340,12 +362,14 @@ lister=$!
 for _ in $(seq 300); do [[ $(wc -l 2>/dev/null <"$t/synced-blocks" || echo 0) -ge 8 ]] && break; sleep 0.05; done
 kill -0 "$writer" 2>/dev/null || fail "the writer was not running at the kill"
 kill -0 "$reader" 2>/dev/null || fail "the reader was not running at the kill"
+hold "$t/w2" etc/name
 kill -9 "$daemon"
 wait "$daemon" 2>/dev/null || true
 daemon=
 sleep 1
 mounted "$t/w" || fail "w's mount went with the daemon"
 start_daemon
+held_go "a kill -9 and restart"
 wait "$writer" || fail "the writer got an error across the kill and restart"
 wait "$reader" || fail "the reader got an error across the kill and restart"
 touch "$t/stop"
@@ -363,6 +387,7 @@ rm -f "$t/stop" "$t/ls-failed"
 (while [[ ! -e $t/stop ]]; do ls "$t/w" >/dev/null || echo failed >>"$t/ls-failed"; done) &
 lister=$!
 taken=$(grep -c "FUSE session taken over" "$t/daemon.log")
+hold "$t/w2" new
 coproc DAEMON { exec "$layerfs" daemon --upgrade 2>>"$t/daemon.log"; } 2>/dev/null
 daemon=$DAEMON_PID
 read -r -t 60 ready <&"${DAEMON[0]}" || fail "the upgrading daemon never said it was ready"
@@ -370,6 +395,7 @@ read -r -t 60 ready <&"${DAEMON[0]}" || fail "the upgrading daemon never said it
 rc=0
 wait "$old" || rc=$?
 [[ $rc == 0 ]] || fail "the daemon handing over exited with $rc"
+held_go "daemon --upgrade"
 touch "$t/stop"
 wait "$lister"
 lister=
@@ -377,7 +403,7 @@ lister=
 [[ $(grep -c "FUSE session taken over" "$t/daemon.log") == $((taken + 2)) ]] ||
 	fail "the new daemon did not take over both FUSE mounts"
 check "$t/w/new" new
-check "$t/w2/new" new
+check "$t/w2/new" $'new\nappended'  # held.py appended to it
 grep -q "^w2 .*mounted" <<<"$("$layerfs" ls)" || fail "ls after restart: $("$layerfs" ls)"
 
 step "unmount by path; SIGTERM unmounts the rest and exits 0"
@@ -389,7 +415,7 @@ for _ in $(seq 100); do mounted "$t/dead" && break; sleep 0.1; done
 kill -9 $!
 wait $! 2>/dev/null || true
 "$layerfs" mount w2 "$t/dead" >/dev/null || fail "mount over a dead FUSE mount"
-check "$t/dead/new" new
+check "$t/dead/new" $'new\nappended'
 "$layerfs" unmount w2
 kill -TERM "$daemon"
 rc=0
@@ -494,11 +520,13 @@ print(i)
 	appender=$!
 	for _ in $(seq 100); do [[ $(nobody stat -c %s "$t/nobody/mnt/appended" 2>/dev/null || echo 0) -gt 9000 ]] && break; sleep 0.02; done
 	kill -0 "$appender" 2>/dev/null || fail "the user's writer ended before the kill: $(cat "$t/nobody/appended.err")"
+	hold "$t/nobody/mnt" new nobody
 	kill -9 "$NOBODY_PID"
 	wait "$NOBODY_PID" 2>/dev/null || true
 	coproc NOBODY { exec setpriv --reuid 65534 --regid 65534 --clear-groups env HOME="$t/nobody" \
 		XDG_RUNTIME_DIR="$t/nobody/run" LAYERFS_STORE="$t/nobody/store" "$layerfs" daemon 2>>"$t/daemon.log"; }
 	read -r -t 30 ready <&"${NOBODY[0]}" || fail "the user's daemon never said it was ready again"
+	held_go "the user's daemon's kill -9 and restart"
 	sleep 0.2
 	touch "$t/nobody/stop"
 	if ! wait "$appender"; then

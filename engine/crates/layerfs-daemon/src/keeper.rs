@@ -12,15 +12,18 @@
 //!
 //! Messages (text, one per packet; names never hold spaces):
 //! ```text
-//! keep NAME MAJOR MINOR READAHEAD FLAGS  + descriptor   -> done
+//! keep NAME MAJOR MINOR READAHEAD FLAGS  + descriptors  -> done
 //! forget NAME                                          -> done
-//! give                  -> kept NAME MAJOR MINOR READAHEAD FLAGS + descriptor, ..., end
+//! give                  -> kept NAME MAJOR MINOR READAHEAD FLAGS + descriptors, ..., end
 //! ```
+//! The descriptors are the session's device and, where the server keeps
+//! one, its table of open files (`layerfs_fuse::Kept`); a keeper passes on
+//! what it was given, so one from before the table holds just the device.
 
 use std::collections::BTreeMap;
 use std::io::{self, BufRead, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::time::Duration;
@@ -34,6 +37,8 @@ use rustix::net::{
 
 /// The longest message: a name of 64 bytes and four numbers.
 const MESSAGE_MAX: usize = 256;
+/// The most descriptors a message carries: a device and a table.
+const FDS_MAX: usize = 2;
 /// How long a keeper started for a daemon waits for it to connect.
 const FIRST_CONNECTION: Duration = Duration::from_secs(10);
 
@@ -90,29 +95,36 @@ impl Keeper {
         send(
             &self.socket,
             &kept_line("keep", name, kept.kernel),
-            Some(kept.device.as_fd()),
+            &descriptors(kept),
         )?;
         self.expect_done()
     }
 
     /// Has the keeper close what it holds under `name`.
     pub fn forget(&self, name: &str) -> io::Result<()> {
-        send(&self.socket, &format!("forget {name}"), None)?;
+        send(&self.socket, &format!("forget {name}"), &[])?;
         self.expect_done()
     }
 
     /// Everything the keeper holds, by name; it goes on holding it.
     pub fn held(&self) -> io::Result<BTreeMap<String, Kept>> {
-        send(&self.socket, "give", None)?;
+        send(&self.socket, "give", &[])?;
         let mut all = BTreeMap::new();
         loop {
-            let (line, device) = receive(&self.socket)?;
+            let (line, fds) = receive(&self.socket)?;
             if line == "end" {
                 return Ok(all);
             }
-            match (parse_kept(&line, "kept"), device) {
-                (Some((name, kernel)), Some(device)) => {
-                    all.insert(name, Kept { device, kernel });
+            match (parse_kept(&line, "kept"), kept_from(fds)) {
+                (Some((name, kernel)), Some((device, opens))) => {
+                    all.insert(
+                        name,
+                        Kept {
+                            device,
+                            kernel,
+                            opens,
+                        },
+                    );
                 }
                 _ => return Err(invalid(&line)),
             }
@@ -121,7 +133,7 @@ impl Keeper {
 
     fn expect_done(&self) -> io::Result<()> {
         match receive(&self.socket)? {
-            (line, None) if line == "done" => Ok(()),
+            (line, fds) if line == "done" && fds.is_empty() => Ok(()),
             (line, _) => Err(invalid(&line)),
         }
     }
@@ -211,36 +223,54 @@ fn serve(path: &Path) -> io::Result<()> {
 
 /// Answers one message of the daemon; false once it has gone.
 fn serve_one(daemon: &OwnedFd, held: &mut BTreeMap<String, Kept>) -> io::Result<bool> {
-    let (line, device) = match receive(daemon) {
+    let (line, fds) = match receive(daemon) {
         Ok(got) => got,
         Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(false),
         Err(e) => return Err(e),
     };
     let mut words = line.split(' ');
-    match (words.next(), device) {
-        (Some("keep"), Some(device)) => {
+    match (words.next(), fds.is_empty()) {
+        (Some("keep"), false) => {
             let (name, kernel) = parse_kept(&line, "keep").ok_or_else(|| invalid(&line))?;
-            held.insert(name, Kept { device, kernel });
+            let (device, opens) = kept_from(fds).ok_or_else(|| invalid(&line))?;
+            held.insert(
+                name,
+                Kept {
+                    device,
+                    kernel,
+                    opens,
+                },
+            );
         }
-        (Some("forget"), None) => {
+        (Some("forget"), true) => {
             let name = words.next().ok_or_else(|| invalid(&line))?;
             held.remove(name);
         }
-        (Some("give"), None) => {
+        (Some("give"), true) => {
             for (name, k) in held.iter() {
-                send(
-                    daemon,
-                    &kept_line("kept", name, k.kernel),
-                    Some(k.device.as_fd()),
-                )?;
+                send(daemon, &kept_line("kept", name, k.kernel), &descriptors(k))?;
             }
-            send(daemon, "end", None)?;
+            send(daemon, "end", &[])?;
             return Ok(true);
         }
         _ => return Err(invalid(&line)),
     }
-    send(daemon, "done", None)?;
+    send(daemon, "done", &[])?;
     Ok(true)
+}
+
+/// The descriptors a message carries for `kept`: its device, then its table.
+fn descriptors(kept: &Kept) -> Vec<BorrowedFd<'_>> {
+    let mut fds = vec![kept.device.as_fd()];
+    fds.extend(kept.opens.as_ref().map(|t| t.as_fd()));
+    fds
+}
+
+/// The device and table [`descriptors`] sent; None for no descriptor.
+fn kept_from(fds: Vec<OwnedFd>) -> Option<(OwnedFd, Option<OwnedFd>)> {
+    let mut fds = fds.into_iter();
+    let device = fds.next()?;
+    Some((device, fds.next()))
 }
 
 /// `VERB NAME MAJOR MINOR READAHEAD FLAGS`, as [`parse_kept`] reads it.
@@ -275,13 +305,11 @@ fn invalid(line: &str) -> io::Error {
     )
 }
 
-fn send(socket: &OwnedFd, line: &str, device: Option<std::os::fd::BorrowedFd>) -> io::Result<()> {
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+fn send(socket: &OwnedFd, line: &str, fds: &[BorrowedFd]) -> io::Result<()> {
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(FDS_MAX))];
     let mut control = SendAncillaryBuffer::new(&mut space);
-    let fds;
-    if let Some(fd) = device {
-        fds = [fd];
-        control.push(SendAncillaryMessage::ScmRights(&fds));
+    if !fds.is_empty() {
+        control.push(SendAncillaryMessage::ScmRights(fds));
     }
     rustix::net::sendmsg(
         socket,
@@ -292,11 +320,11 @@ fn send(socket: &OwnedFd, line: &str, device: Option<std::os::fd::BorrowedFd>) -
     Ok(())
 }
 
-/// One message and the descriptor that came with it; UnexpectedEof once the
-/// other side has gone.
-fn receive(socket: &OwnedFd) -> io::Result<(String, Option<OwnedFd>)> {
+/// One message and the descriptors that came with it; UnexpectedEof once
+/// the other side has gone.
+fn receive(socket: &OwnedFd) -> io::Result<(String, Vec<OwnedFd>)> {
     let mut buf = [0u8; MESSAGE_MAX];
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(FDS_MAX))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let got = rustix::net::recvmsg(
         socket,
@@ -304,19 +332,17 @@ fn receive(socket: &OwnedFd) -> io::Result<(String, Option<OwnedFd>)> {
         &mut control,
         RecvFlags::CMSG_CLOEXEC,
     )?;
-    let mut device = None;
+    let mut fds = Vec::new();
     for message in control.drain() {
-        if let RecvAncillaryMessage::ScmRights(fds) = message {
-            for fd in fds {
-                device.get_or_insert(fd);
-            }
+        if let RecvAncillaryMessage::ScmRights(got) = message {
+            fds.extend(got);
         }
     }
     if got.bytes == 0 {
         return Err(io::ErrorKind::UnexpectedEof.into());
     }
     let line = std::str::from_utf8(&buf[..got.bytes]).map_err(|_| invalid("(not UTF-8)"))?;
-    Ok((line.to_string(), device))
+    Ok((line.to_string(), fds))
 }
 
 #[cfg(test)]
@@ -367,22 +393,36 @@ mod tests {
         let kept = Kept {
             device: file.into(),
             kernel,
+            opens: Some(tempfile::tempfile().unwrap().into()),
+        };
+        let bare = Kept {
+            device: kept.device.try_clone().unwrap(),
+            kernel,
+            opens: None,
         };
         daemon.keep("a", &kept).unwrap();
         daemon.keep("b", &kept).unwrap();
+        daemon.keep("c", &bare).unwrap();
         daemon.forget("b").unwrap();
         drop(daemon);
         // The next daemon gets what the last one left.
         let next = Keeper::connect(&path).unwrap();
         let held = next.held().unwrap();
-        assert_eq!(held.keys().collect::<Vec<_>>(), ["a"]);
+        assert_eq!(held.keys().collect::<Vec<_>>(), ["a", "c"]);
         assert_eq!(held["a"].kernel, kernel);
         let same = |a: &OwnedFd, b: &OwnedFd| {
             let (a, b) = (rustix::fs::fstat(a).unwrap(), rustix::fs::fstat(b).unwrap());
             (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
         };
         assert!(same(&held["a"].device, &kept.device), "the same open file");
+        let table = |k: &Kept| k.opens.as_ref().map(|t| t.try_clone().unwrap());
+        assert!(
+            same(&table(&held["a"]).unwrap(), &table(&kept).unwrap()),
+            "the same table"
+        );
+        assert!(held["c"].opens.is_none(), "a session kept without a table");
         next.forget("a").unwrap();
+        next.forget("c").unwrap();
         drop(next);
         keeper.join().unwrap().unwrap();
         assert!(!path.exists(), "the keeper took its socket away");

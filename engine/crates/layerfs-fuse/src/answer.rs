@@ -10,6 +10,7 @@ use fuser::{
 };
 
 use crate::backing::Backing;
+use crate::opens::Registered;
 
 /// An answer that may be an error.
 pub trait Answer {

@@ -33,8 +33,19 @@ impl Backing {
         })
     }
 
+    /// The registration `id` another server of the session made, which
+    /// this one closes when it is dropped.
+    pub fn adopt(device: &Arc<OwnedFd>, id: u32) -> Backing {
+        Backing {
+            id,
+            device: device.clone(),
+        }
+    }
+}
+
+impl crate::opens::Registered for Backing {
     /// The kernel's number for it, as an open's answer carries it.
-    pub fn id(&self) -> u32 {
+    fn id(&self) -> u32 {
         self.id
     }
 }

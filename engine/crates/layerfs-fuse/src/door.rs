@@ -158,6 +158,19 @@ fn name_bytes(name: &OsStr) -> &[u8] {
     name.as_bytes()
 }
 
+/// Open files recorded where a server taking the session over finds them;
+/// without a table where none can be made (the session then cannot be
+/// taken over with files open through passthrough).
+fn new_open_files() -> OpenFiles<Backing> {
+    match crate::open_table::OpenTable::new() {
+        Ok(table) => OpenFiles::default().with_table(table),
+        Err(e) => {
+            tracing::warn!("no open-file table for the next server of this session: {e}");
+            OpenFiles::default()
+        }
+    }
+}
+
 impl Door {
     pub fn new(fs: Arc<dyn Filesystem>, caching: Caching, passthrough: bool) -> Door {
         let inos = Inos::new(fs.root());
@@ -171,7 +184,7 @@ impl Door {
             caching,
             callers: Callers::default(),
             passthrough,
-            opens: Arc::default(),
+            opens: Arc::new(new_open_files()),
             kernel: Arc::default(),
             uring: false,
             sibling: false,
@@ -244,6 +257,12 @@ impl Door {
     /// The door's open files, for the mount's owner to ask about.
     pub fn open_files(&self) -> Arc<OpenFiles<Backing>> {
         self.opens.clone()
+    }
+
+    /// Goes on from the opens another server of the session recorded.
+    pub fn with_open_files(mut self, opens: OpenFiles<Backing>) -> Door {
+        self.opens = Arc::new(opens);
+        self
     }
 
     fn caller(&self, req: &Request) -> Caller {
@@ -1130,8 +1149,10 @@ impl Door {
     }
 
     pub(crate) fn release_as(&self, ino: INodeNo, fh: FileHandle, reply: impl EmptyAnswer) {
+        // Answered first: the release is counted once it is (see
+        // [`crate::open_table`]).
+        reply.ok();
         self.opens.release(self.id(ino), fh);
-        reply.ok()
     }
 
     pub(crate) fn getxattr_as(

@@ -41,12 +41,15 @@ pub struct KernelInit {
     pub flags: u64,
 }
 
-/// A session's device descriptor and what its first INIT said: all another
-/// process needs to take the session over.
+/// A session's device descriptor, what its first INIT said and the table
+/// of its open files: all another process needs to take the session over.
 #[derive(Debug)]
 pub struct Kept {
     pub device: OwnedFd,
     pub kernel: KernelInit,
+    /// Each inode's opens ([`crate::open_table`]); none from a server that
+    /// kept no table, whose successor then answers as a fresh server.
+    pub opens: Option<OwnedFd>,
 }
 
 const FUSE_INIT: u32 = 26;

@@ -28,6 +28,8 @@ pub mod handover;
 #[cfg(target_os = "linux")]
 mod mount;
 #[cfg(target_os = "linux")]
+mod open_table;
+#[cfg(target_os = "linux")]
 mod opens;
 #[cfg(target_os = "linux")]
 mod privilege;

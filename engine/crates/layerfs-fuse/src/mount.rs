@@ -121,6 +121,21 @@ pub fn resume(
     options: &Options,
 ) -> io::Result<Mounted> {
     let (door, config) = door(fs, options);
+    let adopted = kept
+        .opens
+        .ok_or_else(|| io::Error::other("the last server left none"))
+        .and_then(|table| open_files(&kept.device, table));
+    let door = match adopted {
+        Ok(opens) => door.with_open_files(opens),
+        Err(e) => {
+            tracing::warn!(
+                "{}: no open-file table ({e}): a file the last server passed through \
+                 and that is still open cannot be opened again until it is closed",
+                mountpoint.display()
+            );
+            door
+        }
+    };
     let shared = Shared::of(&door);
     let session = handover::start(door, kept.device, kept.kernel, config)?;
     let mounted = Mounted::serve(session, mountpoint.to_path_buf(), shared, true)?;
@@ -134,6 +149,24 @@ pub fn resume(
         Err(e) => tracing::warn!("{}: asking for requests again: {e}", mountpoint.display()),
     }
     Ok(mounted)
+}
+
+/// The open files the last server of the session recorded in `table`, their
+/// backing files registered on `device`'s connection.
+fn open_files(device: &OwnedFd, table: OwnedFd) -> io::Result<OpenFiles<Backing>> {
+    let (table, rows) = crate::open_table::OpenTable::adopt(table)?;
+    let device = Arc::new(device.try_clone()?);
+    let passed = rows.iter().filter(|(_, row)| row.passthrough > 0).count();
+    if !rows.is_empty() {
+        tracing::info!(
+            open = rows.len(),
+            passthrough = passed,
+            "inodes open across the hand-over, served as before"
+        );
+    }
+    Ok(OpenFiles::resume(table, rows, |id| {
+        Backing::adopt(&device, id)
+    }))
 }
 
 /// The door for `fs` and fuser's settings to serve it with.
@@ -276,6 +309,7 @@ impl Mounted {
         Ok(Kept {
             device: self.device.try_clone()?,
             kernel,
+            opens: self.shared.opens.table(),
         })
     }
 

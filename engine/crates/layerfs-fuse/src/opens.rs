@@ -6,6 +6,10 @@
 //! cache) on one inode, so an inode that is open one way is opened that way
 //! again until all its opens are released.
 //!
+//! What the kernel holds of an inode's opens outlives the door's process;
+//! so does this record of them ([`crate::open_table`]), for the next
+//! server of the session.
+//!
 //! A file removed while open: on a local filesystem a process goes on
 //! reading, writing and syncing a file it holds open after its last name is
 //! removed (a temporary file made and unlinked at once is a common
@@ -19,6 +23,8 @@ use std::sync::Arc;
 
 use fuser::FileHandle;
 use layerfs_vfs::FileId;
+
+use crate::open_table::{OpenTable, Row};
 
 /// The file handle of an open the door serves.
 pub const CACHED: FileHandle = FileHandle(0);
@@ -43,16 +49,31 @@ pub struct Held {
     pub write: bool,
 }
 
+/// A backing file's registration with the kernel, closed when dropped.
+pub trait Registered {
+    /// The kernel's number for it.
+    fn id(&self) -> u32;
+}
+
 /// Open files by inode; `B` is the kernel's registration of a backing file
-/// (`fuser::BackingId`, which closes it when dropped).
+/// ([`crate::backing::Backing`]).
 pub struct OpenFiles<B> {
-    by_id: Mutex<HashMap<FileId, Opens<B>>>,
+    state: Mutex<State<B>>,
+}
+
+struct State<B> {
+    by_id: HashMap<FileId, Opens<B>>,
+    /// Where each change is recorded for the next server, if anywhere.
+    table: Option<OpenTable>,
 }
 
 impl<B> Default for OpenFiles<B> {
     fn default() -> Self {
         OpenFiles {
-            by_id: Mutex::default(),
+            state: Mutex::new(State {
+                by_id: HashMap::new(),
+                table: None,
+            }),
         }
     }
 }
@@ -75,8 +96,11 @@ impl<B> OpenFiles<B> {
         reply: R,
         backing: impl FnOnce(&R) -> Option<B>,
         answer: impl FnOnce(R, Way<'_, B>),
-    ) {
-        let mut by_id = self.by_id.lock();
+    ) where
+        B: Registered,
+    {
+        let mut state = self.state.lock();
+        let State { by_id, table } = &mut *state;
         let opens = by_id.entry(id).or_insert(Opens {
             cached: 0,
             passthrough: 0,
@@ -89,25 +113,72 @@ impl<B> OpenFiles<B> {
         if opens.cached == 0 && opens.backing.is_none() {
             opens.backing = backing(&reply);
         }
-        match &opens.backing {
-            Some(b) if opens.cached == 0 => {
-                opens.passthrough += 1;
-                // Answered under the lock: a release cannot close the
-                // backing file between its registration and the answer.
-                answer(reply, Way::Passthrough(b))
-            }
-            _ => {
-                opens.cached += 1;
-                answer(reply, Way::Cached)
-            }
+        let passthrough = opens.backing.is_some() && opens.cached == 0;
+        if passthrough {
+            opens.passthrough += 1;
+        } else {
+            opens.cached += 1;
         }
+        // Recorded before the answer: counts may be high, never low.
+        record(table, id, opens);
+        // Answered under the lock: a release cannot close the backing file
+        // between its registration and the answer.
+        match &opens.backing {
+            Some(b) if passthrough => answer(reply, Way::Passthrough(b)),
+            _ => answer(reply, Way::Cached),
+        }
+    }
+
+    /// The opens the last server of the session recorded in `table`, its
+    /// backing ids adopted by `adopt` (a registration with no passthrough
+    /// open left, which a server killed mid-release can leave, is adopted
+    /// and closed at once).
+    pub fn resume(table: OpenTable, rows: Vec<(FileId, Row)>, adopt: impl Fn(u32) -> B) -> Self
+    where
+        B: Registered,
+    {
+        let mut by_id = HashMap::new();
+        for (id, row) in rows {
+            let backing = (row.backing != 0).then(|| adopt(row.backing));
+            let backing = backing.filter(|_| row.passthrough > 0);
+            by_id.insert(
+                id,
+                Opens {
+                    cached: row.cached,
+                    passthrough: row.passthrough,
+                    backing,
+                    held: None,
+                },
+            );
+        }
+        OpenFiles {
+            state: Mutex::new(State {
+                by_id,
+                table: Some(table),
+            }),
+        }
+    }
+
+    /// Records each change in `table` from now.
+    pub fn with_table(self, table: OpenTable) -> Self {
+        self.state.lock().table = Some(table);
+        self
+    }
+
+    /// A copy of the table's descriptor, for the keeper to hold.
+    pub fn table(&self) -> Option<OwnedFd> {
+        let state = self.state.lock();
+        let fd = state.table.as_ref()?.fd().try_clone_to_owned();
+        fd.inspect_err(|e| tracing::warn!("the open-file table cannot be handed over: {e}"))
+            .ok()
     }
 
     /// The inodes the kernel reads and writes itself (a backing file is
     /// registered), with no request to the door.
     pub fn passed_through(&self) -> Vec<FileId> {
-        let by_id = self.by_id.lock();
-        by_id
+        let state = self.state.lock();
+        state
+            .by_id
             .iter()
             .filter(|(_, o)| o.backing.is_some())
             .map(|(&id, _)| id)
@@ -116,12 +187,17 @@ impl<B> OpenFiles<B> {
 
     /// The host file the opens of `id` hold, while it is open.
     pub fn held(&self, id: FileId) -> Option<Held> {
-        self.by_id.lock().get(&id)?.held.clone()
+        self.state.lock().by_id.get(&id)?.held.clone()
     }
 
-    /// Records the release of an open with file handle `fh`.
-    pub fn release(&self, id: FileId, fh: FileHandle) {
-        let mut by_id = self.by_id.lock();
+    /// Records the release of an open with file handle `fh`, once it is
+    /// answered (counts may be high, never low).
+    pub fn release(&self, id: FileId, fh: FileHandle)
+    where
+        B: Registered,
+    {
+        let mut state = self.state.lock();
+        let State { by_id, table } = &mut *state;
         let Some(opens) = by_id.get_mut(&id) else {
             return;
         };
@@ -130,12 +206,35 @@ impl<B> OpenFiles<B> {
         } else {
             opens.cached = opens.cached.saturating_sub(1);
         }
-        if opens.passthrough == 0 {
-            // Closes the backing file's registration with the kernel.
-            opens.backing = None;
-        }
+        let closing = if opens.passthrough == 0 {
+            opens.backing.take()
+        } else {
+            None
+        };
+        record(table, id, opens);
+        // Closes the backing file's registration with the kernel, once the
+        // table no longer names it.
+        drop(closing);
         if opens.passthrough == 0 && opens.cached == 0 {
             by_id.remove(&id);
+        }
+    }
+}
+
+/// Records `opens` of `id` in the table, if there is one.
+fn record<B: Registered>(table: &mut Option<OpenTable>, id: FileId, opens: &Opens<B>) {
+    let Some(t) = table.as_mut() else { return };
+    let row = Row {
+        backing: opens.backing.as_ref().map_or(0, |b| b.id()),
+        cached: opens.cached,
+        passthrough: opens.passthrough,
+    };
+    if let Err(e) = t.set(id, row) {
+        // The next server could answer opens of this inode the wrong way:
+        // none is better than a wrong one.
+        tracing::warn!("the open-file table could not grow ({e}): a server taking this session over will not have it");
+        if let Some(t) = table.take() {
+            t.abandon();
         }
     }
 }
@@ -144,6 +243,12 @@ impl<B> OpenFiles<B> {
 mod tests {
     use super::*;
     use std::os::fd::AsRawFd;
+
+    impl Registered for u32 {
+        fn id(&self) -> u32 {
+            *self
+        }
+    }
 
     /// Opens `id` where a backing file `offered` would be registered; which
     /// way it was answered, and whether a registration was asked for.
@@ -179,7 +284,7 @@ mod tests {
         files.release(7, PASSTHROUGH);
         assert_eq!(files.passed_through(), [7], "one open left");
         files.release(7, PASSTHROUGH);
-        assert!(files.by_id.lock().is_empty());
+        assert!(files.state.lock().by_id.is_empty());
         assert!(files.passed_through().is_empty());
         assert_eq!(open(&files, 7, Some(71)), (Some(71), true));
     }
@@ -245,5 +350,38 @@ mod tests {
         files.release(7, CACHED);
         assert_eq!(open(&files, 7, Some(70)), (Some(70), true));
         assert_eq!(open(&files, 8, None), (None, true), "other inodes apart");
+    }
+
+    #[test]
+    fn a_server_taking_over_answers_each_open_inode_as_the_last_one_did() {
+        let table = OpenTable::new().unwrap();
+        let fd = table.fd().try_clone_to_owned().unwrap();
+        let last = OpenFiles::default().with_table(table);
+        assert_eq!(open(&last, 7, Some(70)), (Some(70), true));
+        assert_eq!(open(&last, 7, None), (Some(70), false));
+        assert_eq!(open(&last, 8, None), (None, true), "served by the door");
+        assert_eq!(open(&last, 9, Some(90)), (Some(90), true));
+        last.release(9, PASSTHROUGH);
+        // The last server is gone; the next adopts what its table says.
+        let adopted = std::cell::RefCell::new(Vec::new());
+        let (table, rows) = OpenTable::adopt(fd).unwrap();
+        let next = OpenFiles::resume(table, rows, |id| {
+            adopted.borrow_mut().push(id);
+            id
+        });
+        assert_eq!(*adopted.borrow(), [70], "9's registration was closed");
+        // 7 keeps its backing id, which a new registration would not be;
+        // 8 stays with the door though a backing file is offered now.
+        assert_eq!(open(&next, 7, Some(71)), (Some(70), false));
+        assert_eq!(open(&next, 8, Some(80)), (None, false));
+        // The releases of the last server's opens come to this one.
+        for _ in 0..3 {
+            next.release(7, PASSTHROUGH);
+        }
+        next.release(8, CACHED);
+        next.release(8, CACHED);
+        assert!(next.passed_through().is_empty());
+        assert_eq!(open(&next, 7, Some(72)), (Some(72), true));
+        assert_eq!(open(&next, 9, Some(91)), (Some(91), true));
     }
 }

@@ -23,6 +23,7 @@ use crate::answer::{
 };
 use crate::backing::Backing;
 use crate::door::{set_time, Door, Who};
+use crate::opens::Registered;
 
 const LOOKUP: u32 = 1;
 const GETATTR: u32 = 3;
