@@ -41,6 +41,16 @@ trap cleanup EXIT
 step() { printf '== %s\n' "$*"; }
 fail() { echo "FAILED: $*"; [[ -f $t/daemon.log ]] && tail -20 "$t/daemon.log"; exit 1; }
 mounted() { awk -v m="$1" '$2 == m {f=1} END {exit !f}' /proc/mounts; }
+# refused WHAT COMMAND...: COMMAND fails, and what it says holds WHAT (a
+# failure for another reason is no refusal).
+refused() {
+	local what=$1 err
+	shift
+	if err=$("$@" 2>&1 >/dev/null); then fail "$* succeeded"; fi
+	[[ $err == *"$what"* ]] || fail "$*: '$err' does not say '$what'"
+}
+# The STATE column of workspace $1 in `layerfs ls` (empty if ls fails).
+state_of() { "$layerfs" ls | awk -v n="$1" '$1 == n {print $3}'; }
 # fuse_errors start|show|stop: the kernel's FUSE requests that ended in an
 # error (but ENOSYS and ENODATA, which the door gives as answers), from its
 # tracepoints where tracefs has them: what a failure below needs to be
@@ -130,7 +140,7 @@ check "$t/w/etc/name" top
 echo changed >"$t/w/etc/name"
 echo new >"$t/w/new"
 rm "$t/w/etc/name" && echo again >"$t/w/etc/name"
-grep -q "^w .*mounted" <<<"$("$layerfs" ls)" || fail "ls: $("$layerfs" ls)"
+[[ $(state_of w) == mounted ]] || fail "ls: $("$layerfs" ls)"
 # What w changed over its layers: a lower file rewritten (its directory's
 # time moved), a file added.
 diff=$("$layerfs" diff w)
@@ -176,8 +186,9 @@ check "$t/r/etc/name" top
 [[ $(ls "$t/r/etc") == name ]] || fail "etc after the reset: $(ls "$t/r/etc")"
 [[ $(cat <&9) == y ]] || fail "a descriptor open on a file the reset removed"
 exec 9<&-
-[[ -z $("$layerfs" diff r) ]] || fail "changes left after the reset: $("$layerfs" diff r)"
-"$layerfs" reset r ../x 2>/dev/null && fail "a reset path with .. was taken"
+changes=$("$layerfs" diff r) || fail "diff r after the reset"
+[[ -z $changes ]] || fail "changes left after the reset: $changes"
+refused 'without `..`' "$layerfs" reset r ../x
 "$layerfs" unmount r >/dev/null
 
 step "a 64 MiB workspace: writes stop at ENOSPC, removals free room, the others go on"
@@ -190,8 +201,8 @@ dd if=/dev/zero of="$t/q/fill" bs=1M count=100 2>"$t/dd.err" || rc=$?
 size=$(stat -c %s "$t/q/fill")
 [[ $size -gt $((60 << 20)) && $size -le $((64 << 20)) ]] || fail "the filled file holds $size bytes"
 # The last room, 4 KiB at a time, then not even a new name fits.
-dd if=/dev/zero of="$t/q/fill" bs=4k count=1000 oflag=append conv=notrunc 2>/dev/null && fail "4 MiB more fitted"
-{ echo more >"$t/q/more"; } 2>/dev/null && fail "a new file past the limit"
+refused "No space left" dd if=/dev/zero of="$t/q/fill" bs=4k count=1000 oflag=append conv=notrunc
+refused "No space left" sh -c "echo more >'$t/q/more'"
 cat "$t/q/etc/name" >/dev/null || fail "reading at the limit"
 grep -q "^q .*/64.0M" <<<"$("$layerfs" ls)" || fail "ls shows no limit: $("$layerfs" ls)"
 rm "$t/q/fill"
@@ -240,13 +251,14 @@ step "commit; a second workspace from the commit sees the changes"
 commit=$("$layerfs" commit w --message "first changes")
 grep -q "first changes" <<<"$("$layerfs" layer ls)" || fail "layer ls: $("$layerfs" layer ls)"
 check "$t/w/etc/name" again
-[[ -z $("$layerfs" diff w) ]] || fail "changes left after the commit: $("$layerfs" diff w)"
+changes=$("$layerfs" diff w) || fail "diff w after the commit"
+[[ -z $changes ]] || fail "changes left after the commit: $changes"
 "$layerfs" create w2 --from w
 "$layerfs" mount w2 "$t/w2"
 check "$t/w2/etc/name" again
 check "$t/w2/new" new
 [[ -e $t/w2/etc/doomed ]] && fail "w2 shows etc/doomed"
-"$layerfs" layer rm "$commit" 2>/dev/null && fail "a layer in use was removed"
+refused "is in use by workspaces" "$layerfs" layer rm "$commit"
 
 step "a commit while programs write: the layer holds one moment and never changes again"
 # Each a descriptor held across the commit (passed through to the kernel as
@@ -404,7 +416,7 @@ lister=
 	fail "the new daemon did not take over both FUSE mounts"
 check "$t/w/new" new
 check "$t/w2/new" $'new\nappended'  # held.py appended to it
-grep -q "^w2 .*mounted" <<<"$("$layerfs" ls)" || fail "ls after restart: $("$layerfs" ls)"
+[[ $(state_of w2) == mounted ]] || fail "ls after restart: $("$layerfs" ls)"
 
 step "unmount by path; SIGTERM unmounts the rest and exits 0"
 "$layerfs" unmount "$t/w2"
@@ -428,7 +440,7 @@ mounted "$t/w" && fail "w still mounted after SIGTERM"
 out=$("$layerfs" ls 2>&1) && fail "ls without a daemon succeeded"
 grep -q "no layerfs daemon is running" <<<"$out" || fail "ls without a daemon: $out"
 start_daemon
-grep -q "^w .*unmounted" <<<"$("$layerfs" ls)" || fail "after SIGTERM w is recorded unmounted: $("$layerfs" ls)"
+[[ $(state_of w) == unmounted ]] || fail "after SIGTERM w is recorded unmounted: $("$layerfs" ls)"
 kill -TERM "$daemon"
 wait "$daemon" || fail "the daemon's exit status after SIGTERM"
 daemon=
@@ -456,6 +468,21 @@ wait "$demo" || rc=$?
 [[ $rc == 0 ]] || fail "the demo's exit status $rc after Ctrl-C"
 mounted "$t/w" && fail "the demo left its mount"
 [[ -e /tmp/layerfs-demo-$demo ]] && fail "the demo left its store"
+# Its cleanup does not hang on stdout: with no reader left on its pipe
+# (`layerfs demo | tee`, the tee gone first), Ctrl-C still removes it all.
+coproc DEMO { exec "$layerfs" demo "$t/w" 2>>"$t/daemon.log"; }
+demo=$DEMO_PID
+exec {DEMO[0]}<&-
+for _ in $(seq 200); do mounted "$t/w" && break; sleep 0.05; done
+mounted "$t/w" || fail "the demo with no reader of its stdout did not mount"
+sleep 0.5
+kill -0 "$demo" 2>/dev/null || fail "the demo with no reader of its stdout ended by itself"
+kill -INT "$demo"
+rc=0
+wait "$demo" || rc=$?
+[[ $rc == 0 ]] || fail "the demo with no reader of its stdout: exit status $rc after Ctrl-C"
+mounted "$t/w" && fail "the demo with no reader of its stdout left its mount"
+[[ -e /tmp/layerfs-demo-$demo ]] && fail "the demo with no reader of its stdout left its store"
 step "a user who is not root runs a daemon of their own and mounts through fusermount3"
 nobody() { setpriv --reuid 65534 --regid 65534 --clear-groups env HOME="$t/nobody" \
 	XDG_RUNTIME_DIR="$t/nobody/run" LAYERFS_STORE="$t/nobody/store" "$@"; }

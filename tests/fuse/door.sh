@@ -185,7 +185,7 @@ step "a user who is not root mounts; other users cannot reach the mount"
 if ! command -v fusermount3 >/dev/null; then
 	skip_or_fail "FUSE door: a user who is not root" "fusermount3 is not installed (apt-get install fuse3)"
 elif ! setpriv --reuid 1000 --regid 1000 --clear-groups test -r /dev/fuse -a -w /dev/fuse; then
-	skipped "FUSE door: a user who is not root" "/dev/fuse is not open to users who are not root here (Debian makes it 0666; verify.sh opens it for its run)"
+	skip_or_fail "FUSE door: a user who is not root" "/dev/fuse is not open to users who are not root here (Debian makes it 0666; verify.sh opens it for its run)"
 else
 	as() { local u=$1; shift; setpriv --reuid "$u" --regid "$u" --clear-groups "$@"; }
 	mkdir "$t/own" "$t/own/src" "$t/own/mnt"

@@ -136,6 +136,17 @@ chmod 755 "$base"
 cd "$mnt"
 suite_ok=yes
 prove -r "$suite/tests" >"$base/prove.log" 2>&1 || suite_ok=no
+# Through the rings, or not at all: each ring logs the requests it was
+# given at each power of ten; the suite makes tens of thousands.
+if [[ $passthrough == io-uring ]]; then
+	given=$(sed -n 's/.*FUSE ring of CPU [0-9]* has been given \([0-9]*\) requests.*/\1/p' "$base/door.log" | sort -n | tail -1)
+	echo "the busiest ring was given ${given:-no} requests (to the nearest power of ten below)"
+	if ((${given:-0} < 1000)); then
+		tail -n 20 "$base/door.log"
+		echo "FAILED: the rings answered next to nothing: requests came through /dev/fuse"
+		exit 1
+	fi
+fi
 if ! fuse_mounted || ! kill -0 $door 2>/dev/null; then
 	tail -n 20 "$base/door.log"
 	echo "FAILED: the door or its mount was gone by the end of the suite"

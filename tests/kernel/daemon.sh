@@ -71,7 +71,8 @@ listing=$(ls "$w" | tr '\n' ' ')
 [[ $listing == "etc new " ]] || fail "ls after the reset: '$listing'"
 check "$w/etc/name" changed
 check "$w/new" new
-[[ -z $("$layerfs" diff w) ]] || fail "changes left after the reset: $("$layerfs" diff w)"
+changes=$("$layerfs" diff w) || fail "diff w after the reset"
+[[ -z $changes ]] || fail "changes left after the reset: $changes"
 
 step "a size limit over NFS: a write past it gets ENOSPC (NFS3ERR_NOSPC), a removal makes room"
 "$layerfs" set w2 --size 4M >/dev/null
@@ -90,7 +91,8 @@ echo "still open" >&7
 rm "$w/open-removed"
 debris=$(cd "$w" && ls -A | grep '^\.nfs' || true)
 [[ -n $debris ]] || fail "the client kept no .nfs name for the open file"
-grep -q '\.nfs' <<<"$("$layerfs" diff w)" && fail "layerfs diff shows the client's file: $("$layerfs" diff w)"
+changes=$("$layerfs" diff w) || fail "diff w with a removed file open"
+grep -q '\.nfs' <<<"$changes" && fail "layerfs diff shows the client's file: $changes"
 moment=$("$layerfs" commit w --message "while a removed file is open" --json |
 	sed -n 's/.*"id": *"\([^"]*\)".*/\1/p')
 [[ -d $LAYERFS_STORE/layers/$moment ]] || fail "no layer $moment"
@@ -135,7 +137,7 @@ got=$(sha256sum <"$w/big" | cut -d' ' -f1)
 check "$w/new" new
 check "$w2/etc/name" changed
 ls -la "$w" >/dev/null || fail "listing after the restart"
-grep -q "^w .*mounted" <<<"$("$layerfs" ls)" || fail "ls: $("$layerfs" ls)"
+[[ $("$layerfs" ls | awk '$1 == "w" {print $3}') == mounted ]] || fail "ls: $("$layerfs" ls)"
 
 step "unmount by path; SIGTERM unmounts the rest, exits 0, leaves no mount"
 "$layerfs" unmount "$w2"

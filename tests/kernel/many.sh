@@ -58,7 +58,7 @@ done
 
 step "layerfs ls lists them all; the daemon per mounted workspace"
 start=$EPOCHREALTIME
-listed=$("$layerfs" ls | grep -c '^w[0-9]* .*mounted')
+listed=$("$layerfs" ls | awk '$1 ~ /^w[0-9]+$/ && $3 == "mounted"' | wc -l)
 took=$(awk -v a="$start" -v b="$EPOCHREALTIME" 'BEGIN {printf "%d", (b - a) * 1000}')
 [[ $listed == "$n" ]] || fail "ls shows $listed mounted workspaces, not $n: $("$layerfs" ls)"
 rss=$(status "$pid" VmRSS) threads=$(status "$pid" Threads)

@@ -197,7 +197,8 @@ b = bytearray(open(sys.argv[1], 'rb').read()); b[len(b) // 2] ^= 0xff
 open(sys.argv[1], 'wb').write(b)" "$data"
 fails "does not match its digest" "$layerfs" pull "$plain/test/corrupt:v1" --insecure-registry "$plain"
 no_new_layers "$layers"
-"$layerfs" image ls | grep -q corrupt && fail "an image was recorded after a failed pull"
+images=$("$layerfs" image ls) || fail "image ls after a failed pull"
+grep -q corrupt <<<"$images" && fail "an image was recorded after a failed pull"
 # A config whose diff_id is not the layer's, a layer of an unknown type.
 "$here/one_layer.py" "$t/wrongdiff" wrong-diff application/vnd.oci.image.layer.v1.tar+gzip
 "$here/one_layer.py" "$t/unknown" right application/vnd.example.thing
@@ -315,10 +316,22 @@ start_slow
 puller=$!
 sleep 2
 kill -0 $puller 2>/dev/null || fail "the slow pull was not slow: $(cat "$t/slow.out")"
-ms() { local s=$(date +%s%N); timeout 10 "$@" >/dev/null || fail "$* did not answer beside a pull"; echo $((($(date +%s%N) - s) / 1000000)); }
-echo "   beside the pull: ls $(ms "$layerfs" ls) ms, image ls $(ms "$layerfs" image ls) ms," \
-	"create $(ms "$layerfs" create beside --from "$plain/test/img:v1") ms," \
-	"mount $(mkdir -p "$t/beside"; ms "$layerfs" mount beside "$t/beside" --fuse) ms"
+# ms VAR CMD...: runs CMD (failing the test if it fails or takes over 10 s)
+# and sets VAR to its milliseconds; not in $(...), where a failure would
+# end only the subshell.
+ms() {
+	local var=$1 s
+	shift
+	s=$(date +%s%N)
+	timeout 10 "$@" >/dev/null || fail "$* did not answer beside a pull"
+	printf -v "$var" %d $((($(date +%s%N) - s) / 1000000))
+}
+mkdir -p "$t/beside"
+ms ls_ms "$layerfs" ls
+ms image_ls_ms "$layerfs" image ls
+ms create_ms "$layerfs" create beside --from "$plain/test/img:v1"
+ms mount_ms "$layerfs" mount beside "$t/beside" --fuse
+echo "   beside the pull: ls $ls_ms ms, image ls $image_ls_ms ms, create $create_ms ms, mount $mount_ms ms"
 kill -0 $puller 2>/dev/null || fail "the pull ended before the other requests were answered"
 wait $puller || fail "the slow pull failed: $(cat "$t/slow.out")"
 grep -q "(3 layers, 1 downloaded)" "$t/slow.out" || fail "slow pull: $(cat "$t/slow.out")"
@@ -330,6 +343,7 @@ puller=$!
 sleep 2
 kill $throttle
 wait $puller && fail "a pull whose registry went away succeeded"
+grep -q "the download broke off" "$t/slow.out" || fail "the registry gone mid-layer: $(cat "$t/slow.out")"
 [[ $(wc -l <"$t/slow.out") == 1 ]] || fail "more than one line: $(cat "$t/slow.out")"
 echo "   registry gone mid-layer: $(cat "$t/slow.out")"
 no_new_layers "$layers_before"
@@ -345,6 +359,7 @@ sleep 2
 kill -9 "$daemon"
 wait "$daemon" || true
 wait $puller && fail "a pull whose daemon was killed succeeded"
+grep -q "the daemon closed the connection" "$t/slow.out" || fail "the daemon killed mid-pull: $(cat "$t/slow.out")"
 coproc DAEMON { exec "$layerfs" daemon 2>>"$t/daemon.log"; }
 daemon=$DAEMON_PID
 read -r -t 30 ready <&"${DAEMON[0]}" || fail "the daemon did not start again"
@@ -367,7 +382,8 @@ fails "No space left on device" small pull "$plain/test/big:v1" --insecure-regis
 # short is nowhere.
 [[ -z $(ls "$t/small/store/staging") ]] || fail "a full disk left staging: $(ls "$t/small/store/staging")"
 [[ -z $(find "$t/small/store/layers" -name blob) ]] || fail "a full disk left half a layer"
-small image ls | grep -q big && fail "an image was recorded on a full disk"
+images=$(small image ls) || fail "image ls after a pull onto a full disk"
+grep -q big <<<"$images" && fail "an image was recorded on a full disk"
 small pull "$plain/test/img:v1" --insecure-registry "$plain" >/dev/null || fail "a smaller pull after the full disk failed"
 kill "$small_daemon"
 wait "$small_daemon" || true

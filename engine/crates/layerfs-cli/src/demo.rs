@@ -2,6 +2,7 @@
 //! layers, one workspace mounted over them, and what to try; Ctrl-C
 //! unmounts and removes it all.
 
+use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -105,7 +106,11 @@ fn run(base: &Path, args: DemoArgs) -> Result<(), String> {
     .unwrap_or_else(|| "?".into());
     let (m, s) = (mountpoint.display(), store.display());
     let l = command_name();
-    println!(
+    // Written, not println!: a reader of stdout that is gone (a pipe whose
+    // reader exited) must not end the demo before its cleanup, which
+    // Ctrl-C still runs.
+    let _ = writeln!(
+        std::io::stdout(),
         "\nworkspace \"demo\" is mounted on {m} ({door}), over two layers:\n  \
          base: README, etc/os-release, docs/guide.txt, docs/old-notes.txt\n  \
          tools: bin/hello, and a whiteout that hides docs/old-notes.txt\n\n\

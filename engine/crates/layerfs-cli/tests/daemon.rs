@@ -271,7 +271,7 @@ fn a_bad_or_oversized_control_message_gets_an_error_and_the_daemon_lives() {
 #[test]
 fn another_users_control_request_is_refused() {
     if !rustix::process::geteuid().is_root() {
-        layerfs_testkit::skipped(
+        layerfs_testkit::skip_or_fail(
             "daemon: another user's control request",
             "switching to another uid needs root",
         );
@@ -412,7 +412,7 @@ fn the_nfs_server_admits_root_and_the_daemons_user_only() {
     let root = rustix::process::geteuid().is_root();
     let setpriv = Command::new("setpriv").arg("--version").output().is_ok();
     if !root || !setpriv {
-        layerfs_testkit::skipped(
+        layerfs_testkit::skip_or_fail(
             "daemon: who its NFS server admits",
             "needs root and setpriv to connect as other users",
         );

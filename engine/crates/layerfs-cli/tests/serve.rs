@@ -173,7 +173,7 @@ fn another_local_user_is_refused_before_a_byte_is_read() {
     let root = rustix::process::geteuid().is_root();
     let setpriv = Command::new("setpriv").arg("--version").output().is_ok();
     if !root || !setpriv {
-        layerfs_testkit::skipped(
+        layerfs_testkit::skip_or_fail(
             "serve: another local user's connection",
             "needs root and setpriv",
         );

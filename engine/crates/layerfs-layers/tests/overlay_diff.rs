@@ -693,6 +693,9 @@ fn through_fuse() -> bool {
 /// a FUSE mount of it.
 struct Ours {
     fs: Arc<StackFs>,
+    /// The stack's directories, lowers then upper: where a directory is
+    /// merged from more than one, its link count is not counted.
+    layers: Vec<PathBuf>,
     #[cfg(target_os = "linux")]
     fuse: Option<layerfs_fuse::Mounted>,
 }
@@ -725,8 +728,11 @@ impl Ours {
         });
         #[cfg(not(target_os = "linux"))]
         let _ = (fuse_at, user);
+        let mut layers = lowers.to_vec();
+        layers.push(upper.to_path_buf());
         Ours {
             fs,
+            layers,
             #[cfg(target_os = "linux")]
             fuse,
         }
@@ -778,6 +784,13 @@ impl Ours {
         // And the other way: layerfs merges a directory overlayfs keeps in
         // one layer where removing a name of a lower hard-linked file
         // copies the file's other names up (overlayfs indexes it instead).
+        // Only a directory layerfs does merge (one in two layers or more)
+        // may report 1.
+        let merged = |path: &str| {
+            let rel = path.trim_start_matches('/');
+            let is_dir = |layer: &PathBuf| layer.join(rel).is_dir();
+            self.layers.iter().filter(|l| is_dir(l)).count() >= 2
+        };
         let uncounted: Vec<(String, u32)> = ours
             .iter()
             .filter_map(|(path, v)| {
@@ -785,6 +798,7 @@ impl Ours {
                 (v.kind == 'd'
                     && t.kind == 'd'
                     && v.nlink == 1
+                    && merged(path)
                     && t.nlink == 2 + subdirs(theirs, path))
                 .then(|| (path.clone(), t.nlink))
             })

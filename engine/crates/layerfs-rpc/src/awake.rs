@@ -402,7 +402,7 @@ mod tests {
         use rustix::thread::{sched_getaffinity, sched_setaffinity, CpuSet};
         let cpus = process_cpus();
         if cpus.len() < 2 {
-            layerfs_testkit::skipped(
+            layerfs_testkit::skip_or_fail(
                 "awake: leaves its client's CPU",
                 "this process may run on one CPU only",
             );

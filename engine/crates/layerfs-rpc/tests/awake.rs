@@ -86,7 +86,7 @@ fn awake_thread() -> Task {
 #[test]
 fn one_thread_at_nice_19_spins_after_a_reply_and_sleeps_once_calls_stop() {
     if thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
-        layerfs_testkit::skipped(
+        layerfs_testkit::skip_or_fail(
             "awake: one thread spins",
             "one CPU, where no thread is kept spinning",
         );

@@ -109,6 +109,16 @@ pub fn or_skip<T>(mounted: Result<T, String>, test: &str) -> Option<T> {
     }
 }
 
+/// Says that `test` cannot run here, and why: SKIPPED, or a panic where
+/// LAYERFS_REQUIRE_MOUNTS=1 says everything a test needs is here (verify.sh
+/// sets it as root).
+pub fn skip_or_fail(test: &str, why: &str) {
+    if mounts_required() {
+        panic!("{test}: LAYERFS_REQUIRE_MOUNTS=1, and it cannot run here: {why}");
+    }
+    skipped(test, why);
+}
+
 /// Says that `test` checked nothing here, and why; where verify.sh
 /// collects skips (`LAYERFS_SKIPS` names a file), adds the test's name to
 /// the list its summary prints (tests/skip.sh does the same for scripts).
