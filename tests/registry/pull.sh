@@ -4,8 +4,14 @@
 # two layers (a whiteout, an opaque directory, a hard link, a symlink, a
 # user. xattr, a setuid file of uid 1000) built by umoci and copied in by
 # skopeo is pulled, and a workspace made from it shows through FUSE the
-# tree `umoci unpack` gives, extended attributes included. A second pull downloads nothing; a
-# two-platform index gives the host's platform or the one asked for; a
+# tree `umoci unpack` gives, extended attributes included. A second pull downloads nothing.
+# Shapes other tools write are pulled as umoci unpacks them: skopeo's
+# zstd:chunked (several frames, a skippable one), gzip in several members,
+# PAX sparse files (GNU.sparse 0.0, 0.1, 1.0), a whiteout under a directory
+# its layer turned into a file, a last entry without padding or end
+# blocks; a blob that is no tar fails in one printable line. A
+# two-platform index gives the host's platform or the one asked for, and
+# `create --platform` pulls again for a platform the store lacks; a
 # blob corrupted in the registry's storage, a diff_id that is not the
 # layer's, an unknown media type, a manifest over 4 MiB and a
 # registry that wants credentials each fail in one line (and with --json,
@@ -14,7 +20,10 @@
 # and the pull uses them. A workspace of the pulled image with a commit
 # (deletions, an opaque directory, a hard link, a FIFO) is pushed, and
 # `umoci unpack` of what skopeo copies back is the tree the workspace
-# shows; a second push uploads nothing. Through a relay that slows the
+# shows; a second push uploads nothing; a pushed layer keeps its devices'
+# numbers, and a push of work over an image carries the image's config
+# (entrypoint, command, environment, directory, user) and history on.
+# Through a relay that slows the
 # registry down: `ls`, `create` and `mount` answer while a pull runs; a
 # registry gone mid-layer and a daemon killed -9 mid-pull leave no layer,
 # and the next pull finishes. A store on a 20 MiB tmpfs fills during a
@@ -147,6 +156,53 @@ step "a second pull downloads nothing"
 out=$("$layerfs" pull "$plain/test/img:v1" --insecure-registry "$plain")
 [[ $out == *"(2 layers, 0 downloaded)" ]] || fail "second pull: $out"
 
+step "shapes other tools write: each pulled as umoci unpacks it (zstd:chunked against its gzip source)"
+# shape IMAGE: pulls IMAGE (downloading each of its layers: none is in the
+# store), mounts a workspace of it, and lists its tree into $t/IMAGE.got.
+shape() {
+	local image=$1 out
+	out=$("$layerfs" pull "$plain/test/$image:v1" --insecure-registry "$plain") || fail "pull of the $image image"
+	[[ $out =~ \(([0-9]+)\ layers?,\ ([0-9]+)\ downloaded\) && ${BASH_REMATCH[1]} == "${BASH_REMATCH[2]}" ]] ||
+		fail "the $image image was not all downloaded: $out"
+	"$layerfs" create "shape-$image" --from "$plain/test/$image:v1" >/dev/null
+	mkdir "$t/shape-$image"
+	"$layerfs" mount "shape-$image" "$t/shape-$image" --fuse >/dev/null
+	"$here/tree.py" "$t/shape-$image" --xattrs >"$t/$image.got"
+	"$layerfs" rm --force "shape-$image" >/dev/null
+}
+# skopeo's zstd:chunked copy of an image umoci made of files of its own
+# (umoci unpacks no zstd): several zstd frames and a skippable one holding
+# the table of contents.
+umoci init --layout "$t/zsrc"
+umoci new --image "$t/zsrc:v1"
+umoci unpack --image "$t/zsrc:v1" "$t/zsrc-bundle" >/dev/null
+mkdir -p "$t/zsrc-bundle/rootfs/data"
+for i in $(seq 40); do head -c $((i * 997)) /dev/urandom >"$t/zsrc-bundle/rootfs/data/f$i"; done
+umoci repack --image "$t/zsrc:v1" "$t/zsrc-bundle"
+"$here/tree.py" "$t/zsrc-bundle/rootfs" --xattrs >"$t/zstd.want"
+skopeo copy -q --dest-compress-format zstd:chunked "oci:$t/zsrc:v1" "oci:$t/zstd:v1"
+grep -q "zstd-chunked.manifest-position" "$t"/zstd/blobs/sha256/* || fail "skopeo wrote no zstd:chunked layer"
+skopeo copy -q --preserve-digests --dest-tls-verify=false "oci:$t/zstd:v1" "docker://$plain/test/zstd:v1"
+shape zstd
+diff -u "$t/zstd.want" "$t/zstd.got" || fail "the zstd:chunked image differs from umoci's unpack of its source"
+for s in members sparse-0.0 sparse-0.1 sparse-1.0 d2f unpadded; do
+	"$here/shaped_layer.py" "$t/$s" "$s"
+	umoci unpack --image "$t/$s:v1" "$t/$s-bundle" >/dev/null
+	"$here/tree.py" "$t/$s-bundle/rootfs" --xattrs >"$t/$s.want"
+	skopeo copy -q --preserve-digests --dest-tls-verify=false "oci:$t/$s:v1" "docker://$plain/test/$s:v1"
+	shape "$s"
+	diff -u "$t/$s.want" "$t/$s.got" || fail "the $s image differs from umoci's unpack"
+done
+grep -q "^data/holey " "$t/sparse-1.0.got" || fail "the sparse file is not data/holey: $(cat "$t/sparse-1.0.got")"
+grep -q "^d2f -" "$t/d2f.got" || fail "d2f is no file: $(cat "$t/d2f.got")"
+"$here/shaped_layer.py" "$t/junk" junk
+skopeo copy -q --preserve-digests --dest-tls-verify=false "oci:$t/junk:v1" "docker://$plain/test/junk:v1"
+layers_before_junk=$("$layerfs" layer ls --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')
+fails "not a tar archive" "$layerfs" pull "$plain/test/junk:v1" --insecure-registry "$plain"
+err=$("$layerfs" pull "$plain/test/junk:v1" --insecure-registry "$plain" 2>&1 >/dev/null || true)
+if LC_ALL=C grep -q '[^[:print:]]' <<<"$err"; then fail "the junk layer's error holds bytes that do not print: $err"; fi
+no_new_layers "$layers_before_junk"
+
 step "a two-platform index: the host's by default, the other when asked"
 cd "$t"
 umoci config --image oci:v1 --tag arm --architecture arm64 >/dev/null
@@ -177,6 +233,20 @@ if [[ $host_arch == amd64 ]]; then
 fi
 out=$("$layerfs" pull "$plain/test/multi:v1" --insecure-registry "$plain" --platform linux/arm64)
 [[ $out != *"sha256:$amd "* ]] || fail "--platform linux/arm64 gave the amd64 image: $out"
+# The store holds the arm64 image now: a workspace asked of amd64 is made
+# of the amd64 image, pulled again for it.
+digest_of() { "$layerfs" --json image ls | python3 -c '
+import json, sys
+print(next(i["digest"] for i in json.load(sys.stdin) if i["reference"].endswith(sys.argv[1])))' "$1"; }
+arm=$(digest_of /test/multi:v1)
+[[ $arm != "sha256:$amd" ]] || fail "the arm64 pull recorded the amd64 image"
+"$layerfs" create on-amd --from "$plain/test/multi:v1" --platform linux/amd64 --insecure-registry "$plain" >/dev/null
+[[ $(digest_of /test/multi:v1) == "sha256:$amd" ]] ||
+	fail "create --platform linux/amd64 used the arm64 image ($(digest_of /test/multi:v1); amd64 is $amd)"
+"$layerfs" create on-amd-again --from "$plain/test/multi:v1" --platform linux/amd64 >/dev/null ||
+	fail "create --platform of the platform the store holds pulled again"
+"$layerfs" rm on-amd >/dev/null
+"$layerfs" rm on-amd-again >/dev/null
 fails "linux/s390x" "$layerfs" pull "$plain/test/multi:v1" --insecure-registry "$plain" --platform linux/s390x 
 layers=$("$layerfs" layer ls --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')
 
@@ -280,6 +350,45 @@ python3 - "$t/inspect.json" "$out" <<-'PY'
 out=$("$layerfs" push p "$plain/test/pushed:v2" --insecure-registry "$plain")
 [[ $out == *"(3 layers, 0 uploaded)" ]] || fail "a second push uploaded: $out"
 "$layerfs" unmount p >/dev/null
+
+step "push keeps device numbers, and carries the base image's config and history on"
+mkdir -p "$t/devices/dev"
+mknod "$t/devices/dev/zero" c 1 5
+mknod "$t/devices/dev/loop9" b 7 9
+devices=$("$layerfs" layer import "$t/devices")
+"$layerfs" push "$devices" "$plain/test/devices:v1" --insecure-registry "$plain" >/dev/null
+skopeo copy -q --src-tls-verify=false "docker://$plain/test/devices:v1" "oci:$t/devices-back:v1"
+umoci unpack --image "$t/devices-back:v1" "$t/devices-bundle" >/dev/null
+[[ $(stat -c '%F %t,%T' "$t/devices-bundle/rootfs/dev/zero") == "character special file 1,5" ]] ||
+	fail "dev/zero came back as $(stat -c '%F %t,%T' "$t/devices-bundle/rootfs/dev/zero")"
+[[ $(stat -c '%F %t,%T' "$t/devices-bundle/rootfs/dev/loop9") == "block special file 7,9" ]] ||
+	fail "dev/loop9 came back as $(stat -c '%F %t,%T' "$t/devices-bundle/rootfs/dev/loop9")"
+cd "$t"
+umoci config --image oci:v1 --tag cfg --config.entrypoint /bin/app --config.cmd --serve \
+	--config.env A=1 --config.workingdir /srv --config.user app >/dev/null
+cd - >/dev/null
+skopeo copy -q --dest-tls-verify=false "oci:$t/oci:cfg" "docker://$plain/test/cfg:v1"
+skopeo inspect --tls-verify=false --config "docker://$plain/test/cfg:v1" >"$t/cfg-base.json"
+"$layerfs" create c --from "$plain/test/cfg:v1" --insecure-registry "$plain" >/dev/null
+mkdir "$t/c"
+"$layerfs" mount c "$t/c" --fuse >/dev/null
+echo mine >"$t/c/mine"
+"$layerfs" commit c -m "my change" >/dev/null
+"$layerfs" unmount c >/dev/null
+"$layerfs" push c "$plain/test/cfg-pushed:v1" --insecure-registry "$plain" >/dev/null
+skopeo inspect --tls-verify=false --config "docker://$plain/test/cfg-pushed:v1" >"$t/cfg-pushed.json"
+python3 - "$t/cfg-base.json" "$t/cfg-pushed.json" <<-'PY' || fail "the pushed config: $(cat "$t/cfg-pushed.json")"
+	import json, sys
+	base, got = (json.load(open(p)) for p in sys.argv[1:3])
+	for key in ("Entrypoint", "Cmd", "WorkingDir", "User"):
+	    assert got["config"].get(key) == base["config"][key], (key, got["config"].get(key))
+	assert "A=1" in got["config"]["Env"], got["config"]["Env"]
+	assert got["history"][: len(base["history"])] == base["history"], got["history"]
+	assert len(got["history"]) == len(base["history"]) + 1, got["history"]
+	assert got["history"][-1]["comment"] == "my change", got["history"][-1]
+	assert len(got["rootfs"]["diff_ids"]) == len(base["rootfs"]["diff_ids"]) + 1
+	PY
+"$layerfs" rm c >/dev/null
 step "a slow pull: other requests answer beside it; the registry gone mid-layer; the daemon killed mid-pull"
 cd "$t"
 umoci unpack --image oci:v1 big >/dev/null

@@ -31,6 +31,11 @@ pub struct WorkspaceRecord {
     pub layers: Vec<String>,
     /// The workspace it was made from, if any.
     pub parent: Option<String>,
+    /// The image (its full reference) whose layers are its first ones:
+    /// the one it, or the workspace it was made from, was made from. A
+    /// push carries that image's config on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
     /// Seconds since the epoch.
     pub created: u64,
     pub mount: Option<MountRecord>,
@@ -87,6 +92,14 @@ pub struct ImageRecord {
     /// Its blobs' bytes.
     pub size: u64,
     pub created: u64,
+    /// `os/arch[/variant]`; empty for an image recorded before platforms
+    /// were.
+    #[serde(default)]
+    pub platform: String,
+    /// Its config, as the registry sent it (none for an image recorded
+    /// before configs were): a push of work over it carries it on.
+    #[serde(default)]
+    pub config: Option<String>,
 }
 
 pub struct Catalog {
@@ -300,6 +313,7 @@ mod tests {
             export_id: 7,
             layers: vec!["ab".into()],
             parent: None,
+            image: Some("registry.example/team/base:v1".into()),
             created: 1,
             mount: Some(MountRecord {
                 path: "/mnt/x".into(),

@@ -22,6 +22,7 @@ use crate::stack::UNSTABLE_INODES;
 
 mod from_dir;
 mod from_tar;
+mod sparse;
 mod writer;
 
 use writer::LayerWriter;
@@ -158,7 +159,7 @@ impl Store {
             copied: &mut copied,
         });
         if gzip {
-            self.import_tar_stream(flate2::read::GzDecoder::new(file))
+            self.import_tar_stream(flate2::read::MultiGzDecoder::new(file))
         } else {
             self.import_tar_stream(file)
         }

@@ -531,3 +531,157 @@ fn a_user_keeps_fifos_and_xattrs_and_is_told_why_a_device_is_refused() {
         Some(&b"yes"[..])
     );
 }
+
+/// A sparse file GNU tar archives in each PAX sparse version comes out as
+/// the file it describes, under its own name, with its holes kept.
+#[test]
+fn a_pax_sparse_file_of_each_version_is_unpacked_whole_with_its_holes() {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    if std::process::Command::new("tar")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        return layerfs_testkit::skip_or_fail("PAX sparse files", "GNU tar is missing");
+    }
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    fs::create_dir_all(src.join("dir")).unwrap();
+    let holey = src.join("dir/holey");
+    let file = fs::File::create(&holey).unwrap();
+    file.set_len(8 << 20).unwrap();
+    file.write_all_at(b"at the start", 0).unwrap();
+    file.write_all_at(&[9u8; 70_000], 3 << 20).unwrap();
+    file.write_all_at(b"near the end", (8 << 20) - 100).unwrap();
+    drop(file);
+    let want = fs::read(&holey).unwrap();
+    // The directory's own import, in a store of its own: the same id in
+    // the same store would be the same layer, not unpacked again.
+    let plain = Store::open(&work.path().join("plain"))
+        .unwrap()
+        .import_dir(&src)
+        .unwrap();
+    for version in ["0.0", "0.1", "1.0"] {
+        let store = Store::open(&work.path().join(format!("store-{version}"))).unwrap();
+        let tarball = work.path().join(format!("sparse-{version}.tar"));
+        let made = std::process::Command::new("tar")
+            .args([
+                "--sparse",
+                "--format=posix",
+                &format!("--sparse-version={version}"),
+            ])
+            .arg("-C")
+            .arg(&src)
+            .arg("-cf")
+            .arg(&tarball)
+            .arg(".")
+            .status()
+            .unwrap();
+        assert!(made.success(), "tar --sparse-version={version}");
+        let id = store.import_tar(&tarball).unwrap();
+        assert_eq!(
+            id, plain,
+            "version {version}: the same tree as the directory's"
+        );
+        let layer = store.layer_dir(&id);
+        let names: Vec<_> = fs::read_dir(layer.join("dir"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["holey"], "version {version}");
+        let got = layer.join("dir/holey");
+        assert!(
+            fs::read(&got).unwrap() == want,
+            "version {version}: its bytes"
+        );
+        let meta = fs::metadata(&got).unwrap();
+        assert!(
+            meta.blocks() * 512 < 1 << 20,
+            "version {version}: {} bytes allocated for 8 MiB with 70 kB of data",
+            meta.blocks() * 512
+        );
+    }
+}
+
+/// `umoci repack` writes a directory turned into a file as the file and
+/// then a whiteout under it: the whiteout has nothing to hide.
+#[test]
+fn a_whiteout_under_a_file_of_its_own_layer_is_dropped() {
+    let work = tempfile::tempdir().unwrap();
+    let tarball = work.path().join("d2f.tar");
+    let mut builder = tar::Builder::new(fs::File::create(&tarball).unwrap());
+    for (kind, name, data) in [
+        (tar::EntryType::Regular, "d2f", &b"now a file"[..]),
+        (tar::EntryType::Regular, "d2f/.wh.inner", b""),
+        (tar::EntryType::Regular, "kept", b"kept"),
+    ] {
+        let (header, data) = raw_entry(kind, name, "", data);
+        builder.append(&header, &data[..]).unwrap();
+    }
+    builder.into_inner().unwrap();
+    let store = Store::open(&work.path().join("store")).unwrap();
+    let id = store.import_tar(&tarball).unwrap();
+    let layer = store.layer_dir(&id);
+    assert_eq!(fs::read(layer.join("d2f")).unwrap(), b"now a file");
+    assert_eq!(fs::read(layer.join("kept")).unwrap(), b"kept");
+    // Elsewhere a path through a file is still an error.
+    let bad = work.path().join("through-a-file.tar");
+    let mut builder = tar::Builder::new(fs::File::create(&bad).unwrap());
+    for (name, data) in [("f", &b"a file"[..]), ("f/inside", b"x")] {
+        let (header, data) = raw_entry(tar::EntryType::Regular, name, "", data);
+        builder.append(&header, &data[..]).unwrap();
+    }
+    builder.into_inner().unwrap();
+    let err = store.import_tar(&bad).unwrap_err().to_string();
+    assert!(err.contains("f/inside"), "{err}");
+}
+
+/// `umoci insert` ends a layer right after its last entry's data, without
+/// the padding and end blocks: taken as whole while that data is; a stream
+/// that ends inside it is refused.
+#[test]
+fn a_stream_ending_right_after_its_last_entrys_data_is_taken_and_one_cut_inside_it_is_not() {
+    let work = tempfile::tempdir().unwrap();
+    let whole = work.path().join("whole.tar");
+    let mut builder = tar::Builder::new(Vec::new());
+    let last_data = b"the last entry, 33 bytes of data.";
+    for (name, data) in [("first", &b"first"[..]), ("last", &last_data[..])] {
+        let (header, data) = raw_entry(tar::EntryType::Regular, name, "", data);
+        builder.append(&header, &data[..]).unwrap();
+    }
+    let bytes = builder.into_inner().unwrap();
+    fs::write(&whole, &bytes).unwrap();
+    // 3 blocks of headers and data, then the last entry's data.
+    let data_end = 3 * 512 + last_data.len();
+    let store = Store::open(&work.path().join("store")).unwrap();
+    let want = store.import_tar(&whole).unwrap();
+    let unpadded = work.path().join("unpadded.tar");
+    fs::write(&unpadded, &bytes[..data_end]).unwrap();
+    assert_eq!(store.import_tar(&unpadded).unwrap(), want);
+    let padded = work.path().join("no-end-blocks.tar");
+    fs::write(&padded, &bytes[..4 * 512]).unwrap();
+    assert_eq!(store.import_tar(&padded).unwrap(), want);
+    let cut = work.path().join("cut.tar");
+    fs::write(&cut, &bytes[..data_end - 1]).unwrap();
+    let err = store.import_tar(&cut).unwrap_err().to_string();
+    assert!(err.contains("ends inside the data of \"last\""), "{err}");
+}
+
+/// A blob that is not a tar archive (a gzip stream where a plain tar was
+/// expected, say) is refused in one line of printable characters.
+#[test]
+fn a_blob_that_is_no_tar_is_refused_in_one_printable_line() {
+    let work = tempfile::tempdir().unwrap();
+    let junk = work.path().join("junk.tar");
+    let mut bytes: Vec<u8> = (0..2048u32).map(|i| (i * 7 % 256) as u8).collect();
+    bytes[..4].copy_from_slice(&[0x1f, 0x8b, 0x08, 0x00]);
+    bytes[100..108].copy_from_slice(b"\n\x07\x1b[31m\n");
+    fs::write(&junk, &bytes).unwrap();
+    let store = Store::open(&work.path().join("store")).unwrap();
+    let err = store.import_tar(&junk).unwrap_err().to_string();
+    assert!(err.starts_with("not a tar archive"), "{err}");
+    assert!(
+        !err.chars().any(|c| c.is_control() || c == '\u{fffd}'),
+        "{err:?}"
+    );
+}

@@ -98,7 +98,16 @@ impl<W: Write> Walk<'_, W> {
             } else if meta.is_file() {
                 self.tar.append_data(&mut header, &to, File::open(&path)?)?;
             } else {
-                // FIFOs and devices: their header says all.
+                // FIFOs and devices: their header says all, a device's
+                // numbers included (tar's metadata leaves them 0,0, which
+                // podman reads as a whiteout).
+                use std::os::unix::fs::FileTypeExt;
+                let kind = meta.file_type();
+                if kind.is_char_device() || kind.is_block_device() {
+                    let rdev = meta.rdev() as _;
+                    header.set_device_major(rustix::fs::major(rdev))?;
+                    header.set_device_minor(rustix::fs::minor(rdev))?;
+                }
                 header.set_size(0);
                 self.tar.append_data(&mut header, &to, io::empty())?;
             }

@@ -9,6 +9,7 @@
 
 mod auth;
 mod blob;
+mod decompress;
 mod error;
 mod manifest;
 mod pull;
@@ -18,8 +19,9 @@ mod reference;
 pub use auth::{credentials_for, login_file, store_credentials};
 pub use blob::{write_layer_blob, BlobInfo, LAYER_GZIP};
 pub use error::{Error, ErrorKind};
+pub use manifest::platform_matches;
 pub use pull::{pull, LayerProgress, Pulled, PulledLayer};
-pub use push::{push, PushLayer, Pushed};
+pub use push::{push, Base, PushLayer, Pushed};
 pub use reference::normalize;
 
 use std::path::PathBuf;

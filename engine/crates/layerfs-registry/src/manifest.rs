@@ -132,6 +132,17 @@ pub(crate) fn chooser(platform: Option<&str>) -> Result<Chooser, Error> {
     }))
 }
 
+/// Whether an image of platform `have` (`os/arch[/variant]`, as a pull
+/// records it) is one of platform `wanted`: the same os and architecture,
+/// and the same variant where `wanted` names one.
+pub fn platform_matches(wanted: &str, have: &str) -> Result<bool, Error> {
+    let (os, arch, variant) = parse_platform(wanted)?;
+    let Ok((have_os, have_arch, have_variant)) = parse_platform(have) else {
+        return Ok(false);
+    };
+    Ok(os == have_os && arch == have_arch && (variant.is_none() || variant == have_variant))
+}
+
 /// `os/arch[/variant]`.
 fn parse_platform(platform: &str) -> Result<(String, String, Option<String>), Error> {
     let mut parts = platform.split('/');
@@ -165,6 +176,21 @@ mod tests {
                 crate::ErrorKind::Invalid
             );
         }
+    }
+
+    #[test]
+    fn a_platform_asked_for_matches_the_images_of_it() {
+        let m = |w, h| platform_matches(w, h).unwrap();
+        assert!(m("linux/amd64", "linux/amd64"));
+        assert!(m("linux/arm64", "linux/arm64/v8"), "no variant asked: any");
+        assert!(m("linux/arm64/v8", "linux/arm64/v8"));
+        assert!(!m("linux/arm64/v8", "linux/arm64"));
+        assert!(!m("linux/amd64", "linux/arm64"));
+        assert!(
+            !m("linux/amd64", ""),
+            "an image whose platform is not known"
+        );
+        assert!(platform_matches("amd64", "linux/amd64").is_err());
     }
 
     #[test]

@@ -25,6 +25,7 @@ use oci_client::{Client, Reference};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
+use crate::decompress::Compression;
 use crate::{auth, manifest, reference, Error, ErrorKind, PullOptions, Transport, PARALLEL_LAYERS};
 
 /// An image in the store.
@@ -40,6 +41,11 @@ pub struct Pulled {
     pub layers: Vec<PulledLayer>,
     /// How many of them were downloaded (the rest the store had).
     pub fetched: usize,
+    /// Its config, as the registry sent it: what a push of work over the
+    /// image carries on (its command, environment, history).
+    pub config: Vec<u8>,
+    /// `os/arch[/variant]`, as its config says.
+    pub platform: String,
 }
 
 #[derive(Clone, Debug)]
@@ -58,6 +64,22 @@ pub struct PulledLayer {
 #[derive(Deserialize)]
 struct ImageConfig {
     rootfs: RootFs,
+    #[serde(default)]
+    os: String,
+    #[serde(default)]
+    architecture: String,
+    #[serde(default)]
+    variant: Option<String>,
+}
+
+impl ImageConfig {
+    /// `os/arch[/variant]`.
+    fn platform(&self) -> String {
+        match &self.variant {
+            Some(v) if !v.is_empty() => format!("{}/{}/{v}", self.os, self.architecture),
+            _ => format!("{}/{}", self.os, self.architecture),
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -112,8 +134,10 @@ pub fn pull(
         options.platform.as_deref(),
         &failed,
     ))?;
-    let config: ImageConfig =
-        serde_json::from_slice(&config).map_err(|e| format!("its config cannot be read: {e}"))?;
+    let raw_config = config;
+    let config: ImageConfig = serde_json::from_slice(&raw_config)
+        .map_err(|e| format!("its config cannot be read: {e}"))?;
+    let platform = config.platform();
     let diff_ids = config.rootfs.diff_ids;
     check_manifest(&manifest, &diff_ids)?;
 
@@ -167,6 +191,8 @@ pub fn pull(
         repository: crate::push::repository_of(&image),
         digest,
         fetched: wanted.len(),
+        config: raw_config,
+        platform,
         layers: layers
             .into_iter()
             .zip(&manifest.layers)
@@ -252,34 +278,6 @@ async fn fetch_layer<'scope>(
         .map_err(Error::unpacking)
 }
 
-/// How a layer's blob is compressed, from its media type.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Compression {
-    None,
-    Gzip,
-    Zstd,
-}
-
-impl Compression {
-    fn of(media_type: &str) -> Result<Compression, String> {
-        const LAYERS: [&str; 2] = [
-            "application/vnd.oci.image.layer.v1.tar",
-            "application/vnd.docker.image.rootfs.diff.tar",
-        ];
-        let Some(rest) = LAYERS.iter().find_map(|l| media_type.strip_prefix(l)) else {
-            return Err(format!(
-                "unknown media type {media_type:?}: not an image layer"
-            ));
-        };
-        match rest {
-            "" => Ok(Compression::None),
-            "+gzip" | ".gzip" => Ok(Compression::Gzip),
-            "+zstd" | ".zstd" => Ok(Compression::Zstd),
-            _ => Err(format!("unknown media type {media_type:?}")),
-        }
-    }
-}
-
 /// Decompresses and unpacks `blob`, then checks the uncompressed bytes
 /// against `diff_id` and reads the blob to its end, where the client checks
 /// its digest, before the store keeps the layer.
@@ -310,13 +308,7 @@ fn unpack_checked(
     diff_id: &str,
 ) -> io::Result<()> {
     let actual = {
-        let decoded: Box<dyn Read + '_> = match compression {
-            Compression::None => Box::new(&mut *blob),
-            Compression::Gzip => Box::new(flate2::read::GzDecoder::new(&mut *blob)),
-            Compression::Zstd => Box::new(
-                ruzstd::decoding::StreamingDecoder::new(&mut *blob).map_err(io::Error::other)?,
-            ),
-        };
+        let decoded = compression.decoder(&mut *blob);
         let mut tar = Hashed {
             inner: decoded,
             hash: Sha256::new(),

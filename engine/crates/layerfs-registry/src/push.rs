@@ -4,8 +4,10 @@
 //! one it was pulled as, or the one an earlier push made (the store
 //! remembers both). Only a layer with neither is written as a blob (in the
 //! store's staging area, deterministically: see [`crate::blob`]) and
-//! uploaded, streamed from the file. Then the config (its `diff_ids`, and a
-//! history entry per layer with its commit message) and the manifest.
+//! uploaded, streamed from the file. Then the config (the base image's
+//! where the layers are an image's and more, its `diff_ids`, and a history
+//! entry per layer past the base's with its commit message) and the
+//! manifest.
 
 use std::path::{Path, PathBuf};
 
@@ -38,11 +40,13 @@ pub struct Pushed {
     pub layers: Vec<(BlobInfo, bool)>,
 }
 
-/// Pushes `layers` (bottom first) as the image `reference`; blobs are made
-/// in `staging`. `progress` is told (layers done, layers).
+/// Pushes `layers` (bottom first) as the image `reference`, over `base`
+/// where they are an image's layers and more; blobs are made in
+/// `staging`. `progress` is told (layers done, layers).
 pub fn push(
     reference: &str,
     layers: &[PushLayer],
+    base: Option<&Base>,
     staging: &Path,
     transport: &Transport,
     progress: &mut dyn FnMut(u64, u64),
@@ -87,7 +91,7 @@ pub fn push(
             entry.1,
         ));
     }
-    let config = image_config(&pushed, layers);
+    let config = image_config(&pushed, layers, base)?;
     let config_digest = format!("sha256:{}", crate::hex(&Sha256::digest(&config)));
     let config_size = config.len() as i64;
     runtime
@@ -229,24 +233,159 @@ fn upload_layer(
     result
 }
 
-/// The image config: the layers' `diff_ids`, and a history entry for each.
-fn image_config(pushed: &[(BlobInfo, bool)], layers: &[PushLayer]) -> Vec<u8> {
-    let history: Vec<serde_json::Value> = layers
-        .iter()
-        .map(|l| match &l.comment {
-            Some(c) => serde_json::json!({ "created_by": "layerfs", "comment": c }),
-            None => serde_json::json!({ "created_by": "layerfs" }),
-        })
-        .collect();
-    let config = serde_json::json!({
-        "architecture": host_arch(),
-        "os": "linux",
-        "config": {},
-        "rootfs": {
-            "type": "layers",
-            "diff_ids": pushed.iter().map(|(b, _)| b.diff_id.clone()).collect::<Vec<_>>(),
-        },
-        "history": history,
-    });
-    serde_json::to_vec(&config).expect("a JSON value serialises")
+/// The image a push builds on: its config, and how many of the layers
+/// pushed (the first ones) are its own.
+#[derive(Clone, Debug)]
+pub struct Base {
+    pub config: Vec<u8>,
+    pub layers: usize,
+}
+
+/// The image config: the base's (its command, environment, user, working
+/// directory, labels, platform and history), as `podman commit` carries it,
+/// else an empty one for the host's platform; then the layers' `diff_ids`,
+/// and a history entry for each layer past the base's.
+fn image_config(
+    pushed: &[(BlobInfo, bool)],
+    layers: &[PushLayer],
+    base: Option<&Base>,
+) -> Result<Vec<u8>, Error> {
+    use serde_json::{json, Map, Value};
+    let entry = |l: &PushLayer| match &l.comment {
+        Some(c) => json!({ "created_by": "layerfs", "comment": c }),
+        None => json!({ "created_by": "layerfs" }),
+    };
+    let (mut config, mut history, from) = match base {
+        Some(base) => {
+            let Ok(Value::Object(mut config)) = serde_json::from_slice(&base.config) else {
+                return Err(Error::invalid("the base image's config cannot be read"));
+            };
+            let history = match config.remove("history") {
+                Some(Value::Array(h)) => h,
+                _ => Vec::new(),
+            };
+            let counted = history
+                .iter()
+                .filter(|h| h.get("empty_layer") != Some(&Value::Bool(true)))
+                .count();
+            // A history that does not match the layers is no history of
+            // them: each gets an entry of its own.
+            let history = if counted == base.layers {
+                history
+            } else {
+                layers[..base.layers].iter().map(entry).collect()
+            };
+            // The base's time is not this image's.
+            config.remove("created");
+            (config, history, base.layers)
+        }
+        None => {
+            let mut config = Map::new();
+            config.insert("architecture".into(), host_arch().into());
+            config.insert("os".into(), "linux".into());
+            config.insert("config".into(), json!({}));
+            (config, Vec::new(), 0)
+        }
+    };
+    history.extend(layers[from..].iter().map(entry));
+    let diff_ids: Vec<&str> = pushed.iter().map(|(b, _)| b.diff_id.as_str()).collect();
+    config.insert(
+        "rootfs".into(),
+        json!({ "type": "layers", "diff_ids": diff_ids }),
+    );
+    config.insert("history".into(), Value::Array(history));
+    Ok(serde_json::to_vec(&config).expect("a JSON value serialises"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    fn layer(comment: Option<&str>) -> PushLayer {
+        PushLayer {
+            dir: PathBuf::new(),
+            known: Vec::new(),
+            comment: comment.map(str::to_owned),
+        }
+    }
+
+    fn blob(diff_id: &str) -> (BlobInfo, bool) {
+        let info = BlobInfo {
+            digest: String::new(),
+            size: 0,
+            media_type: String::new(),
+            diff_id: diff_id.into(),
+            repository: None,
+        };
+        (info, false)
+    }
+
+    #[test]
+    fn a_push_over_an_image_carries_its_config_and_appends_to_its_history() {
+        let base = serde_json::json!({
+            "architecture": "arm64", "os": "linux", "variant": "v8",
+            "created": "2020-01-01T00:00:00Z",
+            "config": { "Entrypoint": ["/bin/app"], "Cmd": ["--serve"], "Env": ["A=1"],
+                        "WorkingDir": "/srv", "User": "app" },
+            "rootfs": { "type": "layers", "diff_ids": ["sha256:a"] },
+            "history": [ { "created_by": "ENV A=1", "empty_layer": true },
+                         { "created_by": "COPY app" } ],
+        });
+        let base = Base {
+            config: serde_json::to_vec(&base).unwrap(),
+            layers: 1,
+        };
+        let layers = [layer(None), layer(Some("my work"))];
+        let pushed = [blob("sha256:a"), blob("sha256:b")];
+        let config: Value =
+            serde_json::from_slice(&image_config(&pushed, &layers, Some(&base)).unwrap()).unwrap();
+        assert_eq!(config["config"]["Entrypoint"][0], "/bin/app");
+        assert_eq!(config["config"]["WorkingDir"], "/srv");
+        assert_eq!(config["config"]["User"], "app");
+        assert_eq!(
+            (&config["architecture"], &config["variant"]),
+            (&"arm64".into(), &"v8".into())
+        );
+        assert_eq!(
+            config["rootfs"]["diff_ids"],
+            serde_json::json!(["sha256:a", "sha256:b"])
+        );
+        let history = config["history"].as_array().unwrap();
+        assert_eq!(history.len(), 3);
+        assert_eq!(history[1]["created_by"], "COPY app");
+        assert_eq!(history[2]["comment"], "my work");
+        assert!(
+            config.get("created").is_none(),
+            "the base's time is not the new image's"
+        );
+    }
+
+    #[test]
+    fn a_push_of_layers_alone_has_an_empty_config_and_an_entry_per_layer() {
+        let layers = [layer(Some("first")), layer(None)];
+        let pushed = [blob("sha256:a"), blob("sha256:b")];
+        let config: Value =
+            serde_json::from_slice(&image_config(&pushed, &layers, None).unwrap()).unwrap();
+        assert_eq!(config["config"], serde_json::json!({}));
+        assert_eq!(config["os"], "linux");
+        assert_eq!(config["history"].as_array().unwrap().len(), 2);
+        assert_eq!(config["history"][0]["comment"], "first");
+        // A base whose history does not count its layers: an entry each.
+        let base = Base {
+            config:
+                br#"{"os":"linux","architecture":"amd64","config":{"Cmd":["sh"]},"history":[]}"#
+                    .to_vec(),
+            layers: 1,
+        };
+        let config: Value =
+            serde_json::from_slice(&image_config(&pushed, &layers, Some(&base)).unwrap()).unwrap();
+        assert_eq!(config["config"]["Cmd"][0], "sh");
+        assert_eq!(config["history"].as_array().unwrap().len(), 2);
+        let bad = Base {
+            config: b"[]".to_vec(),
+            layers: 0,
+        };
+        assert!(image_config(&pushed, &layers, Some(&bad)).is_err());
+    }
 }

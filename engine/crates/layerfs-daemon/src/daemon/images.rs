@@ -51,6 +51,8 @@ impl Daemon {
             diff_ids: pulled.layers.iter().map(|l| l.diff_id.clone()).collect(),
             size: pulled.layers.iter().map(|l| l.size).sum(),
             created: now(),
+            platform: pulled.platform.clone(),
+            config: String::from_utf8(pulled.config.clone()).ok(),
         };
         for l in &pulled.layers {
             let blob = BlobInfo {
@@ -91,9 +93,13 @@ impl Daemon {
             return Err(invalid("nothing to push: name a workspace or layers"));
         }
         let mut layers = Vec::new();
-        for source in sources {
+        let mut image = None;
+        for (i, source) in sources.iter().enumerate() {
             match self.catalog.workspace(source).map_err(|e| e.to_string())? {
                 Some(record) => {
+                    if i == 0 {
+                        image = record.image.clone();
+                    }
                     let changes = self.diff(source)?;
                     if !changes.is_empty() {
                         return Err(in_use(format!(
@@ -123,11 +129,13 @@ impl Daemon {
                     .message,
             });
         }
+        let base = self.base_of(&layers, image.as_deref())?;
         let transport = self.transport(registry);
         let staging = self.root.join("staging");
         let pushed = layerfs_registry::push(
             reference,
             &to_push,
+            base.as_ref(),
             &staging,
             &transport,
             &mut |done, total| progress(Progress::of(done, total)),
@@ -144,6 +152,42 @@ impl Daemon {
             layers: pushed.layers.len(),
             uploaded: pushed.layers.iter().filter(|(_, up)| *up).count(),
         })
+    }
+
+    /// The image `layers` (bottom first) build on, with its config: the
+    /// workspace's own `image` where its layers begin them; else, of the
+    /// images whose layers begin them, the one with the most layers (of
+    /// those, the last pulled). None where no image's do, or its config was
+    /// not recorded.
+    fn base_of(
+        &self,
+        layers: &[LayerId],
+        image: Option<&str>,
+    ) -> Outcome<Option<layerfs_registry::Base>> {
+        let images = self.catalog.images().map_err(|e| e.to_string())?;
+        let begins = |image: &ImageRecord| {
+            image.layers.len() <= layers.len()
+                && image
+                    .layers
+                    .iter()
+                    .zip(layers)
+                    .all(|(a, b)| a == b.as_str())
+        };
+        let own = images
+            .iter()
+            .find(|(reference, record)| Some(reference.as_str()) == image && begins(record));
+        let longest = || {
+            images
+                .iter()
+                .filter(|(_, image)| !image.layers.is_empty() && begins(image))
+                .max_by_key(|(_, image)| (image.layers.len(), image.created))
+        };
+        Ok(own.or_else(longest).cloned().and_then(|(_, image)| {
+            Some(layerfs_registry::Base {
+                config: image.config?.into_bytes(),
+                layers: image.layers.len(),
+            })
+        }))
     }
 
     /// How to reach registries, from a request's options.
@@ -198,7 +242,14 @@ impl Daemon {
             return Ok(None);
         };
         if let Some(image) = self.catalog.image(&full).map_err(|e| e.to_string())? {
-            if image.layers.iter().all(|l| self.store.layer(l).is_some()) {
+            // The platform asked for, where one is: another's image is
+            // pulled again for it, as podman does.
+            let platform = match &registry.platform {
+                Some(wanted) => layerfs_registry::platform_matches(wanted, &image.platform)
+                    .map_err(|e| invalid(e.message))?,
+                None => true,
+            };
+            if platform && image.layers.iter().all(|l| self.store.layer(l).is_some()) {
                 return Ok(Some(image.layers));
             }
         }

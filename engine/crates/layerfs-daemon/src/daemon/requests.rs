@@ -212,18 +212,25 @@ impl Daemon {
         }
         let mut layers: Vec<LayerId> = Vec::new();
         let mut parent = None;
-        for source in from {
+        let mut image = None;
+        for (i, source) in from.iter().enumerate() {
             match self.catalog.workspace(source).map_err(|e| e.to_string())? {
                 Some(record) => {
                     for id in &record.layers {
                         layers.push(self.find_layer(id)?);
                     }
                     parent = Some(source.clone());
+                    if i == 0 {
+                        image = record.image;
+                    }
                 }
                 None => match images.get(source) {
-                    Some(image) => {
-                        for id in image {
+                    Some(layers_of_image) => {
+                        for id in layers_of_image {
                             layers.push(self.find_layer(id)?);
+                        }
+                        if i == 0 {
+                            image = layerfs_registry::normalize(source).ok();
                         }
                     }
                     None => layers.push(self.find_layer(source)?),
@@ -235,6 +242,7 @@ impl Daemon {
             export_id: self.new_export_id()?,
             layers: layers.iter().map(LayerId::to_string).collect(),
             parent,
+            image,
             created: now(),
             mount: None,
             size_limit: size,

@@ -1,25 +1,40 @@
 //! A layer from a tar stream, as OCI and Docker images carry them: whiteout
-//! files stay as they are; PAX records give times to the nanosecond and
+//! files stay as they are; PAX records give times to the nanosecond,
 //! extended attributes (`SCHILY.xattr.`, as GNU tar and the container tools
-//! write them).
+//! write them) and sparse files ([`super::sparse`]).
+//!
+//! Two shapes other tools write and read are taken as they do:
+//! - a stream that ends right after its last entry's data, without the
+//!   padding to a 512-byte block or the two zero blocks that end an archive
+//!   (`umoci insert` writes such layers, their `diff_id` the digest of
+//!   exactly those bytes): it is read as if they were there, so long as the
+//!   last entry's data is whole;
+//! - a whiteout under a path its own layer made something other than a
+//!   directory (`d2f` a file, then `d2f/.wh.inner`, as `umoci repack`
+//!   writes a directory turned into a file): there is nothing under it to
+//!   hide, and it is dropped, as umoci and podman drop it.
 
 use std::ffi::OsString;
 use std::io::{self, Read};
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use rustix::fs::Timespec;
 use tar::EntryType;
 
+use super::sparse::{Records, Sparse};
 use super::writer::{Body, LayerWriter, Meta, Refused};
 
 /// Unpacks every entry of the tar stream `reader` into `layer`.
 pub(super) fn unpack(reader: impl Read, layer: &mut LayerWriter) -> io::Result<()> {
-    let mut archive = tar::Archive::new(reader);
+    let mut archive = tar::Archive::new(EndPadded::new(reader));
+    // Where the data of the last entry read ends in the stream.
+    let mut data_end = (PathBuf::new(), 0u64);
     for entry in archive.entries().map_err(damaged)? {
         let mut entry = entry.map_err(damaged)?;
         let path = entry.path().map_err(damaged)?.into_owned();
-        let meta = meta_of(&mut entry).map_err(damaged)?;
+        data_end = (path.clone(), entry.raw_file_position() + entry.size());
+        let (meta, sparse) = meta_of(&mut entry).map_err(damaged)?;
         let link = entry.link_name().map_err(damaged)?.map(|l| l.into_owned());
         let header = entry.header();
         let kind = header.entry_type();
@@ -30,6 +45,13 @@ pub(super) fn unpack(reader: impl Read, layer: &mut LayerWriter) -> io::Result<(
                 rustix::fs::makedev(major, minor) as u64
             }
             _ => 0,
+        };
+        let mut sparse = sparse.filter(|_| kind.is_file() || kind == EntryType::Continuous);
+        let path = match &sparse {
+            Some(Sparse {
+                name: Some(name), ..
+            }) => name.clone(),
+            _ => path,
         };
         let put = match (kind, &link) {
             (EntryType::Directory, _) => layer.put(&path, Body::Dir, &meta),
@@ -48,11 +70,30 @@ pub(super) fn unpack(reader: impl Read, layer: &mut LayerWriter) -> io::Result<(
                 | EntryType::GNULongLink,
                 _,
             ) => continue,
-            // POSIX: an unknown type is read as a regular file.
-            _ => layer.put(&path, Body::File(&mut entry), &meta),
+            _ => match &mut sparse {
+                Some(sparse) => {
+                    sparse
+                        .read_map(&mut entry)
+                        .map_err(|e| refusal(&path, &e.to_string()))?;
+                    let (map, size) = (&sparse.map, sparse.size);
+                    let body = Body::Sparse {
+                        data: &mut entry,
+                        map,
+                        size,
+                    };
+                    layer.put(&path, body, &meta)
+                }
+                // POSIX: an unknown type is read as a regular file.
+                None => layer.put(&path, Body::File(&mut entry), &meta),
+            },
         };
         match put {
             Ok(()) => {}
+            Err(Refused::Cannot(e))
+                if is_whiteout(&path) && e.raw_os_error() == Some(libc_enotdir()) =>
+            {
+                tracing::debug!(path = %path.display(), "a whiteout under a non-directory: dropped");
+            }
             Err(Refused::Outside) => return Err(refusal(&path, super::OUTSIDE)),
             Err(Refused::Cannot(e)) => {
                 if e.kind() == io::ErrorKind::InvalidData
@@ -66,10 +107,74 @@ pub(super) fn unpack(reader: impl Read, layer: &mut LayerWriter) -> io::Result<(
             }
         }
     }
+    // Padding made up at the end of the stream stands in for what a writer
+    // left out after the last entry, never for its data.
+    if let Some(end) = archive.into_inner().end {
+        if data_end.1 > end {
+            return Err(damaged(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "the stream ends inside the data of {:?}",
+                    data_end.0.display().to_string()
+                ),
+            )));
+        }
+    }
     Ok(())
 }
 
-fn meta_of<R: Read>(entry: &mut tar::Entry<'_, R>) -> io::Result<Meta> {
+/// ENOTDIR, as `io::Error::raw_os_error` gives it.
+fn libc_enotdir() -> i32 {
+    rustix::io::Errno::NOTDIR.raw_os_error()
+}
+
+/// Whether `path` names a whiteout (`.wh.NAME`, or `.wh..wh..opq`).
+fn is_whiteout(path: &Path) -> bool {
+    path.file_name()
+        .is_some_and(|n| n.as_bytes().starts_with(b".wh."))
+}
+
+/// A stream followed, once it ends, by zeros to the end of its 512-byte
+/// block and two zero blocks: the end of a tar archive, for a writer that
+/// left it out. `end` says where the stream itself ended.
+struct EndPadded<R> {
+    inner: R,
+    read: u64,
+    end: Option<u64>,
+    padding: u64,
+}
+
+impl<R> EndPadded<R> {
+    fn new(inner: R) -> Self {
+        EndPadded {
+            inner,
+            read: 0,
+            end: None,
+            padding: 0,
+        }
+    }
+}
+
+impl<R: Read> Read for EndPadded<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.end.is_none() {
+            let n = self.inner.read(buf)?;
+            if n > 0 || buf.is_empty() {
+                self.read += n as u64;
+                return Ok(n);
+            }
+            self.end = Some(self.read);
+            self.padding = (512 - self.read % 512) % 512 + 1024;
+        }
+        let n = (buf.len() as u64).min(self.padding) as usize;
+        buf[..n].fill(0);
+        self.padding -= n as u64;
+        Ok(n)
+    }
+}
+
+/// The entry's metadata, and what it says of a sparse file.
+fn meta_of<R: Read>(entry: &mut tar::Entry<'_, R>) -> io::Result<(Meta, Option<Sparse>)> {
     let header = entry.header();
     // Fields an archiver left blank read as nothing, as GNU tar reads them.
     let mut meta = Meta {
@@ -83,11 +188,15 @@ fn meta_of<R: Read>(entry: &mut tar::Entry<'_, R>) -> io::Result<Meta> {
         }),
         xattrs: Vec::new(),
     };
+    let mut sparse = Records::default();
     if let Some(records) = entry.pax_extensions()? {
         for record in records {
             let record = record?;
             let key = record.key_bytes();
             let value = record.value_bytes();
+            if sparse.take(key, value)? {
+                continue;
+            }
             if let Some(name) = key.strip_prefix(b"SCHILY.xattr.") {
                 let name = OsString::from(std::ffi::OsStr::from_bytes(name));
                 meta.xattrs.push((name, value.to_vec()));
@@ -98,7 +207,7 @@ fn meta_of<R: Read>(entry: &mut tar::Entry<'_, R>) -> io::Result<Meta> {
             }
         }
     }
-    Ok(meta)
+    Ok((meta, sparse.sparse()?))
 }
 
 /// A PAX time: decimal seconds, with an optional fraction.
@@ -133,8 +242,22 @@ fn refusal(path: &Path, why: &str) -> io::Error {
 fn damaged(e: io::Error) -> io::Error {
     io::Error::new(
         io::ErrorKind::InvalidData,
-        format!("not a tar archive, or a damaged one: {e}"),
+        format!(
+            "not a tar archive, or a damaged one: {}",
+            printable(&e.to_string())
+        ),
     )
+}
+
+/// `text` on one line of printable characters: a field of a blob that is
+/// not a tar archive can hold any bytes, which the tar reader quotes.
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| match c {
+            c if c.is_control() || c == '\u{fffd}' => c.escape_default().to_string(),
+            c => c.to_string(),
+        })
+        .collect()
 }
 
 #[cfg(test)]

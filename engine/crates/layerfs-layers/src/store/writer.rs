@@ -57,6 +57,14 @@ impl From<Errno> for Refused {
 pub(crate) enum Body<'r> {
     Dir,
     File(&'r mut dyn Read),
+    /// A file of `size` bytes whose data blocks, `map`'s (offset, length)
+    /// in order, `data` holds one after another; the rest is holes, kept
+    /// as holes.
+    Sparse {
+        data: &'r mut dyn Read,
+        map: &'r [(u64, u64)],
+        size: u64,
+    },
     Symlink(&'r Path),
     /// Another name of a file already written; the path is inside the layer.
     HardLink(&'r Path),
@@ -149,7 +157,7 @@ impl LayerWriter {
                 self.dirs.push((names.iter().collect(), meta.clone()));
                 return Ok(());
             }
-            Body::File(data) => {
+            Body::File(_) | Body::Sparse { .. } => {
                 let file = loop {
                     match rustix::fs::openat(
                         &parent,
@@ -161,7 +169,13 @@ impl LayerWriter {
                         other => break other?,
                     }
                 };
-                let content = self.copy_in(data, &file)?;
+                let content = match body {
+                    Body::Sparse { data, map, size } => {
+                        self.copy_in_sparse(data, map, size, &file)?
+                    }
+                    Body::File(data) => self.copy_in(data, &file)?,
+                    _ => unreachable!("matched above"),
+                };
                 let ino = rustix::fs::fstat(&file)?.st_ino;
                 self.own(&file, meta)?;
                 rustix::fs::fchmod(&file, permissions(meta.mode))?;
@@ -293,6 +307,47 @@ impl LayerWriter {
         }
     }
 
+    /// Writes the data blocks `data` holds where `map` puts them in a file
+    /// of `size` bytes, leaving holes between; returns the SHA-256 of the
+    /// whole file, holes read as zeros.
+    fn copy_in_sparse(
+        &mut self,
+        data: &mut dyn Read,
+        map: &[(u64, u64)],
+        size: u64,
+        file: &OwnedFd,
+    ) -> io::Result<[u8; 32]> {
+        use std::os::unix::fs::FileExt;
+        let mut hash = Sha256::new();
+        let out = std::fs::File::from(file.try_clone()?);
+        let mut at = 0;
+        for &(offset, len) in map {
+            hash_zeros(&mut hash, offset - at);
+            let mut written = 0;
+            while written < len {
+                let want = (len - written).min(self.buf.len() as u64) as usize;
+                let n = match data.read(&mut self.buf[..want]) {
+                    Ok(0) => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "a sparse file's data cut short",
+                        ))
+                    }
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(e),
+                };
+                hash.update(&self.buf[..n]);
+                out.write_all_at(&self.buf[..n], offset + written)?;
+                written += n as u64;
+            }
+            at = offset + len;
+        }
+        hash_zeros(&mut hash, size - at);
+        out.set_len(size)?;
+        Ok(hash.finalize().into())
+    }
+
     fn own(&self, fd: &OwnedFd, meta: &Meta) -> io::Result<()> {
         if self.as_root {
             rustix::fs::fchown(fd, uid(meta.uid), gid(meta.gid))?;
@@ -345,6 +400,16 @@ impl LayerWriter {
         set_all.sort_by(|a, b| a.0.cmp(&b.0));
         set_all.dedup_by(|later, earlier| later.0 == earlier.0);
         Ok(set_all)
+    }
+}
+
+/// Hashes `len` zero bytes: a hole, as it reads.
+fn hash_zeros(hash: &mut Sha256, mut len: u64) {
+    static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
+    while len > 0 {
+        let n = len.min(ZEROS.len() as u64) as usize;
+        hash.update(&ZEROS[..n]);
+        len -= n as u64;
     }
 }
 
