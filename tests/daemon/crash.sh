@@ -1,0 +1,234 @@
+#!/usr/bin/env bash
+# The daemon killed at any step: CYCLES times (default 50), a writer that
+# fsyncs each record through a FUSE mount, and a request of each kind in
+# flight (create, mount, commit, reset, diff, set --size, layer import,
+# pull and push against a docker-registry on 127.0.0.1, rm); then kill -9
+# of the daemon at a random moment (of the keeper too, in one cycle in
+# five), a restart, and checks: every record the writer had fsync'd is in
+# its file; every layer the catalog lists is whole in the store and the
+# store holds no other (no half layer), every image's layers are there;
+# `ls` names exactly the workspaces in the store; every workspace recorded
+# as mounted is mounted, answers, and every file in it opens; one daemon
+# and one keeper. Prints the seed, which a run can be given again.
+# Needs root and /dev/fuse (docker-registry for the pull and push); says
+# SKIPPED without them (tests/skip.sh).
+# usage: tests/daemon/crash.sh LAYERFS [CYCLES] [SEED]
+set -euo pipefail
+layerfs=$(realpath "$1")
+cycles=${2:-50}
+seed=${3:-$RANDOM}
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/../skip.sh"
+if [[ ! -c /dev/fuse || $(id -u) != 0 ]]; then
+	skip_or_fail "the daemon killed at every step" "needs root and /dev/fuse"
+	exit 0
+fi
+command -v python3 >/dev/null || { skip_or_fail "the daemon killed at every step" "python3 is missing"; exit 0; }
+RANDOM=$seed
+echo "seed $seed, $cycles cycles"
+t=$(mktemp -d /tmp/layerfs-crash.XXXXXX)
+export LAYERFS_STORE=$t/store XDG_RUNTIME_DIR=$t/run
+mkdir -m 700 "$t/run"
+daemon= registry= writer=
+cleanup() {
+	[[ -n $writer ]] && kill "$writer" 2>/dev/null
+	[[ -n $daemon ]] && kill -TERM "$daemon" 2>/dev/null && wait "$daemon" || true
+	[[ -n $registry ]] && kill "$registry" 2>/dev/null
+	for m in $(awk -v t="$t/" 'index($2, t) == 1 {print $2}' /proc/mounts); do umount -l "$m"; done
+	pkill -f "layerfs keeper --store $t/" 2>/dev/null || true
+	rm -rf "$t"
+}
+trap cleanup EXIT
+fail() {
+	echo "FAILED (seed $seed, cycle ${cycle:-0}): $*"
+	[[ -f $t/daemon.log ]] && tail -20 "$t/daemon.log"
+	exit 1
+}
+start_daemon() {
+	coproc DAEMON { exec "$layerfs" daemon 2>>"$t/daemon.log"; }
+	daemon=$DAEMON_PID
+	local ready
+	read -r -t 60 ready <&"${DAEMON[0]}" || fail "the daemon never said it was ready"
+	[[ $ready == "layerfs daemon ready"* ]] || fail "first line: $ready"
+}
+json() { "$layerfs" --json "$@"; }
+
+# A registry of its own, where there is one, for pulls and pushes.
+reg=
+if command -v docker-registry >/dev/null; then
+	port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+	cat >"$t/registry.yml" <<-YML
+		version: 0.1
+		log:
+		  level: error
+		storage:
+		  filesystem:
+		    rootdirectory: $t/registry
+		http:
+		  addr: 127.0.0.1:$port
+	YML
+	docker-registry serve "$t/registry.yml" >"$t/registry.log" 2>&1 &
+	registry=$!
+	for _ in $(seq 100); do
+		python3 -c "import socket; socket.create_connection(('127.0.0.1', $port), 0.1)" 2>/dev/null && break
+		sleep 0.1
+	done
+	reg=127.0.0.1:$port
+else
+	skip_or_fail "the daemon killed at every step: pull and push" "docker-registry is not installed"
+fi
+
+start_daemon
+mkdir -p "$t/base/etc" "$t/m" "$t/imports"
+for i in $(seq 20); do echo "base $i" >"$t/base/etc/f$i"; done
+base=$("$layerfs" layer import "$t/base")
+"$layerfs" create steady --from "$base" >/dev/null
+mkdir "$t/m/steady"
+"$layerfs" mount steady "$t/m/steady" --fuse >/dev/null
+"$layerfs" create scratch --from "$base" >/dev/null
+if [[ -n $reg ]]; then
+	"$layerfs" push "$base" "$reg/crash/base:v1" --insecure-registry "$reg" >/dev/null
+fi
+
+# The requests a cycle may have in flight: each its own process, whose
+# outcome (done or cut off) does not matter, only what it leaves.
+request() {
+	local c=$1 kind=$2
+	case $kind in
+	create) "$layerfs" create "c$c" --from "$base" ;;
+	mount) mkdir -p "$t/m/scratch" && "$layerfs" mount scratch "$t/m/scratch" --fuse ;;
+	unmount) "$layerfs" unmount scratch ;;
+	commit) "$layerfs" commit steady --message "cycle $c" ;;
+	reset) "$layerfs" reset scratch ;;
+	diff) "$layerfs" diff steady ;;
+	size) "$layerfs" set scratch --size "$((64 + c))M" ;;
+	import)
+		mkdir -p "$t/imports/$c"
+		for i in $(seq 200); do echo "$c $i" >"$t/imports/$c/f$i"; done
+		"$layerfs" layer import "$t/imports/$c"
+		;;
+	pull) [[ -z $reg ]] || "$layerfs" pull "$reg/crash/base:v1" --insecure-registry "$reg" ;;
+	push) [[ -z $reg ]] || "$layerfs" push steady "$reg/crash/steady:c$c" --insecure-registry "$reg" ;;
+	rm) "$layerfs" rm --force "c$((c - 1))" ;;
+	esac
+}
+kinds=(create mount unmount commit reset diff size import pull push rm)
+
+# One writer per cycle, on a file of its own in the steady workspace:
+# numbered records, each fsync'd, the count fsync'd written to a file
+# outside the workspace after each fsync. It stops at its first error (a
+# mount whose keeper died too) or when told.
+start_writer() {
+	python3 - "$t/m/steady/w$1" "$t/synced" "$t/stop-writer" <<-'PY' &
+		import os, sys
+		path, synced, stop = sys.argv[1:4]
+		fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+		n = 0
+		while not os.path.exists(stop) and n < 100000:
+		    try:
+		        os.write(fd, b"record %08d\n" % n)
+		        os.fsync(fd)
+		    except OSError:
+		        break
+		    n += 1
+		    with open(synced + ".new", "w") as f:
+		        f.write(str(n))
+		    os.rename(synced + ".new", synced)
+		PY
+	writer=$!
+}
+
+# The checks after a restart.
+check_store() {
+	local c=$1
+	# Every record fsync'd is in the writer's file, in order.
+	local synced
+	synced=$(cat "$t/synced" 2>/dev/null || echo 0)
+	total_synced=$((total_synced + synced))
+	python3 - "$t/m/steady/w$c" "$synced" <<-'PY' || fail "the writer's fsync'd records"
+		import sys
+		path, synced = sys.argv[1], int(sys.argv[2])
+		data = open(path, "rb").read()
+		want = b"".join(b"record %08d\n" % i for i in range(synced))
+		if not data.startswith(want):
+		    sys.exit(f"{path}: {synced} records fsync'd, {len(data)} bytes there, not them")
+		PY
+	# Layers: what the catalog lists is what the store holds, each whole.
+	local listed held
+	listed=$(json layer ls | python3 -c 'import json,sys; print("\n".join(sorted(l["id"] for l in json.load(sys.stdin))))') ||
+		fail "layer ls after the restart"
+	held=$(ls "$LAYERFS_STORE/layers" | sort)
+	[[ $listed == "$held" ]] || fail "layer ls and the store's layers differ:"$'\n'"$(diff <(echo "$listed") <(echo "$held"))"
+	[[ -z $(ls -A "$LAYERFS_STORE/staging" 2>/dev/null) ]] || fail "staging holds $(ls "$LAYERFS_STORE/staging")"
+	# Images: every layer of each is in the store.
+	json image ls | python3 -c '
+import json, os, sys
+for image in json.load(sys.stdin):
+    for layer in image["layers"]:
+        if not os.path.isdir(os.path.join(sys.argv[1], layer)):
+            sys.exit("image %s lacks layer %s" % (image["reference"], layer))' "$LAYERFS_STORE/layers" ||
+		fail "image ls after the restart"
+	# Workspaces: ls names those in the store; a mounted one answers, and
+	# every file in it opens.
+	json ls >"$t/ls.json" || fail "ls after the restart"
+	python3 - "$t/ls.json" "$LAYERFS_STORE/workspaces" <<-'PY' || fail "ls and the store's workspaces"
+		import json, os, sys
+		listed = json.load(open(sys.argv[1]))
+		names = sorted(w["name"] for w in listed)
+		held = sorted(os.listdir(sys.argv[2]))
+		if names != held:
+		    sys.exit(f"ls names {names}, the store holds {held}")
+		mounts = {line.split()[1] for line in open("/proc/mounts")}
+		for w in listed:
+		    m = w.get("mount")
+		    if not m:
+		        continue
+		    if m["path"] not in mounts:
+		        sys.exit(f"{w['name']} is recorded mounted on {m['path']}, which is no mount")
+		    for dirpath, dirs, files in os.walk(m["path"]):
+		        for name in files:
+		            with open(os.path.join(dirpath, name), "rb") as f:
+		                f.read(1)
+		PY
+	local daemons=0 keepers pid
+	# This store's daemons: those started with it in their environment.
+	for pid in $(pgrep -f "^$layerfs daemon" || true); do
+		tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "LAYERFS_STORE=$t/store" && daemons=$((daemons + 1))
+	done
+	keepers=$(pgrep -fc "layerfs keeper --store $t/" || true)
+	[[ $daemons == 1 && $keepers == 1 ]] || fail "$daemons daemons and $keepers keepers after the restart: $(pgrep -fa "layerfs (daemon|keeper)")"
+}
+
+killed_keeper=0 total_synced=0
+for cycle in $(seq "$cycles"); do
+	rm -f "$t/stop-writer" "$t/synced"
+	mounted=$(json ls | python3 -c 'import json,sys; print(any(w["name"] == "steady" and w.get("mount") for w in json.load(sys.stdin)))')
+	[[ $mounted == True ]] || fail "steady is not mounted at the start of the cycle"
+	start_writer "$cycle"
+	pids=()
+	for _ in 1 2 3; do
+		kind=${kinds[RANDOM % ${#kinds[@]}]}
+		request "$cycle" "$kind" >/dev/null 2>&1 &
+		pids+=($!)
+	done
+	sleep "0.$((RANDOM % 400 + 20))"
+	if ((RANDOM % 5 == 0)); then
+		pkill -9 -f "layerfs keeper --store $t/" || true
+		killed_keeper=$((killed_keeper + 1))
+	fi
+	kill -9 "$daemon"
+	wait "$daemon" 2>/dev/null || true
+	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+	start_daemon
+	touch "$t/stop-writer"
+	wait "$writer" 2>/dev/null || true
+	writer=
+	check_store "$cycle"
+	# The next cycle's writer needs its workspace mounted: after a keeper's
+	# death the restarted daemon mounts it again.
+	for _ in $(seq 100); do [[ -d $t/m/steady/etc ]] && break; sleep 0.1; done
+	rm -f "$t/m/steady/w$cycle"
+done
+((total_synced > 0)) || fail "the writers fsync'd nothing before the kills: nothing was checked"
+echo "$cycles cycles (the keeper killed too in $killed_keeper), $total_synced records fsync'd before the kills:"
+echo "every one there; store, catalog and mounts agreeing"
