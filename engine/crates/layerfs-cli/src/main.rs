@@ -12,6 +12,7 @@ use tracing_subscriber::EnvFilter;
 mod demo;
 mod images;
 mod serve;
+mod shell;
 mod workspaces;
 
 #[derive(Parser)]
@@ -106,6 +107,12 @@ enum Command {
     /// unmounts. Logs go to stderr; set RUST_LOG (e.g. RUST_LOG=debug or
     /// RUST_LOG=layerfs_rpc=trace) to see more.
     Serve(serve::ServeArgs),
+    /// Print the shell completion script for bash, zsh or fish. For bash:
+    /// `layerfs completions bash > ~/.local/share/bash-completion/completions/layerfs`.
+    Completions(shell::CompletionsArgs),
+    /// Write the man pages (`layerfs.1`, `layerfs-create.1`, ...) into a
+    /// directory, e.g. `layerfs man ~/.local/share/man/man1`.
+    Man(shell::ManArgs),
     /// Holds the FUSE mounts' descriptors of the store's daemon, so they
     /// outlive it; the daemon starts it.
     #[command(hide = true)]
@@ -145,6 +152,8 @@ fn main() -> ExitCode {
         Command::Ls => client.ls(),
         Command::Rm(args) => client.rm(args),
         Command::Stats => client.stats(),
+        Command::Completions(args) => shell::completions(args),
+        Command::Man(args) => shell::man(args),
         Command::Keeper => workspaces::keeper(client),
     };
     match result {
