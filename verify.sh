@@ -1,8 +1,39 @@
 #!/usr/bin/env bash
 # Everything a reviewer runs: formatting, lints, docs, all tests, and the
 # end-to-end checks with real clients where this machine has them.
+# usage: ./verify.sh [--install]
+#   --install: first install what the checks need (tests/packages, and the
+#   macOS target for the cross-check): as root, with apt-get and rustup; as
+#   a user, name in one line what is missing and the command that installs
+#   it, then run what can run.
 set -euo pipefail
 cd "$(dirname "$0")"
+
+install() {
+	local packages missing
+	packages=$(sed 's/#.*//' tests/packages | xargs)
+	if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+		export DEBIAN_FRONTEND=noninteractive
+		apt-get update -qq
+		# shellcheck disable=SC2086
+		apt-get install -y -qq --no-install-recommends $packages >/dev/null
+	else
+		missing=$(for p in $packages; do
+			dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q '^install ok installed' || echo "$p"
+		done | xargs)
+		[[ -z $missing ]] || echo "verify: missing: $missing; install them with: sudo apt-get install -y --no-install-recommends $missing"
+	fi
+	if command -v rustup >/dev/null && ! rustup target list --installed | grep -qx x86_64-apple-darwin; then
+		rustup target add x86_64-apple-darwin >/dev/null ||
+			echo "verify: rustup could not add x86_64-apple-darwin: the macOS build check will say SKIPPED"
+	fi
+}
+case ${1:-} in
+--install) install ;;
+"") ;;
+-h | --help) sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
+*) echo "usage: ./verify.sh [--install]" >&2; exit 2 ;;
+esac
 
 step() { printf '\n== %s\n' "$*"; }
 source tests/skip.sh
