@@ -166,6 +166,22 @@ mkdir "$t/dev"
 if echo x 2>/dev/null >"$t/dev/null"; then fail "a device in a workspace was opened"; fi
 "$layerfs" unmount dev >/dev/null
 
+step "create --mount: made and mounted in one request; a mount that fails leaves no workspace"
+mkdir "$t/one"
+out=$("$layerfs" create one --from "$base" --from "$top" --mount "$t/one" --fuse)
+[[ $out == *"mounted one on $t/one (fuse)"* ]] || fail "create --mount said: $out"
+mounted "$t/one" || fail "create --mount did not mount"
+check "$t/one/etc/name" top
+[[ $(state_of one) == mounted ]] || fail "ls: $("$layerfs" ls)"
+"$layerfs" rm --force one >/dev/null
+mounted "$t/one" && fail "rm --force left the mount"
+touch "$t/one/occupied"
+refused "not empty" "$layerfs" create two --from "$base" --mount "$t/one"
+[[ -z $(state_of two) ]] || fail "a workspace whose mount failed was kept: $("$layerfs" ls)"
+[[ ! -e $LAYERFS_STORE/workspaces/two ]] || fail "a workspace whose mount failed left its directory"
+refused "give --mount DIR too" "$layerfs" create three --from "$base" --fuse
+rm -r "$t/one"
+
 step "reset while mounted: every process sees the layers' contents at once"
 "$layerfs" create r --from "$base" --from "$top" >/dev/null
 mkdir "$t/r"

@@ -89,15 +89,12 @@ fn run(base: &Path, args: DemoArgs) -> Result<(), String> {
             other => return Err(unexpected(other)),
         }
     }
-    ask(Request::Create {
+    let door = match ask(Request::Create {
         name: "demo".into(),
         from: ids,
         size: None,
         registry: Default::default(),
-    })?;
-    let door = match ask(Request::Mount {
-        name: "demo".into(),
-        path: mountpoint.clone(),
+        mount: Some(mountpoint.clone()),
         door: None,
     })? {
         Response::Workspace(w) => w.mount.map(|m| m.door.to_string()),

@@ -75,6 +75,35 @@ pub struct CreateArgs {
     /// copy-up or new file past it fails with "No space left on device".
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     size: Option<u64>,
+    /// Mount it on this existing, empty directory once made, in the same
+    /// request (as `layerfs mount` would).
+    #[arg(long, value_name = "DIR")]
+    mount: Option<PathBuf>,
+    #[command(flatten)]
+    door: DoorArgs,
+}
+
+/// Which door a mount goes through.
+#[derive(clap::Args)]
+pub struct DoorArgs {
+    /// Through the kernel's NFS client (the default as root on Linux when
+    /// the kernel has one, and on macOS).
+    #[arg(long, conflicts_with = "fuse")]
+    nfs: bool,
+    /// Through FUSE (Linux; the default for a user who is not root, or
+    /// without a kernel NFS client).
+    #[arg(long)]
+    fuse: bool,
+}
+
+impl DoorArgs {
+    fn door(&self) -> Option<Door> {
+        match (self.nfs, self.fuse) {
+            (true, _) => Some(Door::Nfs),
+            (_, true) => Some(Door::Fuse),
+            _ => None,
+        }
+    }
 }
 
 #[derive(clap::Args)]
@@ -139,14 +168,8 @@ pub struct MountArgs {
     name: String,
     /// An existing, empty directory.
     path: PathBuf,
-    /// Through the kernel's NFS client (the default as root on Linux when
-    /// the kernel has one, and on macOS).
-    #[arg(long, conflicts_with = "fuse")]
-    nfs: bool,
-    /// Through FUSE (Linux; the default for a user who is not root, or
-    /// without a kernel NFS client).
-    #[arg(long)]
-    fuse: bool,
+    #[command(flatten)]
+    door: DoorArgs,
 }
 
 #[derive(clap::Args)]
@@ -326,11 +349,16 @@ impl Client {
     }
 
     pub fn create(&self, args: CreateArgs) -> Result<(), String> {
+        if args.mount.is_none() && args.door.door().is_some() {
+            return Err("--nfs and --fuse say how to mount: give --mount DIR too".into());
+        }
         let request = Request::Create {
             name: args.name,
             from: args.from,
             size: args.size,
             registry: args.registry.into(),
+            mount: args.mount.as_deref().map(absolute).transpose()?,
+            door: args.door.door(),
         };
         if let Some(w) = self.call::<WorkspaceInfo>(request)? {
             let n = w.layers.len();
@@ -339,20 +367,18 @@ impl Client {
                 w.name,
                 if n == 1 { "" } else { "s" }
             );
+            if let Some(m) = &w.mount {
+                println!("mounted {} on {} ({})", w.name, m.path.display(), m.door);
+            }
         }
         Ok(())
     }
 
     pub fn mount(&self, args: MountArgs) -> Result<(), String> {
-        let door = match (args.nfs, args.fuse) {
-            (true, _) => Some(Door::Nfs),
-            (_, true) => Some(Door::Fuse),
-            _ => None,
-        };
         let request = Request::Mount {
             name: args.name,
             path: absolute(&args.path)?,
-            door,
+            door: args.door.door(),
         };
         if let Some(w) = self.call::<WorkspaceInfo>(request)? {
             if let Some(m) = &w.mount {

@@ -363,22 +363,29 @@ impl Daemon {
     /// Opens workspace `name` if it is not open yet.
     fn ensure_open<'a>(&self, open: &'a mut Option<Open>, name: &str) -> Outcome<&'a mut Open> {
         if open.is_none() {
-            let workspace = Workspace::open(&self.workspace_dir(name))
-                .map_err(|e| format!("cannot open workspace {name}: {e}"))?;
             let limit = self.record(name)?.size_limit;
-            if limit.is_some() {
-                workspace
-                    .fs()
-                    .set_size_limit(limit)
-                    .map_err(|e| format!("cannot limit workspace {name}: {e}"))?;
-            }
-            *open = Some(Open {
-                workspace,
-                #[cfg(target_os = "linux")]
-                fuse: None,
-            });
+            self.open_with(open, name, limit)?;
         }
         Ok(open.as_mut().expect("just opened"))
+    }
+
+    /// Opens workspace `name`, not yet open, with the size limit `limit`
+    /// (for a workspace not recorded yet).
+    fn open_with(&self, open: &mut Option<Open>, name: &str, limit: Option<u64>) -> Outcome<()> {
+        let workspace = Workspace::open(&self.workspace_dir(name))
+            .map_err(|e| format!("cannot open workspace {name}: {e}"))?;
+        if limit.is_some() {
+            workspace
+                .fs()
+                .set_size_limit(limit)
+                .map_err(|e| format!("cannot limit workspace {name}: {e}"))?;
+        }
+        *open = Some(Open {
+            workspace,
+            #[cfg(target_os = "linux")]
+            fuse: None,
+        });
+        Ok(())
     }
 
     fn add_export(

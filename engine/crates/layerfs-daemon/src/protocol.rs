@@ -37,6 +37,12 @@ pub enum Request {
         /// How to pull an image of `from` the store lacks.
         #[serde(default)]
         registry: RegistryOptions,
+        /// Where to mount it once made, in the same request.
+        #[serde(default)]
+        mount: Option<PathBuf>,
+        /// Through which door (the platform's default if none).
+        #[serde(default)]
+        door: Option<Door>,
     },
     /// Sets (or with `None` lifts) the size limit of a workspace.
     SetSize {

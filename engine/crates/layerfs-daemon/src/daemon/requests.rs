@@ -32,9 +32,13 @@ impl Daemon {
                 from,
                 size,
                 registry,
-            } => self
-                .create(&name, &from, size, &registry, progress)
-                .map(Response::Workspace),
+                mount,
+                door,
+            } => {
+                let mount = mount.as_deref().map(|path| (path, door));
+                self.create(&name, &from, size, mount, &registry, progress)
+                    .map(Response::Workspace)
+            }
             Request::SetSize { name, size } => self.set_size(&name, size).map(Response::Workspace),
             Request::Mount { name, path, door } => {
                 self.mount(&name, &path, door).map(Response::Workspace)
@@ -172,11 +176,14 @@ impl Daemon {
         Ok(layer.to_string())
     }
 
+    /// Makes workspace `name` over `from`, and mounts it where `mount` says:
+    /// one request, one write of the catalog.
     fn create(
         &self,
         name: &str,
         from: &[String],
         size: Option<u64>,
+        mount: Option<(&Path, Option<Door>)>,
         registry: &RegistryOptions,
         progress: &mut dyn FnMut(Progress),
     ) -> Outcome<WorkspaceInfo> {
@@ -197,7 +204,7 @@ impl Daemon {
                 }
             }
         }
-        let _slot = self.open.hold(name);
+        let mut slot = self.open.hold(name);
         let _layers = self.layer_changes.lock();
         if self
             .catalog
@@ -238,7 +245,7 @@ impl Daemon {
             }
         }
         let dirs: Vec<PathBuf> = layers.iter().map(|l| self.store.layer_dir(l)).collect();
-        let record = WorkspaceRecord {
+        let mut record = WorkspaceRecord {
             export_id: self.new_export_id()?,
             layers: layers.iter().map(LayerId::to_string).collect(),
             parent,
@@ -252,9 +259,30 @@ impl Daemon {
         let made = Workspace::create(&self.workspace_dir(name), &dirs)
             .map_err(|e| host_error(format_args!("cannot make workspace {name}"), e))?;
         drop(made);
-        self.catalog
-            .put_workspace(name, &record)
-            .map_err(|e| e.to_string())?;
+        // Mounted before it is recorded, as a mount alone is: a crash
+        // between leaves a directory and a mount the next start removes.
+        let undo = |slot: &mut Option<Open>, record: &WorkspaceRecord| {
+            if let Err(e) = self.take_down(slot, name, record) {
+                tracing::warn!(workspace = %name, "{}", e.message);
+            }
+            *slot = None;
+            if let Err(e) = remove_tree(&self.workspace_dir(name)) {
+                tracing::warn!(workspace = %name, "cannot remove its directory: {e}");
+            }
+        };
+        if let Some((path, door)) = mount {
+            match self.attach(&mut slot, name, &record, path, door) {
+                Ok(m) => record.mount = Some(m),
+                Err(e) => {
+                    undo(&mut slot, &record);
+                    return Err(e);
+                }
+            }
+        }
+        if let Err(e) = self.catalog.put_workspace(name, &record) {
+            undo(&mut slot, &record);
+            return Err(e.to_string().into());
+        }
         Ok(self.info(name, &record))
     }
 
@@ -284,6 +312,24 @@ impl Daemon {
                 m.path.display()
             )));
         }
+        record.mount = Some(self.attach(&mut open, name, &record, path, door)?);
+        self.catalog
+            .put_workspace(name, &record)
+            .map_err(|e| e.to_string())?;
+        drop(open);
+        Ok(self.info(name, &record))
+    }
+
+    /// Mounts workspace `name` (of `record`) on `path` through `door` (the
+    /// platform's default if none); the caller records the mount.
+    fn attach(
+        &self,
+        open: &mut Option<Open>,
+        name: &str,
+        record: &WorkspaceRecord,
+        path: &Path,
+        door: Option<Door>,
+    ) -> Outcome<MountRecord> {
         if !path.is_absolute() {
             return Err(invalid(format!(
                 "{}: give an absolute path",
@@ -292,29 +338,27 @@ impl Daemon {
         }
         let _mountpoints = self.mounting.lock();
         mounting::check_mountpoint(path).map_err(|e| invalid(e.to_string()))?;
+        if open.is_none() {
+            self.open_with(open, name, record.size_limit)?;
+        }
         let door = door.unwrap_or_else(default_door);
         match door {
             Door::Nfs => {
-                let o = self.ensure_open(&mut open, name)?;
-                self.add_export(name, &record, &o.workspace)?;
+                let o = self.ensure_open(open, name)?;
+                self.add_export(name, record, &o.workspace)?;
                 if let Err(e) = mounting::mount_nfs(self.port(), &format!("/{name}"), path) {
                     self.exports.remove(record.export_id);
                     return Err(ControlError::new(super::io_kind(&e), e.to_string()));
                 }
             }
-            Door::Fuse => self.mount_fuse(&mut open, name, path)?,
+            Door::Fuse => self.mount_fuse(open, name, path)?,
         }
-        record.mount = Some(MountRecord {
-            path: path.to_path_buf(),
-            door,
-        });
-        self.catalog
-            .put_workspace(name, &record)
-            .map_err(|e| e.to_string())?;
         self.problems.lock().remove(name);
         tracing::info!(workspace = %name, path = %path.display(), %door, "mounted");
-        drop(open);
-        Ok(self.info(name, &record))
+        Ok(MountRecord {
+            path: path.to_path_buf(),
+            door,
+        })
     }
 
     /// Finds a workspace by name, or by the path it is mounted on.
