@@ -190,6 +190,8 @@ echo "-- the workspace daemon through FUSE: import, create, mount, commit, kill 
 check "daemon through FUSE" tests/daemon/fuse.sh target/release/layerfs
 echo "-- 16 clients on workspaces of their own for 2 minutes, each step checked"
 check "daemon under many clients" tests/daemon/soak.sh target/release/layerfs 120 16
+echo "-- the daemon as a service: the units, readiness, SIGUSR1's hand-over, SIGTERM"
+check "daemon as a service" tests/daemon/service.sh target/release/layerfs
 echo "-- the daemon killed at every step: 50 cycles of kill -9 under a writer and requests in flight"
 check "daemon killed at every step" tests/daemon/crash.sh target/release/layerfs 50
 echo "-- images from a registry: docker-registry on 127.0.0.1, umoci and skopeo to compare"

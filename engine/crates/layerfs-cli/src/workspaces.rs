@@ -298,7 +298,7 @@ impl Client {
             )
         };
         let store = store.canonicalize().map_err(|_| no_daemon())?;
-        let socket = layerfs_daemon::paths::control_socket(&store).map_err(|e| e.to_string())?;
+        let socket = layerfs_daemon::paths::socket_to_reach(&store).map_err(|e| e.to_string())?;
         let mut bar = ProgressShown::new(!self.json && io::stderr().is_terminal());
         let reply: Reply =
             layerfs_daemon::control::call_with_progress(&socket, &request, &mut |p| bar.show(p))

@@ -69,6 +69,8 @@ pub fn run(config: DaemonConfig, stop: Receiver<()>) -> Result<(), String> {
     #[cfg(target_os = "linux")]
     daemon.forget_unclaimed();
 
+    let hand_over_signal = crate::service::hand_over_signal()
+        .map_err(|e| format!("cannot install the SIGUSR1 handler: {e}"))?;
     let handler = daemon.clone();
     crate::control::spawn(
         listener,
@@ -84,17 +86,26 @@ pub fn run(config: DaemonConfig, stop: Receiver<()>) -> Result<(), String> {
     );
     let _ = out.flush();
     drop(out);
+    crate::service::ready(&format!("serving the store {}", root.display()));
 
     while let Err(RecvTimeoutError::Timeout) = stop.recv_timeout(Duration::from_secs(1)) {
+        if hand_over_signal.swap(false, Ordering::SeqCst) {
+            match daemon.hand_over() {
+                Ok(_) => tracing::info!("SIGUSR1: handing over to the daemon started next"),
+                Err(e) => tracing::warn!("SIGUSR1: no hand-over: {e}"),
+            }
+        }
         if daemon.handing_over.load(Ordering::SeqCst) {
             break;
         }
         daemon.notice_lost_mounts();
     }
     if daemon.handing_over.load(Ordering::SeqCst) {
+        crate::service::stopping("handing over: every mount is left to the next daemon");
         tracing::info!("handing over: every mount is left to the next daemon");
         daemon.leave_mounts();
     } else {
+        crate::service::stopping("unmounting every workspace");
         tracing::info!("stopping: unmounting every workspace");
         daemon.unmount_all();
     }

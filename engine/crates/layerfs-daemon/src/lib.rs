@@ -20,5 +20,6 @@ pub mod keeper;
 pub mod mounting;
 pub mod paths;
 pub mod protocol;
+mod service;
 
 pub use daemon::{run, DaemonConfig};

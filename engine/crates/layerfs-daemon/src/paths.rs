@@ -14,20 +14,43 @@ pub fn default_store() -> Result<PathBuf, String> {
 }
 
 /// The control socket of the daemon serving `store` (an absolute path): in
-/// a directory only this user can open (`$XDG_RUNTIME_DIR/layerfs/`, or
-/// `$TMPDIR/layerfs-UID/`), named by a hash of the store's path, since a
-/// socket's path must stay short.
+/// a directory only this user can open (`$XDG_RUNTIME_DIR/layerfs/`; without
+/// that variable, as a system service has none, `/run/layerfs/` for root
+/// and `$TMPDIR/layerfs-UID/` for others), named by a hash of the store's
+/// path, since a socket's path must stay short.
 pub fn control_socket(store: &Path) -> io::Result<PathBuf> {
-    let uid = rustix::process::geteuid().as_raw();
     let dir = match dirs::runtime_dir() {
         Some(runtime) => runtime.join("layerfs"),
-        None => std::env::temp_dir().join(format!("layerfs-{uid}")),
+        None => without_runtime_dir(),
     };
     private_dir(&dir)?;
-    Ok(dir.join(format!(
-        "{:016x}.sock",
-        fnv1a(store.as_os_str().as_encoded_bytes())
-    )))
+    Ok(dir.join(socket_name(store)))
+}
+
+/// Where a command reaches the daemon of `store`: its control socket, or,
+/// for root where that is not there, the one a system service (which has
+/// no `$XDG_RUNTIME_DIR`) made.
+pub fn socket_to_reach(store: &Path) -> io::Result<PathBuf> {
+    let own = control_socket(store)?;
+    if own.exists() || !rustix::process::geteuid().is_root() {
+        return Ok(own);
+    }
+    let system = without_runtime_dir().join(socket_name(store));
+    Ok(if system.exists() { system } else { own })
+}
+
+/// The socket directory of a user with no `$XDG_RUNTIME_DIR`.
+fn without_runtime_dir() -> PathBuf {
+    let uid = rustix::process::geteuid();
+    match () {
+        _ if uid.is_root() && cfg!(target_os = "linux") => PathBuf::from("/run/layerfs"),
+        _ if uid.is_root() => PathBuf::from("/var/run/layerfs"),
+        _ => std::env::temp_dir().join(format!("layerfs-{}", uid.as_raw())),
+    }
+}
+
+fn socket_name(store: &Path) -> String {
+    format!("{:016x}.sock", fnv1a(store.as_os_str().as_encoded_bytes()))
 }
 
 /// The socket of the keeper of `store`'s FUSE descriptors (`crate::keeper`),

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# The daemon as a service: the systemd units in contrib/ pass
+# `systemd-analyze verify` with nothing to say, and the launchd plist
+# parses; the daemon does what the units rely on, with a socket of the
+# test's own as systemd's NOTIFY_SOCKET: READY=1 with its pid once it
+# answers; SIGUSR1 (the units' ExecReload) has it leave its FUSE mount and
+# a file held open in it to the keeper and exit 0 after STOPPING=1; the next
+# daemon (what Restart= starts) says READY=1 and serves both on; SIGTERM
+# (a stop) says STOPPING=1, unmounts, and exits 0.
+# Needs root, /dev/fuse and python3 (systemd-analyze for the units); says
+# SKIPPED without them (tests/skip.sh).
+# usage: tests/daemon/service.sh LAYERFS
+set -euo pipefail
+layerfs=$(realpath "$1")
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+source "$here/../skip.sh"
+t=$(mktemp -d /tmp/layerfs-service.XXXXXX)
+daemon= listener= holder=
+cleanup() {
+	[[ -n $holder ]] && kill "$holder" 2>/dev/null
+	[[ -n $daemon ]] && kill -TERM "$daemon" 2>/dev/null && wait "$daemon" || true
+	[[ -n $listener ]] && kill "$listener" 2>/dev/null
+	for m in $(awk -v t="$t/" 'index($2, t) == 1 {print $2}' /proc/mounts); do umount -l "$m"; done
+	pkill -f "layerfs keeper --store $t/" 2>/dev/null || true
+	rm -rf "$t"
+}
+trap cleanup EXIT
+step() { printf '== %s\n' "$*"; }
+fail() { echo "FAILED: $*"; [[ -f $t/daemon.log ]] && tail -20 "$t/daemon.log"; exit 1; }
+
+step "the units pass systemd-analyze verify; the plist parses"
+if command -v systemd-analyze >/dev/null; then
+	for unit in user system; do
+		# The unit as installed, with the binary where this run built it.
+		sed -e "s|%h/.cargo/bin/layerfs|$layerfs|" -e "s|/usr/local/bin/layerfs|$layerfs|" \
+			"$repo/contrib/systemd/$unit/layerfs.service" >"$t/layerfs.service"
+		said=$(systemd-analyze verify --man=no "$t/layerfs.service" 2>&1) || fail "the $unit unit: $said"
+		[[ -z $said ]] || fail "systemd-analyze has something to say of the $unit unit: $said"
+	done
+	# And the check can fail: a unit with a wrong key is reported.
+	printf '[Service]\nType=notfy\nExecStart=%s daemon\n' "$layerfs" >"$t/bad.service"
+	[[ -n $(systemd-analyze verify --man=no "$t/bad.service" 2>&1) ]] || fail "systemd-analyze said nothing of a wrong unit"
+else
+	skip_or_fail "the systemd units" "systemd-analyze is not installed (apt-get install systemd)"
+fi
+python3 -c 'import plistlib, sys; plistlib.load(open(sys.argv[1], "rb"))' "$repo/contrib/launchd/dev.layerfs.daemon.plist" ||
+	fail "the launchd plist does not parse"
+
+if [[ ! -c /dev/fuse || $(id -u) != 0 ]] || ! command -v python3 >/dev/null; then
+	skip_or_fail "the daemon as a service" "needs root, /dev/fuse and python3"
+	exit 0
+fi
+export LAYERFS_STORE=$t/store XDG_RUNTIME_DIR=$t/run NOTIFY_SOCKET=$t/notify
+mkdir -m 700 "$t/run"
+
+# What systemd would be told, one message per line (newlines as '|').
+python3 - "$NOTIFY_SOCKET" "$t/told" <<-'PY' &
+	import socket, sys
+	s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+	s.bind(sys.argv[1])
+	open(sys.argv[2], "w").close()
+	while True:
+	    message = s.recv(4096).decode()
+	    with open(sys.argv[2], "a") as f:
+	        f.write(message.strip("\n").replace("\n", "|") + "\n")
+	PY
+listener=$!
+for _ in $(seq 100); do [[ -e $t/told ]] && break; sleep 0.05; done
+# told N PATTERN: the Nth message matches PATTERN (waiting up to 10 s).
+told() {
+	for _ in $(seq 200); do
+		[[ $(sed -n "$1p" "$t/told") == $2 ]] && return
+		sleep 0.05
+	done
+	fail "message $1 to the service manager: '$(sed -n "$1p" "$t/told")', not $2 (all: $(cat "$t/told"))"
+}
+start_daemon() {
+	"$layerfs" daemon >>"$t/daemon.out" 2>>"$t/daemon.log" &
+	daemon=$!
+}
+
+step "READY=1 with the daemon's pid once it answers"
+start_daemon
+told 1 "READY=1|MAINPID=$daemon|STATUS=serving the store *"
+"$layerfs" ls >/dev/null || fail "not answering once it said READY=1"
+
+step "SIGUSR1: the mount and a file held in it are left to the keeper; the next daemon serves them"
+mkdir -p "$t/base/etc" "$t/w"
+echo base >"$t/base/etc/name"
+base=$("$layerfs" layer import "$t/base")
+"$layerfs" create w --from "$base" --mount "$t/w" --fuse >/dev/null
+python3 - "$t/w/etc/name" "$t/go" <<-'PY' &
+	import os, sys, time
+	fd = os.open(sys.argv[1], os.O_RDWR | os.O_APPEND)
+	os.write(fd, b"before\n")
+	while not os.path.exists(sys.argv[2]):
+	    time.sleep(0.05)
+	os.write(fd, b"after\n")
+	os.close(fd)
+	PY
+holder=$!
+sleep 0.3
+kill -USR1 "$daemon"
+rc=0
+wait "$daemon" || rc=$?
+[[ $rc == 0 ]] || fail "the daemon's exit status after SIGUSR1: $rc"
+told 2 "STOPPING=1|STATUS=handing over*"
+awk -v m="$t/w" '$2 == m {f=1} END {exit !f}' /proc/mounts || fail "the mount went with the daemon"
+first=$daemon
+start_daemon
+told 3 "READY=1|MAINPID=$daemon|*"
+[[ $daemon != "$first" ]] || fail "the same process"
+touch "$t/go"
+wait "$holder" || fail "the file held across the hand-over"
+holder=
+[[ $(cat "$t/w/etc/name") == $'base\nbefore\nafter' ]] || fail "etc/name holds: $(cat "$t/w/etc/name")"
+grep -q "FUSE session taken over" "$t/daemon.log" || fail "the next daemon mounted afresh"
+
+step "SIGTERM: STOPPING=1, every workspace unmounted, exit 0"
+kill -TERM "$daemon"
+rc=0
+wait "$daemon" || rc=$?
+daemon=
+[[ $rc == 0 ]] || fail "the daemon's exit status after SIGTERM: $rc"
+told 4 "STOPPING=1|STATUS=unmounting every workspace"
+awk -v m="$t/w" '$2 == m {f=1} END {exit !f}' /proc/mounts && fail "the mount is left after SIGTERM"
+echo "PASSED: the daemon as a service"
