@@ -389,6 +389,23 @@ python3 - "$t/cfg-base.json" "$t/cfg-pushed.json" <<-'PY' || fail "the pushed co
 	assert len(got["rootfs"]["diff_ids"]) == len(base["rootfs"]["diff_ids"]) + 1
 	PY
 "$layerfs" rm c >/dev/null
+step "image prune forgets the images no workspace is made from, and their layers; system df agrees"
+json_of() { python3 -c "import json, sys; print(json.load(sys.stdin)$1)"; }
+unused=$("$layerfs" --json system df | json_of '["images"]["reclaimable"]')
+((unused > 0)) || fail "system df counts no image to prune: $("$layerfs" system df)"
+"$layerfs" --json image prune >"$t/pruned.json"
+[[ $(json_of '["images"].__len__()' <"$t/pruned.json") == "$unused" ]] ||
+	fail "image prune removed other than the $unused images df counted: $(cat "$t/pruned.json")"
+grep -q '/test/members:v1"' "$t/pruned.json" || fail "an image no workspace uses was kept: $(cat "$t/pruned.json")"
+images=$("$layerfs" image ls) || fail "image ls after the prune"
+grep -q "/test/img:v1 " <<<"$images" || fail "the image workspace w is made from was pruned: $images"
+[[ $("$layerfs" --json system df | json_of '["images"]["reclaimable"]') == 0 ]] || fail "df after the prune: $("$layerfs" system df)"
+listed=$("$layerfs" --json layer ls | python3 -c 'import json,sys; print("\n".join(sorted(l["id"] for l in json.load(sys.stdin))))')
+[[ $listed == "$(ls "$t/store/layers" | sort)" ]] || fail "layer ls and the store differ after the prune"
+"$layerfs" mount w "$t/w" --fuse >/dev/null
+"$here/tree.py" "$t/w" --xattrs | diff -u "$t/expected.tree" - || fail "w after the prune"
+"$layerfs" unmount w >/dev/null
+
 step "a slow pull: other requests answer beside it; the registry gone mid-layer; the daemon killed mid-pull"
 cd "$t"
 umoci unpack --image oci:v1 big >/dev/null

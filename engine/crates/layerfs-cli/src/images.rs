@@ -75,6 +75,9 @@ pub enum ImageCommand {
         /// The reference it was pulled by.
         reference: String,
     },
+    /// Forget every image no workspace is made from, and remove the layers
+    /// only those images listed.
+    Prune,
 }
 
 /// Stores credentials for a registry in podman's auth file, where pulls
@@ -168,6 +171,7 @@ impl Client {
                     }
                 }
             }
+            ImageCommand::Prune => self.prune(Request::ImagePrune)?,
             ImageCommand::Rm { reference } => {
                 if let Some(full) = self.call::<String>(Request::ImageRm { reference })? {
                     println!("removed image {full}");

@@ -13,6 +13,7 @@ mod demo;
 mod images;
 mod serve;
 mod shell;
+mod space;
 mod workspaces;
 
 #[derive(Parser)]
@@ -93,6 +94,9 @@ enum Command {
     Ls,
     /// Remove a workspace and its changes.
     Rm(workspaces::RmArgs),
+    /// The store as a whole: `system df`, the space it takes.
+    #[command(subcommand)]
+    System(space::SystemCommand),
     /// The NFS server's counters: calls per procedure, reads per record,
     /// writes per reply, bytes, connections.
     Stats,
@@ -152,6 +156,7 @@ fn main() -> ExitCode {
         Command::Ls => client.ls(),
         Command::Rm(args) => client.rm(args),
         Command::Stats => client.stats(),
+        Command::System(command) => client.system(command),
         Command::Completions(args) => shell::completions(args),
         Command::Man(args) => shell::man(args),
         Command::Keeper => workspaces::keeper(client),

@@ -55,6 +55,8 @@ pub enum LayerCommand {
         /// The layer's id, or its first characters (at least 4).
         id: String,
     },
+    /// Remove every layer no workspace stacks on and no image lists.
+    Prune,
 }
 
 #[derive(clap::Args)]
@@ -344,6 +346,7 @@ impl Client {
                     println!("removed layer {id}");
                 }
             }
+            LayerCommand::Prune => self.prune(Request::LayerPrune)?,
         }
         Ok(())
     }

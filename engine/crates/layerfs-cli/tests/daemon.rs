@@ -472,3 +472,61 @@ fn the_nfs_server_admits_root_and_the_daemons_user_only() {
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
     assert!(theirs.wait().unwrap().success());
 }
+
+#[test]
+fn system_df_counts_the_store_and_layer_prune_takes_only_what_nothing_uses() {
+    let d = Daemon::start();
+    let import = |bytes: usize| {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("data"), vec![bytes as u8; bytes]).unwrap();
+        d.ok(&["layer", "import", dir.path().to_str().unwrap()])
+            .trim()
+            .to_owned()
+    };
+    let (used, big, small) = (import(1 << 20), import(2 << 20), import(512 << 10));
+    d.ok(&["create", "w", "--from", &used]);
+    d.ok(&["create", "child", "--from", "w"]);
+    let space: serde_json::Value =
+        serde_json::from_str(&d.ok(&["--json", "system", "df"])).unwrap();
+    let layers = &space["layers"];
+    assert_eq!(layers["count"], 3, "{space}");
+    assert_eq!(layers["reclaimable"], 2, "{space}");
+    let reclaimable = layers["reclaimable_bytes"].as_u64().unwrap();
+    assert!(
+        ((2 << 20) + (512 << 10)..(3 << 20) + (512 << 10)).contains(&reclaimable),
+        "{space}"
+    );
+    assert!(
+        layers["bytes"].as_u64().unwrap() >= reclaimable + (1 << 20),
+        "{space}"
+    );
+    assert_eq!(space["workspaces"]["count"], 2, "{space}");
+    assert!(d.ok(&["system", "df"]).contains("layerfs layer prune"));
+
+    let pruned: serde_json::Value =
+        serde_json::from_str(&d.ok(&["--json", "layer", "prune"])).unwrap();
+    let mut gone: Vec<&str> = pruned["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap())
+        .collect();
+    gone.sort();
+    let mut want = vec![big.as_str(), small.as_str()];
+    want.sort();
+    assert_eq!(gone, want, "{pruned}");
+    assert_eq!(pruned["bytes"].as_u64(), Some(reclaimable));
+    let held: Vec<String> = std::fs::read_dir(d.store.join("layers"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(held, std::slice::from_ref(&used), "the used layer alone is left");
+    assert_eq!(
+        std::fs::read_dir(d.store.join("staging")).unwrap().count(),
+        0
+    );
+    // Nothing more to take; the workspaces still stand on their layer.
+    assert!(d.ok(&["layer", "prune"]).contains("0 layers removed"));
+    d.ok(&["diff", "child"]);
+    d.fails(&["layer", "rm", &used], "in use by workspaces");
+}

@@ -172,6 +172,7 @@ mod images;
 mod kept;
 mod requests;
 mod slots;
+mod space;
 mod store_lock;
 
 use slots::Slots;

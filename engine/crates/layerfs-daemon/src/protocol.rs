@@ -97,6 +97,13 @@ pub enum Request {
     /// Stop serving, leaving every mount as it is, for a daemon that takes
     /// over (`layerfs daemon --upgrade`); answered with this daemon's pid.
     HandOver,
+    /// What the store's parts take on disk, and what pruning would free.
+    SystemDf,
+    /// Removes every layer no workspace stacks on and no image lists.
+    LayerPrune,
+    /// Forgets every image no workspace is made from (none whose layers
+    /// begin a workspace's), then removes the layers only they listed.
+    ImagePrune,
 }
 
 /// How to pull from a registry (`layerfs pull`, `create --from REF`).
@@ -189,6 +196,37 @@ pub enum Response {
     Pushed(PushInfo),
     /// The pid of a daemon handing over: gone once it has.
     HandingOver(u32),
+    Space(Space),
+    Pruned(Pruned),
+}
+
+/// What the store's parts take on disk (each file counted once, where it
+/// is first found: layers, then workspaces), and what pruning would free.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Space {
+    pub layers: SpaceOf,
+    pub images: SpaceOf,
+    /// Workspaces: their changes and the copies of layers they keep.
+    pub workspaces: SpaceOf,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SpaceOf {
+    pub count: usize,
+    /// Bytes on disk.
+    pub bytes: u64,
+    /// How many a prune would remove, and the bytes it would free.
+    pub reclaimable: usize,
+    pub reclaimable_bytes: u64,
+}
+
+/// What a prune removed.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Pruned {
+    pub images: Vec<String>,
+    pub layers: Vec<String>,
+    /// Bytes freed on disk.
+    pub bytes: u64,
 }
 
 /// A value one variant of [`Response`] carries: what a caller expects of
@@ -223,6 +261,8 @@ answers! {
     Images => Vec<ImageInfo>,
     Pushed => PushInfo,
     HandingOver => u32,
+    Space => Space,
+    Pruned => Pruned,
 }
 
 /// Why a request was refused or failed: a kind a program can match on,

@@ -68,6 +68,9 @@ impl Daemon {
             Request::ImageLs => self.image_ls().map(Response::Images),
             Request::ImageRm { reference } => self.image_rm(&reference).map(Response::Removed),
             Request::HandOver => self.hand_over().map(Response::HandingOver),
+            Request::SystemDf => self.space().map(Response::Space),
+            Request::LayerPrune => self.prune(false).map(Response::Pruned),
+            Request::ImagePrune => self.prune(true).map(Response::Pruned),
         };
         if let Err(e) = &outcome {
             tracing::info!(kind = ?e.kind, "request refused: {e}");
