@@ -2,7 +2,8 @@
 # The daemon killed at any step: CYCLES times (default 50), a writer that
 # fsyncs each record through a FUSE mount, and a request of each kind in
 # flight (create, mount, commit, reset, diff, set --size, layer import,
-# pull and push against a docker-registry on 127.0.0.1, rm); then kill -9
+# pull and push against a docker-registry on 127.0.0.1, rm, layer and
+# image prune); then kill -9
 # of the daemon at a random moment (of the keeper too, in one cycle in
 # five), a restart, and checks: every record the writer had fsync'd is in
 # its file; every layer the catalog lists is whole in the store and the
@@ -110,9 +111,11 @@ request() {
 	pull) [[ -z $reg ]] || "$layerfs" pull "$reg/crash/base:v1" --insecure-registry "$reg" ;;
 	push) [[ -z $reg ]] || "$layerfs" push steady "$reg/crash/steady:c$c" --insecure-registry "$reg" ;;
 	rm) "$layerfs" rm --force "c$((c - 1))" ;;
+	prune) "$layerfs" layer prune ;;
+	image-prune) "$layerfs" image prune ;;
 	esac
 }
-kinds=(create mount unmount commit reset diff size import pull push rm)
+kinds=(create mount unmount commit reset diff size import pull push rm prune image-prune)
 
 # One writer per cycle, on a file of its own in the steady workspace:
 # numbered records, each fsync'd, the count fsync'd written to a file
