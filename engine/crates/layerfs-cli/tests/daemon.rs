@@ -520,7 +520,11 @@ fn system_df_counts_the_store_and_layer_prune_takes_only_what_nothing_uses() {
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
-    assert_eq!(held, std::slice::from_ref(&used), "the used layer alone is left");
+    assert_eq!(
+        held,
+        std::slice::from_ref(&used),
+        "the used layer alone is left"
+    );
     assert_eq!(
         std::fs::read_dir(d.store.join("staging")).unwrap().count(),
         0

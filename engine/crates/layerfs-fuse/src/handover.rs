@@ -47,7 +47,7 @@ pub struct KernelInit {
 pub struct Kept {
     pub device: OwnedFd,
     pub kernel: KernelInit,
-    /// Each inode's opens ([`crate::open_table`]); none from a server that
+    /// Each inode's opens (the door's open-file table, a memfd); none from a server that
     /// kept no table, whose successor then answers as a fresh server.
     pub opens: Option<OwnedFd>,
 }
