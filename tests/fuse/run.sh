@@ -130,11 +130,12 @@ if ! MNT=$mnt DOOR=fuse SERVER=$server bash "tests/kernel/$workload"; then
 	exit 1
 fi
 # The rings must have answered: each ring logs the requests it was given
-# at each power of ten, and the workload makes thousands.
+# at each power of ten; the smallest workload (permissions) gives the
+# busiest ring a few hundred, a run through /dev/fuse gives the rings none.
 if [[ $mode == io-uring ]]; then
 	given=$(sed -n 's/.*FUSE ring of CPU [0-9]* has been given \([0-9]*\) requests.*/\1/p' "$base/door.log" | sort -n | tail -1)
 	echo "the busiest ring was given ${given:-no} requests (to the nearest power of ten below)"
-	if ((${given:-0} < 1000)); then
+	if ((${given:-0} < 100)); then
 		echo "the rings answered next to nothing: requests came through /dev/fuse"
 		tail -n 20 "$base/door.log"
 		exit 1
