@@ -105,7 +105,8 @@ pub fn login(args: LoginArgs) -> Result<(), String> {
     if user.is_empty() || password.is_empty() {
         return Err("a user name and a password are needed".into());
     }
-    let file = layerfs_registry::store_credentials(&args.registry, &user, &password)?;
+    let file = layerfs_registry::store_credentials(&args.registry, &user, &password)
+        .map_err(|e| e.message)?;
     println!(
         "credentials for {} stored in {}",
         args.registry,

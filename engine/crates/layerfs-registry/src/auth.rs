@@ -10,6 +10,8 @@ use base64::Engine;
 use oci_client::secrets::RegistryAuth;
 use serde::Deserialize;
 
+use crate::{Error, ErrorKind};
+
 #[derive(Deserialize)]
 struct AuthFile {
     #[serde(default)]
@@ -34,44 +36,41 @@ fn auth_files() -> Vec<PathBuf> {
 }
 
 /// Where `layerfs login` stores credentials: podman's auth file.
-pub fn login_file() -> Result<PathBuf, String> {
+pub fn login_file() -> Result<PathBuf, Error> {
     if let Some(file) = std::env::var_os("REGISTRY_AUTH_FILE") {
         return Ok(file.into());
     }
     match std::env::var_os("XDG_RUNTIME_DIR") {
         Some(dir) => Ok(PathBuf::from(dir).join("containers/auth.json")),
-        None => Err(
-            "neither REGISTRY_AUTH_FILE nor XDG_RUNTIME_DIR is set: no auth file to store to"
-                .into(),
-        ),
+        None => Err(Error::invalid(
+            "neither REGISTRY_AUTH_FILE nor XDG_RUNTIME_DIR is set: no auth file to store to",
+        )),
     }
 }
 
 /// Stores `user` and `password` for `registry` in [`login_file`] (made
 /// 0600, other registries' entries kept), replacing the file in one rename.
-pub fn store_credentials(registry: &str, user: &str, password: &str) -> Result<PathBuf, String> {
+pub fn store_credentials(registry: &str, user: &str, password: &str) -> Result<PathBuf, Error> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let file = login_file()?;
-    let shown = |e: std::io::Error| format!("{}: {e}", file.display());
+    let shown =
+        |e: std::io::Error| Error::new(ErrorKind::Store, format!("{}: {e}", file.display()));
+    let not_auth = |why: &str| Error::invalid(format!("{}: not an auth file{why}", file.display()));
     let mut all: serde_json::Value = match std::fs::read(&file) {
-        Ok(text) => serde_json::from_slice(&text)
-            .map_err(|e| format!("{}: not an auth file: {e}", file.display()))?,
+        Ok(text) => serde_json::from_slice(&text).map_err(|e| not_auth(&format!(": {e}")))?,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => serde_json::json!({}),
         Err(e) => return Err(shown(e)),
     };
     let encoded = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
     let Some(object) = all.as_object_mut() else {
-        return Err(format!("{}: not an auth file", file.display()));
+        return Err(not_auth(""));
     };
     let auths = object
         .entry("auths")
         .or_insert_with(|| serde_json::json!({}));
     let Some(auths) = auths.as_object_mut() else {
-        return Err(format!(
-            "{}: its \"auths\" is not an object",
-            file.display()
-        ));
+        return Err(not_auth(": its \"auths\" is not an object"));
     };
     auths.insert(registry.to_owned(), serde_json::json!({ "auth": encoded }));
     if let Some(dir) = file.parent() {
@@ -85,7 +84,7 @@ pub fn store_credentials(registry: &str, user: &str, password: &str) -> Result<P
         .mode(0o600)
         .open(&staged)
         .map_err(shown)?;
-    let text = serde_json::to_vec_pretty(&all).map_err(|e| e.to_string())?;
+    let text = serde_json::to_vec_pretty(&all).expect("a JSON value serialises");
     out.write_all(&text)
         .and_then(|()| out.sync_all())
         .map_err(shown)?;

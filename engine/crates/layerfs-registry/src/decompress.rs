@@ -11,6 +11,8 @@ use std::io::{self, BufRead, BufReader, Read};
 use ruzstd::decoding::errors::{FrameDecoderError, ReadFrameHeaderError};
 use ruzstd::decoding::{BlockDecodingStrategy, FrameDecoder};
 
+use crate::{Error, ErrorKind};
+
 /// How a layer's tar stream is stored in its blob.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Compression {
@@ -21,21 +23,25 @@ pub(crate) enum Compression {
 
 impl Compression {
     /// The compression a layer's media type names.
-    pub(crate) fn of(media_type: &str) -> Result<Compression, String> {
+    pub(crate) fn of(media_type: &str) -> Result<Compression, Error> {
         const LAYERS: [&str; 2] = [
             "application/vnd.oci.image.layer.v1.tar",
             "application/vnd.docker.image.rootfs.diff.tar",
         ];
+        let unknown = |why: &str| {
+            Error::new(
+                ErrorKind::Registry,
+                format!("unknown media type {media_type:?}{why}"),
+            )
+        };
         let Some(rest) = LAYERS.iter().find_map(|l| media_type.strip_prefix(l)) else {
-            return Err(format!(
-                "unknown media type {media_type:?}: not an image layer"
-            ));
+            return Err(unknown(": not an image layer"));
         };
         match rest {
             "" => Ok(Compression::None),
             "+gzip" | ".gzip" => Ok(Compression::Gzip),
             "+zstd" | ".zstd" => Ok(Compression::Zstd),
-            _ => Err(format!("unknown media type {media_type:?}")),
+            _ => Err(unknown("")),
         }
     }
 

@@ -52,13 +52,6 @@ impl Error {
     }
 }
 
-/// A message alone is the registry's doing: what it sent cannot be used.
-impl From<String> for Error {
-    fn from(message: String) -> Error {
-        Error::new(ErrorKind::Registry, message)
-    }
-}
-
 impl std::fmt::Display for Error {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.message)

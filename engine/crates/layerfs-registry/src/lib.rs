@@ -15,6 +15,7 @@ mod manifest;
 mod pull;
 mod push;
 mod reference;
+mod session;
 
 pub use auth::{credentials_for, login_file, store_credentials};
 pub use blob::{write_layer_blob, BlobInfo, LAYER_GZIP};

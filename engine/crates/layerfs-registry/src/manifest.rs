@@ -8,16 +8,13 @@
 //! config's size is checked in its descriptor before it is fetched, and
 //! again on its bytes.
 
+use crate::session::{host_arch, Session};
+use crate::{Error, ErrorKind, MAX_MANIFEST};
 use oci_client::client::current_platform_resolver;
 use oci_client::manifest::{
     ImageIndexEntry, OciImageManifest, OciManifest, IMAGE_MANIFEST_LIST_MEDIA_TYPE,
     IMAGE_MANIFEST_MEDIA_TYPE, OCI_IMAGE_INDEX_MEDIA_TYPE, OCI_IMAGE_MEDIA_TYPE,
 };
-use oci_client::secrets::RegistryAuth;
-use oci_client::{Client, Reference};
-
-use crate::pull::host_arch;
-use crate::{Error, MAX_MANIFEST};
 
 /// Picks the digest of one image of an index.
 pub(crate) type Chooser = Box<dyn Fn(&[ImageIndexEntry]) -> Option<String> + Send + Sync>;
@@ -30,16 +27,20 @@ pub(crate) struct Fetched {
     pub config: Vec<u8>,
 }
 
-/// Fetches `image`'s manifest, choosing from an index with `choose`, and
-/// its config. `platform` names the choice in errors.
+/// Fetches the session's image's manifest, choosing from an index with
+/// `choose`, and its config. `platform` names the choice in errors.
 pub(crate) async fn fetch(
-    client: &Client,
-    image: &Reference,
-    auth: &RegistryAuth,
+    session: &Session,
     choose: &Chooser,
     platform: Option<&str>,
-    failed: &dyn Fn(oci_client::errors::OciDistributionError) -> Error,
 ) -> Result<Fetched, Error> {
+    let Session {
+        client,
+        image,
+        auth,
+        ..
+    } = session;
+    let failed = |e| session.failed(e);
     const ANY: &[&str] = &[
         OCI_IMAGE_MEDIA_TYPE,
         IMAGE_MANIFEST_MEDIA_TYPE,
@@ -75,9 +76,7 @@ pub(crate) async fn fetch(
             match parse(&body)? {
                 OciManifest::Image(manifest) => (manifest, digest),
                 OciManifest::ImageIndex(_) => {
-                    return Err("its index names another index, not an image"
-                        .to_owned()
-                        .into())
+                    return Err(sent("its index names another index, not an image"))
                 }
             }
         }
@@ -104,11 +103,18 @@ fn parse(body: &[u8]) -> Result<OciManifest, Error> {
     if body.len() > MAX_MANIFEST {
         return Err(too_large("manifest"));
     }
-    serde_json::from_slice(body).map_err(|e| format!("its manifest cannot be read: {e}").into())
+    serde_json::from_slice(body).map_err(|e| sent(&format!("its manifest cannot be read: {e}")))
 }
 
 fn too_large(what: &str) -> Error {
-    format!("its {what} is larger than {MAX_MANIFEST} bytes, the most a pull accepts").into()
+    sent(&format!(
+        "its {what} is larger than {MAX_MANIFEST} bytes, the most a pull accepts"
+    ))
+}
+
+/// What the registry sent cannot be used.
+fn sent(why: &str) -> Error {
+    Error::new(ErrorKind::Registry, why)
 }
 
 /// The image of an index a pull takes: the one of `platform`

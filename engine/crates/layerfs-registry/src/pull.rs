@@ -17,16 +17,14 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::{StreamExt, TryStreamExt};
 use layerfs_layers::{LayerId, Store};
-use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
-use oci_client::errors::OciDistributionError;
 use oci_client::manifest::{OciDescriptor, OciImageManifest};
-use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use crate::decompress::Compression;
-use crate::{auth, manifest, reference, Error, ErrorKind, PullOptions, Transport, PARALLEL_LAYERS};
+use crate::session::Session;
+use crate::{manifest, Error, ErrorKind, PullOptions, PARALLEL_LAYERS};
 
 /// An image in the store.
 #[derive(Clone, Debug)]
@@ -107,36 +105,24 @@ pub fn pull(
     have: &(dyn Fn(&str) -> Option<LayerId> + Sync),
     progress: &mut dyn FnMut(&[LayerProgress]),
 ) -> Result<Pulled, Error> {
-    let image = reference::parse(reference).map_err(Error::invalid)?;
-    let client = Client::new(client_config(&options.transport).map_err(Error::invalid)?);
+    let session = Session::open(reference, &options.transport)?;
     let choose = manifest::chooser(options.platform.as_deref())?;
-    let auth = auth::credentials_for(image.resolve_registry());
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| {
-            Error::new(
-                ErrorKind::Store,
-                format!("cannot start the registry client: {e}"),
-            )
-        })?;
-    let registry = image.resolve_registry().to_owned();
-    let failed = |e| explain(&registry, &auth, e);
     let manifest::Fetched {
         manifest,
         digest,
         config,
-    } = runtime.block_on(manifest::fetch(
-        &client,
-        &image,
-        &auth,
+    } = session.block_on(manifest::fetch(
+        &session,
         &choose,
         options.platform.as_deref(),
-        &failed,
     ))?;
     let raw_config = config;
-    let config: ImageConfig = serde_json::from_slice(&raw_config)
-        .map_err(|e| format!("its config cannot be read: {e}"))?;
+    let config: ImageConfig = serde_json::from_slice(&raw_config).map_err(|e| {
+        Error::new(
+            ErrorKind::Registry,
+            format!("its config cannot be read: {e}"),
+        )
+    })?;
     let platform = config.platform();
     let diff_ids = config.rootfs.diff_ids;
     check_manifest(&manifest, &diff_ids)?;
@@ -157,10 +143,10 @@ pub fn pull(
         progress(&now);
     };
     let fetched = std::thread::scope(|threads| {
-        runtime.block_on(async {
+        session.block_on(async {
             let downloads = futures_util::stream::iter(wanted.iter().copied().zip(&done))
                 .map(|(i, done)| {
-                    let (client, image) = (&client, &image);
+                    let (client, image) = (&session.client, &session.image);
                     let (descriptor, diff_id) = (&manifest.layers[i], &diff_ids[i]);
                     async move {
                         let layer =
@@ -187,8 +173,8 @@ pub fn pull(
         layers[i] = Some(layer);
     }
     Ok(Pulled {
-        reference: image.whole(),
-        repository: crate::push::repository_of(&image),
+        reference: session.image.whole(),
+        repository: crate::push::repository_of(&session.image),
         digest,
         fetched: wanted.len(),
         config: raw_config,
@@ -210,16 +196,20 @@ pub fn pull(
 
 /// A manifest the store can use: one `diff_id` per layer, each layer of a
 /// media type this pull can unpack.
-fn check_manifest(manifest: &OciImageManifest, diff_ids: &[String]) -> Result<(), String> {
+fn check_manifest(manifest: &OciImageManifest, diff_ids: &[String]) -> Result<(), Error> {
     if manifest.layers.len() != diff_ids.len() {
-        return Err(format!(
-            "its manifest has {} layers and its config {} diff_ids",
-            manifest.layers.len(),
-            diff_ids.len()
+        return Err(Error::new(
+            ErrorKind::Registry,
+            format!(
+                "its manifest has {} layers and its config {} diff_ids",
+                manifest.layers.len(),
+                diff_ids.len()
+            ),
         ));
     }
     for layer in &manifest.layers {
-        Compression::of(&layer.media_type).map_err(|e| format!("layer {}: {e}", layer.digest))?;
+        Compression::of(&layer.media_type)
+            .map_err(|e| e.of(format_args!("layer {}", layer.digest)))?;
     }
     Ok(())
 }
@@ -239,7 +229,7 @@ async fn fetch_layer<'scope>(
     let mut stream = client
         .pull_blob_stream(image, descriptor)
         .await
-        .map_err(|e| e.to_string())?
+        .map_err(|e| Error::new(ErrorKind::Registry, e.to_string()))?
         .stream;
     let (chunks, received) = tokio::sync::mpsc::channel::<io::Result<Bytes>>(16);
     let (result_tx, result_rx) = tokio::sync::oneshot::channel();
@@ -384,98 +374,4 @@ impl<R: Read> Read for Hashed<R> {
         self.hash.update(&buf[..n]);
         Ok(n)
     }
-}
-
-/// The client's settings: plain HTTP only for the registries named.
-pub(crate) fn client_config(transport: &Transport) -> Result<ClientConfig, String> {
-    let Transport {
-        insecure,
-        no_tls_verify,
-        ca_file,
-    } = transport;
-    let mut config = ClientConfig {
-        protocol: if insecure.is_empty() {
-            ClientProtocol::Https
-        } else {
-            ClientProtocol::HttpsExcept(insecure.clone())
-        },
-        accept_invalid_certificates: *no_tls_verify,
-        read_timeout: Some(Duration::from_secs(60)),
-        connect_timeout: Some(Duration::from_secs(10)),
-        ..ClientConfig::default()
-    };
-    if let Some(file) = ca_file {
-        let data = std::fs::read(file).map_err(|e| format!("{}: {e}", file.display()))?;
-        config.extra_root_certificates.push(Certificate {
-            encoding: CertificateEncoding::Pem,
-            data,
-        });
-    }
-    Ok(config)
-}
-
-/// The host's architecture as image indexes name it.
-pub(crate) fn host_arch() -> &'static str {
-    match std::env::consts::ARCH {
-        "x86_64" => "amd64",
-        "aarch64" => "arm64",
-        "x86" => "386",
-        other => other,
-    }
-}
-
-/// An error and its causes, innermost last: a client's own message ("error
-/// sending request") hides why.
-fn causes(e: &dyn std::error::Error) -> String {
-    let mut all = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        all.push_str(": ");
-        all.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    all
-}
-
-/// The client's error in the user's terms.
-pub(crate) fn explain(
-    registry: &str,
-    auth: &RegistryAuth,
-    e: oci_client::errors::OciDistributionError,
-) -> Error {
-    use OciDistributionError as E;
-    let message = match e {
-        E::AuthenticationFailure(_) | E::UnauthorizedError { .. } => {
-            return Error::new(
-                ErrorKind::Unauthorized,
-                match auth {
-                    RegistryAuth::Anonymous => {
-                        format!("{registry} wants credentials: run `layerfs login {registry}`")
-                    }
-                    _ => format!(
-                        "{registry} refused the stored credentials: run `layerfs login {registry}` again"
-                    ),
-                },
-            )
-        }
-        E::RequestError(e)
-            if e.url().is_some_and(|u| u.scheme() == "https")
-                && (e.is_connect() || e.is_request()) =>
-        {
-            let causes = causes(&e);
-            if causes.contains("certificate") || causes.contains("UnknownIssuer") {
-                format!(
-                    "{registry}: its TLS certificate is not trusted ({causes}): name its CA's PEM \
-                     file in LAYERFS_REGISTRY_CA for the daemon, or give --tls-verify=false"
-                )
-            } else {
-                format!(
-                    "{registry}: cannot reach it over HTTPS ({causes}); if it serves plain \
-                     HTTP, add --insecure-registry {registry}"
-                )
-            }
-        }
-        e => format!("{registry}: {e}"),
-    };
-    Error::new(ErrorKind::Registry, message)
 }

@@ -14,13 +14,12 @@ use std::path::{Path, PathBuf};
 use futures_util::StreamExt;
 use oci_client::client::Client;
 use oci_client::manifest::{OciDescriptor, OciImageManifest, OciManifest};
-use oci_client::secrets::RegistryAuth;
 use oci_client::{Reference, RegistryOperation};
 use sha2::{Digest, Sha256};
 
 use crate::blob::{write_layer_blob, BlobInfo};
-use crate::pull::{client_config, explain, host_arch};
-use crate::{auth, reference, Error, ErrorKind, Transport};
+use crate::session::{host_arch, Session};
+use crate::{Error, ErrorKind, Transport};
 
 /// A layer to push: where it is, the blobs it is known by, and what its
 /// history entry says.
@@ -51,41 +50,30 @@ pub fn push(
     transport: &Transport,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<Pushed, Error> {
-    let image = reference::parse(reference).map_err(Error::invalid)?;
-    let registry = image.resolve_registry().to_owned();
-    let client = Client::new(client_config(transport).map_err(Error::invalid)?);
-    let auth = auth::credentials_for(&registry);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| {
-            Error::new(
-                ErrorKind::Store,
-                format!("cannot start the registry client: {e}"),
-            )
-        })?;
-    let failed = |e| explain(&registry, &auth, e);
-    runtime
-        .block_on(client.auth(&image, &auth, RegistryOperation::Push))
+    let session = Session::open(reference, transport)?;
+    let Session {
+        client,
+        image,
+        auth,
+        ..
+    } = &session;
+    let failed = |e| session.failed(e);
+    session
+        .block_on(client.auth(image, auth, RegistryOperation::Push))
         .map_err(failed)?;
     let mut pushed = Vec::new();
     for (i, layer) in layers.iter().enumerate() {
         progress(i as u64, layers.len() as u64);
-        let found = runtime
-            .block_on(already_there(&client, &image, &layer.known))
+        let found = session
+            .block_on(already_there(client, image, &layer.known))
             .map_err(failed)?;
         let entry = match found {
             Some(blob) => (blob, false),
-            None => (
-                upload_layer(
-                    &runtime, &client, &image, &auth, &layer.dir, staging, &registry,
-                )?,
-                true,
-            ),
+            None => (upload_layer(&session, &layer.dir, staging)?, true),
         };
         pushed.push((
             BlobInfo {
-                repository: Some(repository_of(&image)),
+                repository: Some(repository_of(image)),
                 ..entry.0
             },
             entry.1,
@@ -94,8 +82,8 @@ pub fn push(
     let config = image_config(&pushed, layers, base)?;
     let config_digest = format!("sha256:{}", crate::hex(&Sha256::digest(&config)));
     let config_size = config.len() as i64;
-    runtime
-        .block_on(client.push_blob(&image, config, &config_digest))
+    session
+        .block_on(client.push_blob(image, config, &config_digest))
         .map_err(failed)?;
     let manifest = OciImageManifest {
         schema_version: 2,
@@ -118,11 +106,11 @@ pub fn push(
         ..OciImageManifest::default()
     };
     let manifest = OciManifest::Image(manifest);
-    let bytes = serde_json::to_vec(&manifest).map_err(|e| e.to_string())?;
+    let bytes = serde_json::to_vec(&manifest).expect("a manifest serialises");
     let digest = format!("sha256:{}", crate::hex(&Sha256::digest(&bytes)));
-    runtime
+    session
         .block_on(client.push_manifest_raw(
-            &image,
+            image,
             bytes::Bytes::from(bytes),
             http::HeaderValue::from_static(oci_client::manifest::OCI_IMAGE_MEDIA_TYPE),
         ))
@@ -182,15 +170,7 @@ async fn already_there(
 
 /// Writes the layer at `dir` as a blob in `staging` and uploads it,
 /// streamed from the file; the file is removed either way.
-fn upload_layer(
-    runtime: &tokio::runtime::Runtime,
-    client: &Client,
-    image: &Reference,
-    auth: &RegistryAuth,
-    dir: &Path,
-    staging: &Path,
-    registry: &str,
-) -> Result<BlobInfo, Error> {
+fn upload_layer(session: &Session, dir: &Path, staging: &Path) -> Result<BlobInfo, Error> {
     let file = staging.join(format!(
         "blob-{}-{}",
         std::process::id(),
@@ -224,9 +204,11 @@ fn upload_layer(
             }
         })
         .boxed();
-        runtime
-            .block_on(client.push_blob_stream(image, chunks, &blob.digest, Some(blob.size)))
-            .map_err(|e| explain(registry, auth, e))?;
+        let upload =
+            session
+                .client
+                .push_blob_stream(&session.image, chunks, &blob.digest, Some(blob.size));
+        session.block_on(upload).map_err(|e| session.failed(e))?;
         Ok(blob)
     })();
     let _ = std::fs::remove_file(&file);

@@ -3,17 +3,19 @@
 
 use oci_client::Reference;
 
+use crate::Error;
+
 /// `reference` parsed with Docker Hub's defaults applied, or why it is not
 /// one.
-pub fn parse(reference: &str) -> Result<Reference, String> {
+pub fn parse(reference: &str) -> Result<Reference, Error> {
     reference
         .parse::<Reference>()
-        .map_err(|e| format!("{reference:?} is not an image reference: {e}"))
+        .map_err(|e| Error::invalid(format!("{reference:?} is not an image reference: {e}")))
 }
 
 /// The full form of `reference` (`registry/repository:tag` or `@digest`),
 /// the name an image is recorded under.
-pub fn normalize(reference: &str) -> Result<String, String> {
+pub fn normalize(reference: &str) -> Result<String, Error> {
     Ok(parse(reference)?.whole())
 }
 

@@ -221,7 +221,7 @@ impl Daemon {
     /// The full reference of an image the store has, given as the user
     /// wrote it (`debian` for `docker.io/library/debian:latest`).
     fn image_name(&self, reference: &str) -> Outcome<String> {
-        let full = layerfs_registry::normalize(reference).map_err(invalid)?;
+        let full = layerfs_registry::normalize(reference).map_err(|e| invalid(e.message))?;
         match self.catalog.image(&full).map_err(|e| e.to_string())? {
             Some(_) => Ok(full),
             None => Err(not_found(format!(
