@@ -174,7 +174,7 @@ pub fn pull(
     }
     Ok(Pulled {
         reference: session.image.whole(),
-        repository: crate::push::repository_of(&session.image),
+        repository: crate::session::repository_of(&session.image),
         digest,
         fetched: wanted.len(),
         config: raw_config,

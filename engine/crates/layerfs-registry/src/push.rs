@@ -18,7 +18,7 @@ use oci_client::{Reference, RegistryOperation};
 use sha2::{Digest, Sha256};
 
 use crate::blob::{write_layer_blob, BlobInfo};
-use crate::session::{host_arch, Session};
+use crate::session::{host_arch, repository_of, Session};
 use crate::{Error, ErrorKind, Transport};
 
 /// A layer to push: where it is, the blobs it is known by, and what its
@@ -121,11 +121,6 @@ pub fn push(
         digest,
         layers: pushed,
     })
-}
-
-/// `registry/repository` of `image`.
-pub(crate) fn repository_of(image: &Reference) -> String {
-    format!("{}/{}", image.resolve_registry(), image.repository())
 }
 
 /// One of `known` the repository of `image` has, or can mount from another

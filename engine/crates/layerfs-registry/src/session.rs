@@ -52,6 +52,11 @@ impl Session {
     }
 }
 
+/// `registry/repository` of `image`.
+pub(crate) fn repository_of(image: &Reference) -> String {
+    format!("{}/{}", image.resolve_registry(), image.repository())
+}
+
 /// The runtime every registry request of the process runs on, made at the
 /// first: two worker threads drive the client's connections, and each
 /// caller's future runs on the caller's own thread, so the pulls and
