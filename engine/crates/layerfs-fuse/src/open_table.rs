@@ -88,8 +88,8 @@ impl OpenTable {
             ));
         }
         // SAFETY (memmap2's contract): the memfd is this session's alone,
-        // shared only with servers of it, which never run at once, and it is
-        // never truncated below its size.
+        // shared only with servers of it, which never run at once; it only
+        // grows, but for `abandon`, which drops this mapping first.
         #[allow(unsafe_code)]
         let map = unsafe { MmapMut::map_mut(&file)? };
         let mut table = OpenTable {
