@@ -168,7 +168,9 @@ check_store() {
 		fail "layer ls after the restart"
 	held=$(ls "$LAYERFS_STORE/layers" | sort)
 	[[ $listed == "$held" ]] || fail "layer ls and the store's layers differ:"$'\n'"$(diff <(echo "$listed") <(echo "$held"))"
-	[[ -z $(ls -A "$LAYERFS_STORE/staging" 2>/dev/null) ]] || fail "staging holds $(ls "$LAYERFS_STORE/staging")"
+	local staged
+	staged=$(ls -A "$LAYERFS_STORE/staging") || fail "the store has no staging directory"
+	[[ -z $staged ]] || fail "staging holds $staged"
 	# Images: every layer of each is in the store.
 	json image ls | python3 -c '
 import json, os, sys

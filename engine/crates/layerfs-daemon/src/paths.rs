@@ -42,10 +42,12 @@ pub fn socket_to_reach(store: &Path) -> io::Result<PathBuf> {
 /// The socket directory of a user with no `$XDG_RUNTIME_DIR`.
 fn without_runtime_dir() -> PathBuf {
     let uid = rustix::process::geteuid();
-    match () {
-        _ if uid.is_root() && cfg!(target_os = "linux") => PathBuf::from("/run/layerfs"),
-        _ if uid.is_root() => PathBuf::from("/var/run/layerfs"),
-        _ => std::env::temp_dir().join(format!("layerfs-{}", uid.as_raw())),
+    if !uid.is_root() {
+        std::env::temp_dir().join(format!("layerfs-{}", uid.as_raw()))
+    } else if cfg!(target_os = "linux") {
+        PathBuf::from("/run/layerfs")
+    } else {
+        PathBuf::from("/var/run/layerfs")
     }
 }
 

@@ -320,7 +320,7 @@ fn serve(
     let mut serving = false;
     // Requests this ring was given, logged at each power of ten: what
     // shows that requests came through the rings, not /dev/fuse.
-    let mut given: u64 = 0;
+    let (mut given, mut next_logged): (u64, u64) = (0, 1);
     loop {
         match ring.submit_and_wait(1) {
             Ok(_) => {}
@@ -350,8 +350,9 @@ fn serve(
                 serving = true;
             }
             given += 1;
-            if 10u64.pow(given.ilog10()) == given {
+            if given == next_logged {
                 tracing::info!("FUSE ring of CPU {qid} has been given {given} requests");
+                next_logged = next_logged.saturating_mul(10);
             }
             let i = data as usize;
             let Some(mut slot) = slots[i].take() else {

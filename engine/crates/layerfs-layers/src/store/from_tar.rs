@@ -90,7 +90,8 @@ pub(super) fn unpack(reader: impl Read, layer: &mut LayerWriter) -> io::Result<(
         match put {
             Ok(()) => {}
             Err(Refused::Cannot(e))
-                if is_whiteout(&path) && e.raw_os_error() == Some(libc_enotdir()) =>
+                if is_whiteout(&path)
+                    && e.raw_os_error() == Some(rustix::io::Errno::NOTDIR.raw_os_error()) =>
             {
                 tracing::debug!(path = %path.display(), "a whiteout under a non-directory: dropped");
             }
@@ -123,15 +124,10 @@ pub(super) fn unpack(reader: impl Read, layer: &mut LayerWriter) -> io::Result<(
     Ok(())
 }
 
-/// ENOTDIR, as `io::Error::raw_os_error` gives it.
-fn libc_enotdir() -> i32 {
-    rustix::io::Errno::NOTDIR.raw_os_error()
-}
-
 /// Whether `path` names a whiteout (`.wh.NAME`, or `.wh..wh..opq`).
 fn is_whiteout(path: &Path) -> bool {
     path.file_name()
-        .is_some_and(|n| n.as_bytes().starts_with(b".wh."))
+        .is_some_and(|n| n.as_bytes().starts_with(crate::WHITEOUT_PREFIX.as_bytes()))
 }
 
 /// A stream followed, once it ends, by zeros to the end of its 512-byte
