@@ -30,6 +30,37 @@ impl From<RegistryArgs> for RegistryOptions {
             platform: args.platform,
             insecure: args.insecure_registry,
             no_tls_verify: !args.tls_verify,
+            ..RegistryOptions::default()
+        }
+    }
+}
+
+/// Lazy pull: a layer whose blob carries a table of contents (eStargz,
+/// zstd:chunked) is ready from the table alone; its files' data comes at
+/// first read, and the daemon fetches the rest in the background.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct LazyArgs {
+    /// Download every layer whole before answering, as for an image with
+    /// no table of contents.
+    #[arg(long, conflicts_with_all = ["complete", "on_read"])]
+    whole: bool,
+    /// Pull lazily, then wait until every layer's data is here.
+    #[arg(long, conflicts_with = "on_read")]
+    complete: bool,
+    /// Bring lazy layers' data only as it is read: the daemon does not
+    /// fetch the rest in the background (until a pull without this).
+    #[arg(long)]
+    on_read: bool,
+}
+
+impl RegistryArgs {
+    /// The options of a pull, lazy as `lazy` says.
+    pub fn pulling(self, lazy: LazyArgs) -> RegistryOptions {
+        RegistryOptions {
+            whole: lazy.whole,
+            complete: lazy.complete,
+            on_read: lazy.on_read,
+            ..self.into()
         }
     }
 }
@@ -41,6 +72,8 @@ pub struct PullArgs {
     reference: String,
     #[command(flatten)]
     registry: RegistryArgs,
+    #[command(flatten)]
+    lazy: LazyArgs,
 }
 
 #[derive(clap::Args)]
@@ -115,11 +148,30 @@ pub fn login(args: LoginArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// What a pull made lazily, and what it could not.
+fn say_lazy(image: &ImageInfo) {
+    if !image.whole.is_empty() {
+        println!(
+            "downloaded whole, with no table of contents to pull lazily: {}",
+            image.whole.join(", ")
+        );
+    }
+    if let Some((local, all)) = image.local {
+        if local < all {
+            println!(
+                "lazy: {} of {} of file data here; the rest comes at first read, and in the background",
+                human(local),
+                human(all)
+            );
+        }
+    }
+}
+
 impl Client {
     pub fn pull(&self, args: PullArgs) -> Result<(), String> {
         let request = Request::Pull {
             reference: args.reference,
-            registry: args.registry.into(),
+            registry: args.registry.pulling(args.lazy),
         };
         if let Some(image) = self.call::<ImageInfo>(request)? {
             println!(
@@ -129,6 +181,7 @@ impl Client {
                 image.layers.len(),
                 image.fetched
             );
+            say_lazy(&image);
         }
         Ok(())
     }
@@ -156,18 +209,24 @@ impl Client {
                     let mut out = io::stdout().lock();
                     let _ = writeln!(
                         out,
-                        "{:<50} {:<19} {:>6} {:>8}",
-                        "REFERENCE", "DIGEST", "LAYERS", "SIZE"
+                        "{:<50} {:<19} {:>6} {:>8} {:>6}",
+                        "REFERENCE", "DIGEST", "LAYERS", "SIZE", "LOCAL"
                     );
                     for i in images {
                         let digest = i.digest.strip_prefix("sha256:").unwrap_or(&i.digest);
+                        // The share of lazy layers' file data here.
+                        let local = match i.local {
+                            Some((local, all)) if all > 0 => format!("{}%", local * 100 / all),
+                            _ => "100%".into(),
+                        };
                         let _ = writeln!(
                             out,
-                            "{:<50} {:<19} {:>6} {:>8}",
+                            "{:<50} {:<19} {:>6} {:>8} {:>6}",
                             i.reference,
                             format!("sha256:{}", &digest[..digest.len().min(12)]),
                             i.layers.len(),
-                            human(i.size)
+                            human(i.size),
+                            local
                         );
                     }
                 }

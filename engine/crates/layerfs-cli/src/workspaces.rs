@@ -72,6 +72,8 @@ pub struct CreateArgs {
     from: Vec<String>,
     #[command(flatten)]
     registry: crate::images::RegistryArgs,
+    #[command(flatten)]
+    lazy: crate::images::LazyArgs,
     /// The most its changes may hold (file sizes, and 4 KiB per file and
     /// directory): bytes, or with K, M, G or T (powers of 1024). A write,
     /// copy-up or new file past it fails with "No space left on device".
@@ -359,7 +361,7 @@ impl Client {
             name: args.name,
             from: args.from,
             size: args.size,
-            registry: args.registry.into(),
+            registry: args.registry.pulling(args.lazy),
             mount: args.mount.as_deref().map(absolute).transpose()?,
             door: args.door.door(),
         };

@@ -13,7 +13,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use layerfs_layers::{remove_tree, Store, Workspace};
+use layerfs_layers::{remove_tree, LayerId, Store, Workspace};
 use layerfs_nfs::{Export, Exports, HandleKey};
 use layerfs_rpc::{ServerConfig, ServerHandle};
 use parking_lot::Mutex;
@@ -140,6 +140,8 @@ impl Open {
 
 struct Daemon {
     root: PathBuf,
+    /// Lazy layers whose completion has started.
+    completing: Mutex<std::collections::HashSet<LayerId>>,
     key: HandleKey,
     store: Store,
     catalog: Catalog,
@@ -170,6 +172,7 @@ struct Daemon {
 mod images;
 #[cfg(target_os = "linux")]
 mod kept;
+mod lazy;
 mod requests;
 mod slots;
 mod space;
@@ -249,9 +252,11 @@ impl Daemon {
             #[cfg(target_os = "linux")]
             handover: Mutex::default(),
             handing_over: AtomicBool::new(false),
+            completing: Mutex::default(),
         };
         daemon.sweep_orphans()?;
         daemon.record_unrecorded_commits()?;
+        daemon.attach_lazy_layers();
         Ok(daemon)
     }
 

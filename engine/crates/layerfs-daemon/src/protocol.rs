@@ -118,6 +118,15 @@ pub struct RegistryOptions {
     /// Accept any certificate.
     #[serde(default)]
     pub no_tls_verify: bool,
+    /// Download every layer whole, even one with a table of contents.
+    #[serde(default)]
+    pub whole: bool,
+    /// Wait until every lazy layer of the image is complete.
+    #[serde(default)]
+    pub complete: bool,
+    /// Lazy layers get their data only when read: no completion.
+    #[serde(default)]
+    pub on_read: bool,
 }
 
 /// What a push did.
@@ -145,6 +154,13 @@ pub struct ImageInfo {
     /// Of its layers, how many this pull downloaded (the rest were here).
     #[serde(default)]
     pub fetched: usize,
+    /// Where layers are lazy: the bytes of their files' data here, and in all.
+    #[serde(default)]
+    pub local: Option<(u64, u64)>,
+    /// The blobs this pull downloaded whole, having no table of contents to
+    /// pull them lazily.
+    #[serde(default)]
+    pub whole: Vec<String>,
 }
 
 /// What the daemon answers a request: its [`Response`], or why not.

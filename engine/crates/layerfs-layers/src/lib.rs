@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 mod digest;
+pub mod lazy;
 pub mod redb_file;
 mod stack;
 mod store;

@@ -63,6 +63,15 @@ impl Store {
             return Err(io::Error::other(UNSTABLE_INODES));
         }
         fs::create_dir_all(root.join("layers"))?;
+        fs::create_dir_all(root.join("lazy"))?;
+        // A lazy layer's state is made before its layer is moved into
+        // place: state without a layer is an import a crash cut short.
+        for entry in fs::read_dir(root.join("lazy"))? {
+            let entry = entry?;
+            if !root.join("layers").join(entry.file_name()).is_dir() {
+                remove_tree(&entry.path())?;
+            }
+        }
         let staging = root.join("staging");
         if staging.exists() {
             fs::remove_dir_all(&staging)?;
@@ -115,7 +124,128 @@ impl Store {
         fs::remove_dir(&doomed)?;
         fs::rename(self.layer_dir(id), &doomed)?;
         File::open(self.root.join("layers"))?.sync_all()?;
+        crate::lazy::detach(id);
+        let lazy = self.lazy_dir(id);
+        if lazy.exists() {
+            remove_tree(&lazy)?;
+        }
         remove_tree(&doomed)
+    }
+
+    /// Where lazy layer `id` keeps its state.
+    fn lazy_dir(&self, id: &LayerId) -> PathBuf {
+        self.root.join("lazy").join(&id.0)
+    }
+
+    /// Imports a lazy layer: the tree `entries` describe, every regular
+    /// file at its size and all holes, its data to be brought from `source`
+    /// piece by piece once the layer is attached ([`Store::attach_lazy`]).
+    /// A layer of the same content already in the store is taken as it is.
+    /// An entry that would land outside the layer fails the import.
+    pub fn import_lazy(
+        &self,
+        entries: &[crate::lazy::Entry],
+        source: &crate::lazy::Source,
+    ) -> io::Result<LayerId> {
+        use crate::lazy::EntryKind;
+        let staged = self.staging_dir()?;
+        let built = (|| {
+            let mut layer = LayerWriter::new(&staged)?;
+            for entry in entries {
+                let meta = writer::Meta {
+                    mode: entry.mode,
+                    uid: entry.uid,
+                    gid: entry.gid,
+                    atime: None,
+                    mtime: entry.mtime,
+                    xattrs: entry.xattrs.clone(),
+                };
+                let body = match &entry.kind {
+                    EntryKind::Dir => writer::Body::Dir,
+                    EntryKind::File { size, content, .. } => writer::Body::Lazy {
+                        size: *size,
+                        content: *content,
+                    },
+                    EntryKind::Symlink(target) => writer::Body::Symlink(target),
+                    EntryKind::HardLink(target) => writer::Body::HardLink(target),
+                    EntryKind::Fifo => writer::Body::Fifo,
+                    EntryKind::CharDevice(rdev) => writer::Body::CharDevice(*rdev),
+                    EntryKind::BlockDevice(rdev) => writer::Body::BlockDevice(*rdev),
+                };
+                layer.put(&entry.path, body, &meta).map_err(|e| match e {
+                    writer::Refused::Outside => io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("{}: {OUTSIDE}", entry.path.display()),
+                    ),
+                    writer::Refused::Cannot(e) => {
+                        io::Error::new(e.kind(), format!("{}: {e}", entry.path.display()))
+                    }
+                })?;
+            }
+            let files = crate::lazy::files_in(&staged, entries)?;
+            let known = layer.finish()?;
+            Ok::<_, io::Error>((files, known))
+        })();
+        let (files, known) = match built {
+            Ok(built) => built,
+            Err(e) => {
+                let _ = remove_tree(&staged);
+                return Err(e);
+            }
+        };
+        let id = LayerId(tree_digest_with(&staged, &known)?);
+        if self.layer_dir(&id).exists() {
+            remove_tree(&staged)?;
+            return Ok(id);
+        }
+        let state = self.lazy_dir(&id);
+        let _ = remove_tree(&state);
+        fs::create_dir(&state)?;
+        let index = crate::lazy::Index {
+            source: source.clone(),
+            files,
+        };
+        let json = serde_json::to_vec(&index).map_err(io::Error::other)?;
+        let mut out = File::create(state.join(crate::lazy::INDEX))?;
+        io::Write::write_all(&mut out, &json)?;
+        out.sync_all()?;
+        File::open(&state)?.sync_all()?;
+        File::open(self.root.join("lazy"))?.sync_all()?;
+        self.commit(staged, &known)
+    }
+
+    /// The store's lazy layers (complete ones included: they lend pieces
+    /// to others).
+    pub fn lazy_layers(&self) -> io::Result<Vec<LayerId>> {
+        let mut ids: Vec<LayerId> = fs::read_dir(self.root.join("lazy"))?
+            .map(|e| e.map(|e| LayerId(e.file_name().to_string_lossy().into_owned())))
+            .collect::<io::Result<_>>()?;
+        ids.retain(|id| self.layer_dir(id).is_dir());
+        ids.sort();
+        Ok(ids)
+    }
+
+    /// The source of lazy layer `id`, read from its index without
+    /// attaching it.
+    pub fn lazy_source(&self, id: &LayerId) -> io::Result<crate::lazy::Source> {
+        #[derive(serde::Deserialize)]
+        struct Head {
+            source: crate::lazy::Source,
+        }
+        let head: Head =
+            serde_json::from_slice(&fs::read(self.lazy_dir(id).join(crate::lazy::INDEX))?)
+                .map_err(io::Error::other)?;
+        Ok(head.source)
+    }
+
+    /// Attaches lazy layer `id` to this process: reads of its files that
+    /// wait for data bring it through `fetch` first.
+    pub fn attach_lazy(
+        &self,
+        id: &LayerId,
+        fetch: Option<std::sync::Arc<dyn crate::lazy::Fetch>>,
+    ) -> io::Result<std::sync::Arc<crate::lazy::LazyLayer>> {
+        crate::lazy::attach(id, &self.layer_dir(id), &self.lazy_dir(id), fetch)
     }
 
     /// Imports a copy of the tree at `src` (symlinks copied, not followed).

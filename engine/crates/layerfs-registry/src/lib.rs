@@ -11,6 +11,7 @@ mod auth;
 mod blob;
 mod decompress;
 mod error;
+pub mod lazy;
 mod manifest;
 mod pull;
 mod push;
@@ -44,6 +45,9 @@ pub struct PullOptions {
     /// `os/arch[/variant]`; the host's when `None`.
     pub platform: Option<String>,
     pub transport: Transport,
+    /// Make a layer whose blob carries a table of contents (eStargz,
+    /// zstd:chunked) from the table alone, its data to come later.
+    pub lazy: bool,
 }
 
 /// The largest manifest or config accepted: far above any real one.

@@ -37,7 +37,8 @@ pub struct Pulled {
     pub digest: String,
     /// Its layers, bottom first.
     pub layers: Vec<PulledLayer>,
-    /// How many of them were downloaded (the rest the store had).
+    /// How many of them were downloaded whole or made lazily (the rest the
+    /// store had).
     pub fetched: usize,
     /// Its config, as the registry sent it: what a push of work over the
     /// image carries on (its command, environment, history).
@@ -56,6 +57,10 @@ pub struct PulledLayer {
     pub size: u64,
     pub media_type: String,
     pub layer: LayerId,
+    /// Made by this pull from its table of contents: its data comes later.
+    pub lazy: bool,
+    /// Downloaded whole by this pull.
+    pub downloaded: bool,
 }
 
 /// The part of an image config a pull reads.
@@ -128,6 +133,21 @@ pub fn pull(
     check_manifest(&manifest, &diff_ids)?;
 
     let mut layers: Vec<Option<LayerId>> = diff_ids.iter().map(|d| have(d)).collect();
+    // Layers with a table of contents are made from it alone, first.
+    let mut lazy = vec![false; layers.len()];
+    if options.lazy {
+        for (i, blob) in manifest.layers.iter().enumerate() {
+            if layers[i].is_some() {
+                continue;
+            }
+            if let Some(format) = crate::lazy::Format::of(blob)? {
+                let layer = crate::lazy::import(store, &session, &options.transport, blob, &format)
+                    .map_err(|e| e.of(format_args!("layer {}", blob.digest)))?;
+                layers[i] = Some(layer);
+                lazy[i] = true;
+            }
+        }
+    }
     let wanted: Vec<usize> = (0..layers.len()).filter(|&i| layers[i].is_none()).collect();
     let done: Vec<AtomicU64> = wanted.iter().map(|_| AtomicU64::new(0)).collect();
     let report = |progress: &mut dyn FnMut(&[LayerProgress])| {
@@ -176,14 +196,18 @@ pub fn pull(
         reference: session.image.whole(),
         repository: crate::session::repository_of(&session.image),
         digest,
-        fetched: wanted.len(),
+        fetched: wanted.len() + lazy.iter().filter(|&&l| l).count(),
         config: raw_config,
         platform,
         layers: layers
             .into_iter()
             .zip(&manifest.layers)
             .zip(diff_ids)
-            .map(|((layer, blob), diff_id)| PulledLayer {
+            .zip(lazy)
+            .enumerate()
+            .map(|(i, (((layer, blob), diff_id), lazy))| PulledLayer {
+                lazy,
+                downloaded: wanted.contains(&i),
                 diff_id,
                 blob: blob.digest.clone(),
                 size: blob.size.max(0) as u64,

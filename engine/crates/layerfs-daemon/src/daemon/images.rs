@@ -23,6 +23,7 @@ impl Daemon {
         let options = PullOptions {
             platform: registry.platform.clone(),
             transport: self.transport(registry),
+            lazy: !registry.whole,
         };
         let have = |diff_id: &str| -> Option<LayerId> {
             let layer = self.catalog.layer_of_diff_id(diff_id).ok()??;
@@ -66,6 +67,14 @@ impl Daemon {
                 .add_layer_blob(l.layer.as_str(), &blob)
                 .map_err(|e| e.to_string())?;
         }
+        for l in pulled.layers.iter().filter(|l| l.lazy) {
+            self.attach_lazy(&l.layer)?;
+        }
+        let layers: Vec<LayerId> = pulled.layers.iter().map(|l| l.layer.clone()).collect();
+        self.set_on_read(&layers, registry.on_read)?;
+        if registry.complete {
+            self.complete_layers(&layers)?;
+        }
         let _layers = self.layer_changes.lock();
         // A layer removed while the pull ran is not in the image.
         if let Some(gone) = record.layers.iter().find(|l| self.store.layer(l).is_none()) {
@@ -77,7 +86,16 @@ impl Daemon {
         self.catalog
             .put_image(&pulled.reference, &record)
             .map_err(|e| e.to_string())?;
-        Ok(image_info(&pulled.reference, &record, pulled.fetched))
+        let mut info = self.image_info(&pulled.reference, &record, pulled.fetched);
+        if options.lazy {
+            info.whole = pulled
+                .layers
+                .iter()
+                .filter(|l| l.downloaded)
+                .map(|l| l.blob.clone())
+                .collect();
+        }
+        Ok(info)
     }
 
     /// Pushes `sources` (workspaces with no changes of their own, and
@@ -114,6 +132,8 @@ impl Daemon {
                 None => layers.push(self.find_layer(source)?),
             }
         }
+        // A push reads each layer's files: lazy ones are completed first.
+        self.complete_layers(&layers)?;
         let mut to_push = Vec::new();
         for layer in &layers {
             to_push.push(PushLayer {
@@ -203,7 +223,7 @@ impl Daemon {
         let images = self.catalog.images().map_err(|e| e.to_string())?;
         Ok(images
             .iter()
-            .map(|(r, record)| image_info(r, record, 0))
+            .map(|(r, record)| self.image_info(r, record, 0))
             .collect())
     }
 
@@ -280,13 +300,17 @@ fn registry_error(context: impl std::fmt::Display, e: layerfs_registry::Error) -
     ControlError::new(kind, format!("{context}: {}", e.message))
 }
 
-fn image_info(reference: &str, record: &ImageRecord, fetched: usize) -> ImageInfo {
-    ImageInfo {
-        reference: reference.to_owned(),
-        digest: record.digest.clone(),
-        layers: record.layers.clone(),
-        size: record.size,
-        created: record.created,
-        fetched,
+impl Daemon {
+    fn image_info(&self, reference: &str, record: &ImageRecord, fetched: usize) -> ImageInfo {
+        ImageInfo {
+            reference: reference.to_owned(),
+            digest: record.digest.clone(),
+            layers: record.layers.clone(),
+            size: record.size,
+            created: record.created,
+            fetched,
+            local: self.lazy_bytes(&record.layers),
+            whole: Vec::new(),
+        }
     }
 }

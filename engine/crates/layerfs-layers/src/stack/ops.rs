@@ -293,6 +293,7 @@ impl Filesystem for StackFs {
         dst: &mut Vec<u8>,
     ) -> Result<(bool, Attr)> {
         let (fd, attr) = self.readable(&self.tree.current(), caller, id)?;
+        lazy_data(&fd, offset, count)?;
         hostdir::read(fd.as_fd(), attr, offset, count, dst)
     }
 
@@ -853,8 +854,18 @@ impl HostFiles for StackFs {
         count: usize,
     ) -> Result<Option<ReadSource>> {
         let (file, attr) = self.readable(&self.tree.current(), caller, id)?;
+        lazy_data(&file, offset, count)?;
         Ok(Some(hostdir::read_source(file, attr, offset, count)))
     }
+}
+
+/// Brings in what a read of a lazy layer's file needs ([`crate::lazy`]);
+/// a piece that cannot be had fails the read with EIO.
+fn lazy_data(fd: &OwnedFd, offset: u64, count: usize) -> Result<()> {
+    crate::lazy::before_read(fd.as_fd(), offset, count as u64).map_err(|e| {
+        tracing::warn!(error = %e, "a read of a lazy layer's file failed");
+        Error::Io
+    })
 }
 
 fn link_at(src_dir: BorrowedFd<'_>, src: &CStr, dir: BorrowedFd<'_>, name: &CStr) -> Result<()> {

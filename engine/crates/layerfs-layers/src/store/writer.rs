@@ -65,6 +65,12 @@ pub(crate) enum Body<'r> {
         map: &'r [(u64, u64)],
         size: u64,
     },
+    /// A file of `size` bytes whose data comes later (a lazy layer's): all
+    /// holes now, its content's SHA-256 given.
+    Lazy {
+        size: u64,
+        content: [u8; 32],
+    },
     Symlink(&'r Path),
     /// Another name of a file already written; the path is inside the layer.
     HardLink(&'r Path),
@@ -157,7 +163,7 @@ impl LayerWriter {
                 self.dirs.push((names.iter().collect(), meta.clone()));
                 return Ok(());
             }
-            Body::File(_) | Body::Sparse { .. } => {
+            Body::File(_) | Body::Sparse { .. } | Body::Lazy { .. } => {
                 let file = loop {
                     match rustix::fs::openat(
                         &parent,
@@ -174,6 +180,10 @@ impl LayerWriter {
                         self.copy_in_sparse(data, map, size, &file)?
                     }
                     Body::File(data) => self.copy_in(data, &file)?,
+                    Body::Lazy { size, content } => {
+                        rustix::fs::ftruncate(&file, size)?;
+                        content
+                    }
                     _ => unreachable!("matched above"),
                 };
                 let ino = rustix::fs::fstat(&file)?.st_ino;

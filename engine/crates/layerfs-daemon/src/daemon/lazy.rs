@@ -1,0 +1,142 @@
+//! Lazy layers in the daemon: attached at start and after each pull that
+//! makes one, so reads through either door bring their data; completed in
+//! the background, one thread per layer, until the registry need not be
+//! asked again.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use layerfs_layers::lazy::LazyLayer;
+use layerfs_layers::LayerId;
+
+use super::{Daemon, Outcome};
+
+/// The blob bytes one completion request asks for.
+const BATCH: u64 = 8 << 20;
+
+impl Daemon {
+    /// Attaches every lazy layer of the store; those not complete are
+    /// completed in the background. One that cannot be attached is logged
+    /// and left: reads of its missing data fail until the next start.
+    pub(super) fn attach_lazy_layers(&self) {
+        let ids = match self.store.lazy_layers() {
+            Ok(ids) => ids,
+            Err(e) => {
+                tracing::error!("cannot list the store's lazy layers: {e}");
+                return;
+            }
+        };
+        for id in ids {
+            match self.attach_lazy(&id) {
+                Ok(layer) => self.start_completion(&layer),
+                Err(e) => tracing::error!(layer = %id, "cannot attach a lazy layer: {e}"),
+            }
+        }
+    }
+
+    /// Attaches lazy layer `id` with a fetcher for its registry.
+    pub(super) fn attach_lazy(&self, id: &LayerId) -> Outcome<Arc<LazyLayer>> {
+        let source = self.store.lazy_source(id).map_err(|e| e.to_string())?;
+        let ca_file = std::env::var_os("LAYERFS_REGISTRY_CA").map(Into::into);
+        let fetch = match layerfs_registry::lazy::fetcher(&source, ca_file) {
+            Ok(fetch) => Some(fetch),
+            Err(e) => {
+                tracing::error!(layer = %id, image = %source.reference,
+                    "no way to fetch a lazy layer's data: {}", e.message);
+                None
+            }
+        };
+        let layer = self
+            .store
+            .attach_lazy(id, fetch)
+            .map_err(|e| e.to_string())?;
+        Ok(layer)
+    }
+
+    /// Completes `layer` in the background, unless it is complete, its data
+    /// is to come only when read, or its completion has started.
+    pub(super) fn start_completion(&self, layer: &Arc<LazyLayer>) {
+        if !layer.is_complete()
+            && !layer.on_read()
+            && self.completing.lock().insert(layer.id().clone())
+        {
+            complete_in_background(layer.clone());
+        }
+    }
+
+    /// Lazy layers among `layers` get their data only when read
+    /// (`on_read`), or are completed in the background.
+    pub(super) fn set_on_read(&self, layers: &[LayerId], on_read: bool) -> Outcome<()> {
+        for id in layers {
+            if let Some(layer) = layerfs_layers::lazy::attached(id) {
+                layer.set_on_read(on_read).map_err(|e| e.to_string())?;
+                self.start_completion(&layer);
+            }
+        }
+        Ok(())
+    }
+
+    /// Brings in every missing piece of the lazy layers among `layers`,
+    /// waiting: what reads the layers' files directly (a push) needs them
+    /// whole.
+    pub(super) fn complete_layers(&self, layers: &[LayerId]) -> Outcome<()> {
+        for id in layers {
+            if let Some(layer) = layerfs_layers::lazy::attached(id) {
+                let never = AtomicBool::new(false);
+                if !layer
+                    .complete(BATCH, &never)
+                    .map_err(|e| format!("cannot complete lazy layer {id}: {e}"))?
+                {
+                    return Err(format!("lazy layer {id} was removed meanwhile").into());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Of the file data of `layers` that are lazy: the bytes here, and in all.
+    pub(super) fn lazy_bytes(&self, layers: &[String]) -> Option<(u64, u64)> {
+        let mut sum = None;
+        for id in layers {
+            let Some(layer) = self
+                .store
+                .layer(id)
+                .and_then(|id| layerfs_layers::lazy::attached(&id))
+            else {
+                continue;
+            };
+            let (local, all) = layer.bytes();
+            let (l, a) = sum.unwrap_or((0, 0));
+            sum = Some((l + local, a + all));
+        }
+        sum
+    }
+}
+
+/// Fetches the rest of `layer` on a thread of its own; a registry that
+/// fails is asked again later, less and less often.
+fn complete_in_background(layer: Arc<LazyLayer>) {
+    let spawned = std::thread::Builder::new()
+        .name("lazy-complete".into())
+        .spawn(move || {
+            let never = AtomicBool::new(false);
+            let mut pause = Duration::from_secs(1);
+            loop {
+                match layer.complete(BATCH, &never) {
+                    Ok(_) => break,
+                    Err(e) => {
+                        tracing::warn!(layer = %layer.id(), "completing a lazy layer: {e}; trying again in {} s", pause.as_secs());
+                        std::thread::sleep(pause);
+                        pause = (pause * 2).min(Duration::from_secs(60));
+                        if layer.is_detached() {
+                            break;
+                        }
+                    }
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::error!("cannot start completing a lazy layer: {e}");
+    }
+}

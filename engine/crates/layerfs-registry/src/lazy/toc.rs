@@ -1,0 +1,359 @@
+//! A layer's table of contents: found, checked against the digest its
+//! descriptor pins, and read into the tree of a lazy layer.
+//!
+//! Two formats carry one, both in the CRFS table's JSON:
+//! - eStargz (a gzip layer): the table is the last tar entry,
+//!   `stargz.index.json`, in a gzip member that the blob's 51-byte footer
+//!   points to; the annotation `containerd.io/snapshot/stargz/toc.digest`
+//!   is the digest of the JSON. Each file (or chunk of one) is its own gzip
+//!   member at `offset`, ending where the next one begins.
+//! - zstd:chunked (a zstd layer): the table is a zstd frame inside a
+//!   skippable frame, where the annotation
+//!   `io.github.containers.zstd-chunked.manifest-position` (or
+//!   `io.containers.zstd-chunked.`, as older writers name it) says
+//!   (`offset:length:uncompressed:type`); `...-manifest-checksum` is the
+//!   digest of its compressed bytes. Each file's data is the frames at
+//!   `offset..endOffset`, checked by the file's `digest`.
+//!
+//! The manifest's digest pins the annotations, they pin the table, and the
+//! table pins every piece: nothing read lazily is taken on trust.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::PathBuf;
+
+use base64::Engine;
+use layerfs_layers::lazy::{check_pieces, parse_digest, Entry, EntryKind, Piece};
+use oci_client::manifest::OciDescriptor;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use crate::decompress::Compression;
+use crate::{Error, ErrorKind};
+
+/// The largest table of contents taken, uncompressed: far above one for a
+/// million files.
+pub const MAX_TOC: u64 = 256 * 1024 * 1024;
+
+pub(crate) const ESTARGZ_TOC_DIGEST: &str = "containerd.io/snapshot/stargz/toc.digest";
+/// The zstd:chunked annotations' prefixes: containers/storage's current
+/// one, and the one older skopeo and podman write.
+const ZSTD_CHUNKED_PREFIXES: [&str; 2] = [
+    "io.github.containers.zstd-chunked.",
+    "io.containers.zstd-chunked.",
+];
+
+/// The size of an eStargz blob's footer.
+pub(crate) const ESTARGZ_FOOTER: u64 = 51;
+
+/// How a layer can be read lazily, from its descriptor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Format {
+    /// The table's JSON digest.
+    Estargz { toc_digest: String },
+    /// Where the compressed table is, and its digest.
+    ZstdChunked {
+        offset: u64,
+        length: u64,
+        checksum: String,
+    },
+}
+
+impl Format {
+    /// The name a lazy layer's source keeps.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Format::Estargz { .. } => "estargz",
+            Format::ZstdChunked { .. } => "zstd:chunked",
+        }
+    }
+
+    /// The lazy format `layer`'s descriptor announces, if any.
+    pub(crate) fn of(layer: &OciDescriptor) -> Result<Option<Format>, Error> {
+        let Some(notes) = &layer.annotations else {
+            return Ok(None);
+        };
+        let compression = Compression::of(&layer.media_type)?;
+        if let (Compression::Gzip, Some(digest)) = (compression, notes.get(ESTARGZ_TOC_DIGEST)) {
+            return Ok(Some(Format::Estargz {
+                toc_digest: digest.clone(),
+            }));
+        }
+        let note = |name: &str| {
+            ZSTD_CHUNKED_PREFIXES
+                .iter()
+                .find_map(|prefix| notes.get(&format!("{prefix}{name}")))
+        };
+        let (Compression::Zstd, Some(position), Some(checksum)) = (
+            compression,
+            note("manifest-position"),
+            note("manifest-checksum"),
+        ) else {
+            return Ok(None);
+        };
+        let fields: Vec<&str> = position.split(':').collect();
+        let number = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok());
+        match (number(0), number(1), number(3)) {
+            (Some(offset), Some(length), Some(1)) => Ok(Some(Format::ZstdChunked {
+                offset,
+                length,
+                checksum: checksum.clone(),
+            })),
+            _ => Err(bad(format!(
+                "its zstd:chunked position {position:?} cannot be read"
+            ))),
+        }
+    }
+}
+
+fn bad(why: String) -> Error {
+    Error::new(ErrorKind::Registry, why)
+}
+
+/// Where an eStargz table begins, from the blob's footer.
+pub(crate) fn estargz_toc_offset(footer: &[u8]) -> Result<u64, Error> {
+    let broken = || bad("its eStargz footer cannot be read".into());
+    if footer.len() != ESTARGZ_FOOTER as usize || footer[..2] != [0x1f, 0x8b] || footer[3] & 4 == 0
+    {
+        return Err(broken());
+    }
+    let extra = &footer[10..];
+    if extra[..2] != [26, 0] || &extra[2..4] != b"SG" || extra[4..6] != [22, 0] {
+        return Err(broken());
+    }
+    let field = &extra[6..28];
+    if &field[16..] != b"STARGZ" {
+        return Err(broken());
+    }
+    let hex = std::str::from_utf8(&field[..16]).map_err(|_| broken())?;
+    u64::from_str_radix(hex, 16).map_err(|_| broken())
+}
+
+/// The JSON of an eStargz table from the gzip member(s) holding its tar
+/// entry, checked against `digest`.
+pub(crate) fn estargz_toc_json(member: &[u8], digest: &str) -> Result<Vec<u8>, Error> {
+    let mut archive = tar::Archive::new(flate2::read::MultiGzDecoder::new(member));
+    let broken = |e: &dyn std::fmt::Display| bad(format!("its eStargz table cannot be read: {e}"));
+    let mut entries = archive.entries().map_err(|e| broken(&e))?;
+    let mut entry = entries
+        .next()
+        .ok_or_else(|| broken(&"no tar entry"))?
+        .map_err(|e| broken(&e))?;
+    let named = entry.path_bytes().as_ref() == b"stargz.index.json";
+    if !named || entry.size() > MAX_TOC {
+        return Err(broken(&"no stargz.index.json of a size taken"));
+    }
+    let mut json = Vec::new();
+    entry
+        .by_ref()
+        .take(MAX_TOC)
+        .read_to_end(&mut json)
+        .map_err(|e| broken(&e))?;
+    pinned(&json, digest, "eStargz table")?;
+    Ok(json)
+}
+
+/// The JSON of a zstd:chunked table from its compressed bytes, checked
+/// against `checksum` first.
+pub(crate) fn zstd_chunked_toc_json(compressed: &[u8], checksum: &str) -> Result<Vec<u8>, Error> {
+    pinned(compressed, checksum, "zstd:chunked table")?;
+    let mut json = Vec::new();
+    Compression::Zstd
+        .decoder(compressed)
+        .take(MAX_TOC + 1)
+        .read_to_end(&mut json)
+        .map_err(|e| bad(format!("its zstd:chunked table cannot be read: {e}")))?;
+    if json.len() as u64 > MAX_TOC {
+        return Err(bad(format!(
+            "its table of contents is over {MAX_TOC} bytes"
+        )));
+    }
+    Ok(json)
+}
+
+fn pinned(bytes: &[u8], digest: &str, what: &str) -> Result<(), Error> {
+    let actual: [u8; 32] = Sha256::digest(bytes).into();
+    match parse_digest(digest) {
+        Some(expected) if expected == actual => Ok(()),
+        _ => Err(bad(format!(
+            "its {what} does not match the digest {digest} its descriptor names"
+        ))),
+    }
+}
+
+#[derive(Deserialize)]
+struct Toc {
+    version: u32,
+    entries: Vec<TocEntry>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct TocEntry {
+    name: String,
+    #[serde(rename = "type")]
+    kind: String,
+    size: u64,
+    modtime: Option<String>,
+    link_name: Option<String>,
+    mode: u64,
+    uid: u32,
+    gid: u32,
+    dev_major: u32,
+    dev_minor: u32,
+    xattrs: Option<BTreeMap<String, String>>,
+    digest: Option<String>,
+    offset: u64,
+    end_offset: u64,
+    chunk_offset: u64,
+    chunk_size: u64,
+    chunk_digest: Option<String>,
+}
+
+/// The tree `json` describes, each file's pieces where `format` puts them
+/// in a blob of `blob_size` bytes whose table begins at `toc_offset`.
+pub(crate) fn entries(
+    json: &[u8],
+    format: &Format,
+    blob_size: u64,
+    toc_offset: u64,
+) -> Result<Vec<Entry>, Error> {
+    let toc: Toc = serde_json::from_slice(json)
+        .map_err(|e| bad(format!("its table of contents cannot be read: {e}")))?;
+    if toc.version != 1 {
+        return Err(bad(format!(
+            "its table of contents is version {}, not 1",
+            toc.version
+        )));
+    }
+    // eStargz: a piece's member ends where the next begins, the last at the table.
+    let mut starts: Vec<u64> = toc
+        .entries
+        .iter()
+        .filter(|e| matches!(e.kind.as_str(), "reg" | "chunk") && e.offset > 0)
+        .map(|e| e.offset)
+        .chain([toc_offset])
+        .collect();
+    starts.sort_unstable();
+    starts.dedup();
+    let end_of = |start: u64| starts.get(starts.partition_point(|&s| s <= start)).copied();
+
+    let mut out: Vec<Entry> = Vec::with_capacity(toc.entries.len());
+    for e in &toc.entries {
+        let named = |why: String| bad(format!("its table of contents: {:?}: {why}", e.name));
+        if e.kind == "chunk" {
+            let Some(EntryKind::File { pieces, size, .. }) = out.last_mut().map(|f| &mut f.kind)
+            else {
+                return Err(named("a chunk with no file before it".into()));
+            };
+            if let Format::Estargz { .. } = format {
+                let start = e.offset;
+                let end = end_of(start).ok_or_else(|| named("a chunk past the table".into()))?;
+                // The last chunk's size is left 0: the rest of the file.
+                let len = match e.chunk_size {
+                    0 => size.saturating_sub(e.chunk_offset),
+                    n => n,
+                };
+                pieces.push(Piece {
+                    at: e.chunk_offset,
+                    len,
+                    start,
+                    end,
+                    digest: e.chunk_digest.clone().unwrap_or_default(),
+                });
+            }
+            continue;
+        }
+        let kind = match e.kind.as_str() {
+            "dir" => EntryKind::Dir,
+            "reg" => {
+                let content = match (&e.digest, e.size) {
+                    (Some(d), _) => {
+                        parse_digest(d).ok_or_else(|| named(format!("digest {d:?}")))?
+                    }
+                    (None, 0) => Sha256::digest(b"").into(),
+                    (None, _) => return Err(named("a file with no digest".into())),
+                };
+                let mut pieces = Vec::new();
+                if e.size > 0 {
+                    match format {
+                        Format::Estargz { .. } => {
+                            let end = end_of(e.offset)
+                                .ok_or_else(|| named("a file past the table".into()))?;
+                            let len = if e.chunk_size > 0 {
+                                e.chunk_size
+                            } else {
+                                e.size
+                            };
+                            pieces.push(Piece {
+                                at: 0,
+                                len,
+                                start: e.offset,
+                                end,
+                                digest: e.chunk_digest.clone().unwrap_or_default(),
+                            });
+                        }
+                        // The file's frames, whole: its own digest checks them.
+                        Format::ZstdChunked { .. } => pieces.push(Piece {
+                            at: 0,
+                            len: e.size,
+                            start: e.offset,
+                            end: e.end_offset,
+                            digest: e.digest.clone().unwrap_or_default(),
+                        }),
+                    }
+                }
+                EntryKind::File {
+                    size: e.size,
+                    content,
+                    pieces,
+                }
+            }
+            "symlink" => EntryKind::Symlink(PathBuf::from(e.link_name.clone().unwrap_or_default())),
+            "hardlink" => {
+                EntryKind::HardLink(PathBuf::from(e.link_name.clone().unwrap_or_default()))
+            }
+            "fifo" => EntryKind::Fifo,
+            "char" => EntryKind::CharDevice(rustix::fs::makedev(e.dev_major, e.dev_minor) as u64),
+            "block" => EntryKind::BlockDevice(rustix::fs::makedev(e.dev_major, e.dev_minor) as u64),
+            other => return Err(named(format!("unknown type {other:?}"))),
+        };
+        let mut xattrs = Vec::new();
+        for (name, value) in e.xattrs.iter().flatten() {
+            let value = base64::engine::general_purpose::STANDARD
+                .decode(value)
+                .map_err(|_| named(format!("attribute {name}: not base64")))?;
+            xattrs.push((name.into(), value));
+        }
+        xattrs.sort();
+        let mtime = e
+            .modtime
+            .as_deref()
+            .filter(|t| !t.is_empty())
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+            .map(|t| rustix::fs::Timespec {
+                tv_sec: t.timestamp() as _,
+                tv_nsec: t.timestamp_subsec_nanos() as _,
+            });
+        out.push(Entry {
+            path: PathBuf::from(&e.name),
+            kind,
+            mode: (e.mode & 0o7777) as u32,
+            uid: e.uid,
+            gid: e.gid,
+            mtime,
+            xattrs,
+        });
+    }
+    for entry in &out {
+        if let EntryKind::File { size, pieces, .. } = &entry.kind {
+            check_pieces(pieces, *size, blob_size).map_err(|why| {
+                bad(format!(
+                    "its table of contents: {}: {why}",
+                    entry.path.display()
+                ))
+            })?;
+        }
+    }
+    Ok(out)
+}
