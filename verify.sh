@@ -196,6 +196,7 @@ echo "-- the daemon killed at every step: 50 cycles of kill -9 under a writer an
 check "daemon killed at every step" tests/daemon/crash.sh target/release/layerfs 50
 echo "-- images from a registry: docker-registry on 127.0.0.1, umoci and skopeo to compare"
 check "registry pulls" tests/registry/pull.sh target/release/layerfs
+check "lazy pulls" tests/registry/lazy.sh target/release/layerfs
 
 step "end to end: the Linux kernel NFSv3 client (QEMU)"
 if command -v qemu-system-x86_64 >/dev/null && command -v busybox >/dev/null; then

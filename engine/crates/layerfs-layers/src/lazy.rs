@@ -122,6 +122,8 @@ pub enum EntryKind {
         content: [u8; 32],
         pieces: Vec<Piece>,
     },
+    /// A regular file whose content is at hand (eStargz's table itself).
+    Inline(Vec<u8>),
     Symlink(PathBuf),
     /// Another name of a file earlier in the table.
     HardLink(PathBuf),
@@ -605,7 +607,8 @@ impl LazyLayer {
         }
         let file = self.piece(numbers[0]).0;
         if self.file_is_whole(file) {
-            if let Some(key) = self.keys.lock().remove(&file) {
+            let key = self.keys.lock().remove(&file);
+            if let Some(key) = key {
                 let mut waiting = ATTACHED.waiting.write();
                 waiting.remove(&key);
                 ATTACHED.count.store(waiting.len(), Ordering::Release);

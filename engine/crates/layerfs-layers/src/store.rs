@@ -160,7 +160,12 @@ impl Store {
                     mtime: entry.mtime,
                     xattrs: entry.xattrs.clone(),
                 };
+                let mut inline: &[u8];
                 let body = match &entry.kind {
+                    EntryKind::Inline(data) => {
+                        inline = data;
+                        writer::Body::File(&mut inline)
+                    }
                     EntryKind::Dir => writer::Body::Dir,
                     EntryKind::File { size, content, .. } => writer::Body::Lazy {
                         size: *size,

@@ -130,8 +130,9 @@ pub(crate) fn estargz_toc_offset(footer: &[u8]) -> Result<u64, Error> {
 }
 
 /// The JSON of an eStargz table from the gzip member(s) holding its tar
-/// entry, checked against `digest`.
-pub(crate) fn estargz_toc_json(member: &[u8], digest: &str) -> Result<Vec<u8>, Error> {
+/// entry, checked against `digest`; and the entry, a file of the layer as
+/// any tool unpacks it.
+pub(crate) fn estargz_toc_json(member: &[u8], digest: &str) -> Result<(Vec<u8>, Entry), Error> {
     let mut archive = tar::Archive::new(flate2::read::MultiGzDecoder::new(member));
     let broken = |e: &dyn std::fmt::Display| bad(format!("its eStargz table cannot be read: {e}"));
     let mut entries = archive.entries().map_err(|e| broken(&e))?;
@@ -150,7 +151,20 @@ pub(crate) fn estargz_toc_json(member: &[u8], digest: &str) -> Result<Vec<u8>, E
         .read_to_end(&mut json)
         .map_err(|e| broken(&e))?;
     pinned(&json, digest, "eStargz table")?;
-    Ok(json)
+    let header = entry.header();
+    let file = Entry {
+        path: PathBuf::from("stargz.index.json"),
+        kind: EntryKind::Inline(json.clone()),
+        mode: header.mode().unwrap_or(0o644) & 0o7777,
+        uid: header.uid().unwrap_or(0) as u32,
+        gid: header.gid().unwrap_or(0) as u32,
+        mtime: header.mtime().ok().map(|secs| rustix::fs::Timespec {
+            tv_sec: secs as _,
+            tv_nsec: 0,
+        }),
+        xattrs: Vec::new(),
+    };
+    Ok((json, file))
 }
 
 /// The JSON of a zstd:chunked table from its compressed bytes, checked
@@ -356,4 +370,117 @@ pub(crate) fn entries(
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn footer(offset: u64) -> Vec<u8> {
+        let mut f = vec![0x1f, 0x8b, 8, 4, 0, 0, 0, 0, 0, 0xff, 26, 0, b'S', b'G', 22, 0];
+        f.extend_from_slice(format!("{offset:016x}STARGZ").as_bytes());
+        f.extend_from_slice(&[1, 0, 0, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 0]);
+        f
+    }
+
+    #[test]
+    fn an_estargz_footer_gives_the_table_offset_and_a_wrong_one_is_refused() {
+        assert_eq!(footer(0x1234).len(), ESTARGZ_FOOTER as usize);
+        assert_eq!(estargz_toc_offset(&footer(0x1234)).unwrap(), 0x1234);
+        let mut bad = footer(7);
+        bad[12] = b'X';
+        assert!(estargz_toc_offset(&bad).is_err());
+        assert!(estargz_toc_offset(&footer(7)[..50]).is_err());
+    }
+
+    fn estargz() -> Format {
+        Format::Estargz {
+            toc_digest: String::new(),
+        }
+    }
+
+    const D: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000000";
+
+    #[test]
+    fn an_estargz_table_gives_the_tree_and_each_chunk_ends_where_the_next_begins() {
+        let json = format!(
+            r#"{{"version":1,"entries":[
+            {{"name":"bin/","type":"dir","mode":16877,"modtime":"2019-08-20T10:30:43.5Z"}},
+            {{"name":"bin/big","type":"reg","size":10,"mode":33261,"uid":1,"gid":2,
+              "offset":100,"chunkSize":6,"digest":"{D}","chunkDigest":"{D}",
+              "xattrs":{{"user.a":"eQ=="}}}},
+            {{"name":"bin/big","type":"chunk","offset":150,"chunkOffset":6,"chunkSize":0,"chunkDigest":"{D}"}},
+            {{"name":"bin/link","type":"symlink","linkName":"big","mode":41471}},
+            {{"name":"bin/hard","type":"hardlink","linkName":"bin/big"}},
+            {{"name":"empty","type":"reg","size":0,"mode":420}}
+            ]}}"#
+        );
+        let entries = entries(json.as_bytes(), &estargz(), 1000, 400).unwrap();
+        assert_eq!(entries.len(), 5);
+        assert_eq!(entries[0].mode, 0o755);
+        assert_eq!(entries[0].mtime.unwrap().tv_nsec, 500_000_000);
+        let EntryKind::File { size, pieces, .. } = &entries[1].kind else {
+            panic!("not a file: {:?}", entries[1]);
+        };
+        assert_eq!(*size, 10);
+        assert_eq!((entries[1].uid, entries[1].gid, entries[1].mode), (1, 2, 0o755));
+        assert_eq!(entries[1].xattrs, vec![("user.a".into(), b"y".to_vec())]);
+        let spans: Vec<_> = pieces.iter().map(|p| (p.at, p.len, p.start, p.end)).collect();
+        assert_eq!(spans, vec![(0, 6, 100, 150), (6, 4, 150, 400)]);
+        assert!(matches!(&entries[2].kind, EntryKind::Symlink(t) if t == std::path::Path::new("big")));
+        assert!(matches!(&entries[3].kind, EntryKind::HardLink(t) if t == std::path::Path::new("bin/big")));
+        assert!(matches!(&entries[4].kind, EntryKind::File { size: 0, pieces, .. } if pieces.is_empty()));
+    }
+
+    #[test]
+    fn a_zstd_chunked_file_is_one_piece_checked_by_its_own_digest() {
+        let json = format!(
+            r#"{{"version":1,"entries":[
+            {{"name":"f","type":"reg","size":3,"digest":"{D}","offset":10,"endOffset":30}},
+            {{"name":"f","type":"chunk","offset":20,"endOffset":30,"chunkOffset":2,"chunkSize":1}}
+            ]}}"#
+        );
+        let format = Format::ZstdChunked {
+            offset: 0,
+            length: 0,
+            checksum: String::new(),
+        };
+        let entries = entries(json.as_bytes(), &format, 100, 90).unwrap();
+        let EntryKind::File { pieces, .. } = &entries[0].kind else { panic!() };
+        assert_eq!(pieces.len(), 1);
+        assert_eq!((pieces[0].len, pieces[0].start, pieces[0].end), (3, 10, 30));
+        assert_eq!(pieces[0].digest, D);
+    }
+
+    #[test]
+    fn a_table_that_points_outside_the_blob_or_is_broken_is_refused_in_one_line() {
+        let outside = format!(
+            r#"{{"version":1,"entries":[{{"name":"f","type":"reg","size":3,"digest":"{D}","offset":10,"endOffset":300}}]}}"#
+        );
+        let format = Format::ZstdChunked {
+            offset: 0,
+            length: 0,
+            checksum: String::new(),
+        };
+        let e = entries(outside.as_bytes(), &format, 100, 90).unwrap_err();
+        assert!(e.message.contains("outside the blob"), "{}", e.message);
+        for broken in [
+            r#"{"version":2,"entries":[]}"#,
+            r#"{"version":1,"entries":[{"name":"x","type":"chunk","offset":1}]}"#,
+            r#"{"version":1,"entries":[{"name":"x","type":"sock"}]}"#,
+            r#"{"version":1,"entries":[{"name":"x","type":"reg","size":5}]}"#,
+            "not json",
+        ] {
+            let e = entries(broken.as_bytes(), &estargz(), 100, 90).unwrap_err();
+            assert!(!e.message.contains('\n'), "{}", e.message);
+        }
+    }
+
+    #[test]
+    fn a_table_must_match_the_digest_its_descriptor_pins() {
+        let json = br#"{"version":1,"entries":[]}"#;
+        let right = format!("sha256:{:x}", Sha256::digest(json));
+        assert!(pinned(json, &right, "table").is_ok());
+        assert!(pinned(json, D, "table").unwrap_err().message.contains("does not match"));
+    }
 }

@@ -1,0 +1,295 @@
+//! Lazy layers through the stack: the tree at once and named as the full
+//! layer is, data at first read and only what the read needs, every piece
+//! checked, nothing fetched twice (across a restart, or shared with
+//! another layer), bounds refused.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use layerfs_layers::lazy::{check_pieces, Entry, EntryKind, Fetch, Piece, Source};
+use layerfs_layers::{StackFs, Store};
+use layerfs_vfs::{Caller, Error, FileId, Filesystem};
+use sha2::{Digest, Sha256};
+
+/// A blob of files stored one after another, uncompressed: what a piece
+/// asks is cut out of it. Counts what it is asked; can be made to lie.
+struct Blob {
+    bytes: Vec<u8>,
+    asked: AtomicUsize,
+    lie: AtomicBool,
+    pieces_asked: Mutex<Vec<(u64, u64)>>,
+}
+
+impl Fetch for Blob {
+    fn fetch(&self, pieces: &[&Piece]) -> std::io::Result<Vec<Vec<u8>>> {
+        self.asked.fetch_add(pieces.len(), Ordering::SeqCst);
+        Ok(pieces
+            .iter()
+            .map(|p| {
+                self.pieces_asked.lock().unwrap().push((p.start, p.end));
+                let mut bytes = self.bytes[p.start as usize..p.end as usize].to_vec();
+                if self.lie.load(Ordering::SeqCst) {
+                    bytes[0] ^= 1;
+                }
+                bytes
+            })
+            .collect())
+    }
+}
+
+fn digest(bytes: &[u8]) -> String {
+    format!("sha256:{:x}", Sha256::digest(bytes))
+}
+
+/// The files of a test image: (path, content), pieces of `piece` bytes.
+struct Image {
+    entries: Vec<Entry>,
+    blob: Arc<Blob>,
+    files: HashMap<String, Vec<u8>>,
+}
+
+fn image(files: &[(&str, Vec<u8>)], piece: usize) -> Image {
+    let mut bytes = Vec::new();
+    let mut entries = vec![dir("data")];
+    for (path, content) in files {
+        let mut pieces = Vec::new();
+        for (i, chunk) in content.chunks(piece).enumerate() {
+            let start = bytes.len() as u64;
+            bytes.extend_from_slice(chunk);
+            pieces.push(Piece {
+                at: (i * piece) as u64,
+                len: chunk.len() as u64,
+                start,
+                end: bytes.len() as u64,
+                digest: digest(chunk),
+            });
+        }
+        entries.push(Entry {
+            path: PathBuf::from(path),
+            kind: EntryKind::File {
+                size: content.len() as u64,
+                content: Sha256::digest(content).into(),
+                pieces,
+            },
+            mode: 0o444,
+            uid: 0,
+            gid: 0,
+            mtime: None,
+            xattrs: Vec::new(),
+        });
+    }
+    Image {
+        entries,
+        blob: Arc::new(Blob {
+            bytes,
+            asked: AtomicUsize::new(0),
+            lie: AtomicBool::new(false),
+            pieces_asked: Mutex::new(Vec::new()),
+        }),
+        files: files.iter().map(|(p, c)| (p.to_string(), c.clone())).collect(),
+    }
+}
+
+fn dir(path: &str) -> Entry {
+    Entry {
+        path: PathBuf::from(path),
+        kind: EntryKind::Dir,
+        mode: 0o755,
+        uid: 0,
+        gid: 0,
+        mtime: None,
+        xattrs: Vec::new(),
+    }
+}
+
+fn source(blob: &Blob) -> Source {
+    Source {
+        reference: "registry.test/lazy:v1".into(),
+        blob: digest(&blob.bytes),
+        size: blob.bytes.len() as u64,
+        media_type: "application/vnd.oci.image.layer.v1.tar+zstd".into(),
+        format: "zstd:chunked".into(),
+        insecure: false,
+        no_tls_verify: false,
+    }
+}
+
+/// `n` bytes that repeat nowhere (no two pieces alike), by `seed`.
+fn content(n: usize, seed: u8) -> Vec<u8> {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ u64::from(seed);
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn at(fs: &StackFs, path: &str) -> FileId {
+    let mut id = fs.root();
+    for name in path.split('/') {
+        id = fs.lookup(&Caller::root(), id, name.as_bytes()).unwrap().fileid;
+    }
+    id
+}
+
+fn read(fs: &StackFs, path: &str, offset: u64, count: usize) -> Result<Vec<u8>, Error> {
+    let mut out = Vec::new();
+    fs.read(&Caller::root(), at(fs, path), offset, count, &mut out)?;
+    Ok(out)
+}
+
+#[test]
+fn a_lazy_layer_is_named_as_the_full_one_and_reads_bring_only_what_they_need() {
+    let t = tempfile::tempdir().unwrap();
+    let store = Store::open(&t.path().join("store")).unwrap();
+    let files = [
+        ("data/big", content(100_000, 1)),
+        ("data/small", b"hello\n".to_vec()),
+        ("data/empty", Vec::new()),
+    ];
+    let img = image(&files, 16 * 1024);
+    let id = store.import_lazy(&img.entries, &source(&img.blob)).unwrap();
+
+    // The same tree imported whole has the same name.
+    let whole = t.path().join("whole");
+    std::fs::create_dir_all(whole.join("data")).unwrap();
+    for (path, bytes) in &img.files {
+        std::fs::write(whole.join(path), bytes).unwrap();
+        let mut perms = std::fs::metadata(whole.join(path)).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o444);
+        std::fs::set_permissions(whole.join(path), perms).unwrap();
+    }
+    let full = Store::open(&t.path().join("full")).unwrap();
+    assert_eq!(full.import_dir(&whole).unwrap(), id);
+
+    let layer = store.attach_lazy(&id, Some(img.blob.clone())).unwrap();
+    assert_eq!(layer.bytes(), (0, 100_006));
+    let fs = StackFs::open_in_upper(&[store.layer_dir(&id)], &t.path().join("upper")).unwrap();
+    // Sizes and names come from the tree: nothing fetched.
+    let attr = fs.getattr(at(&fs, "data/big")).unwrap();
+    assert_eq!(attr.size, 100_000);
+    assert_eq!(img.blob.asked.load(Ordering::SeqCst), 0);
+
+    // A read of 10 bytes across a piece boundary brings those two pieces.
+    let got = read(&fs, "data/big", 16 * 1024 - 5, 10).unwrap();
+    assert_eq!(got, img.files["data/big"][16 * 1024 - 5..16 * 1024 + 5]);
+    assert_eq!(img.blob.asked.load(Ordering::SeqCst), 2);
+    assert_eq!(read(&fs, "data/big", 16 * 1024, 100).unwrap(), img.files["data/big"][16 * 1024..16 * 1024 + 100]);
+    assert_eq!(img.blob.asked.load(Ordering::SeqCst), 2, "a piece in is not fetched again");
+    assert_eq!(read(&fs, "data/small", 0, 100).unwrap(), b"hello\n");
+    assert_eq!(read(&fs, "data/empty", 0, 100).unwrap(), b"");
+    assert_eq!(img.blob.asked.load(Ordering::SeqCst), 3);
+
+    // Completion brings the rest; the layer's files are then whole.
+    let never = AtomicBool::new(false);
+    assert!(layer.complete(1 << 20, &never).unwrap());
+    assert_eq!(layer.bytes(), (100_006, 100_006));
+    assert_eq!(read(&fs, "data/big", 0, 200_000).unwrap(), img.files["data/big"]);
+    let on_disk = std::fs::read(store.layer_dir(&id).join("data/big")).unwrap();
+    assert_eq!(on_disk, img.files["data/big"]);
+    assert_eq!(img.blob.asked.load(Ordering::SeqCst), 8, "8 pieces in all, each fetched once");
+}
+
+#[test]
+fn a_piece_that_does_not_match_its_digest_is_never_served_nor_kept() {
+    let t = tempfile::tempdir().unwrap();
+    let store = Store::open(&t.path().join("store")).unwrap();
+    let img = image(&[("data/f", content(5000, 7))], 4096);
+    let id = store.import_lazy(&img.entries, &source(&img.blob)).unwrap();
+    store.attach_lazy(&id, Some(img.blob.clone())).unwrap();
+    let fs = StackFs::open_in_upper(&[store.layer_dir(&id)], &t.path().join("upper")).unwrap();
+    img.blob.lie.store(true, Ordering::SeqCst);
+    assert_eq!(read(&fs, "data/f", 0, 10), Err(Error::Io));
+    // Nothing of it was written: the file is still holes on the host.
+    let on_disk = std::fs::read(store.layer_dir(&id).join("data/f")).unwrap();
+    assert!(on_disk.iter().all(|&b| b == 0));
+    // A copy-up of it fails too, rather than copying holes.
+    let f = at(&fs, "data/f");
+    let write = fs.write(&Caller::root(), f, 0, b"x", layerfs_vfs::Stability::Unstable);
+    assert_eq!(write.err(), Some(Error::Io));
+    // The registry mended: the next read works.
+    img.blob.lie.store(false, Ordering::SeqCst);
+    assert_eq!(read(&fs, "data/f", 0, 5000).unwrap(), img.files["data/f"]);
+}
+
+#[test]
+fn a_piece_one_layer_has_is_lent_to_another_and_removal_takes_the_state() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("store");
+    let shared = content(3000, 9);
+    let first = image(&[("data/shared", shared.clone()), ("data/a", content(2000, 1))], 1024);
+    let second = image(&[("data/shared", shared.clone()), ("data/b", content(2000, 2))], 1024);
+    let (id1, id2) = {
+        let store = Store::open(&root).unwrap();
+        let id1 = store.import_lazy(&first.entries, &source(&first.blob)).unwrap();
+        let layer = store.attach_lazy(&id1, Some(first.blob.clone())).unwrap();
+        let fs = StackFs::open_in_upper(&[store.layer_dir(&id1)], &t.path().join("u1")).unwrap();
+        assert_eq!(read(&fs, "data/shared", 0, 3000).unwrap(), shared);
+        assert_eq!(first.blob.asked.load(Ordering::SeqCst), 3);
+        assert!(!layer.is_complete());
+        (id1, store.import_lazy(&second.entries, &source(&second.blob)).unwrap())
+    };
+    // A second layer with the same file takes it from the first: no fetch.
+    let store = Store::open(&root).unwrap();
+    store.attach_lazy(&id2, Some(second.blob.clone())).unwrap();
+    let fs = StackFs::open_in_upper(&[store.layer_dir(&id2)], &t.path().join("u2")).unwrap();
+    assert_eq!(read(&fs, "data/shared", 0, 3000).unwrap(), shared);
+    assert_eq!(second.blob.asked.load(Ordering::SeqCst), 0);
+    assert_eq!(store.lazy_layers().unwrap().len(), 2);
+    // Removing a lazy layer removes its state too.
+    store.remove(&id1).unwrap();
+    assert_eq!(store.lazy_layers().unwrap(), vec![id2]);
+}
+
+#[test]
+fn a_store_reopened_keeps_what_was_fetched() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("store");
+    let img = image(&[("data/f", content(4096 * 3, 3))], 4096);
+    let store = Store::open(&root).unwrap();
+    let id = store.import_lazy(&img.entries, &source(&img.blob)).unwrap();
+    let layer = store.attach_lazy(&id, Some(img.blob.clone())).unwrap();
+    let fs = StackFs::open_in_upper(&[store.layer_dir(&id)], &t.path().join("u")).unwrap();
+    read(&fs, "data/f", 0, 10).unwrap();
+    assert_eq!(layer.bytes(), (4096, 4096 * 3));
+    // What the log says is in stays in for the next process: read back
+    // without the one attached here.
+    let log = std::fs::read(root.join("lazy").join(id.as_str()).join("filled")).unwrap();
+    assert_eq!(log, 0u32.to_le_bytes());
+    assert!(root.join("lazy").join(id.as_str()).join("index.json").exists());
+}
+
+#[test]
+fn entries_and_pieces_out_of_bounds_are_refused() {
+    let piece = |at, len, start, end| Piece {
+        at,
+        len,
+        start,
+        end,
+        digest: digest(b""),
+    };
+    assert!(check_pieces(&[piece(0, 10, 0, 5)], 10, 100).is_ok());
+    assert!(check_pieces(&[piece(0, 10, 90, 101)], 10, 100).unwrap_err().contains("outside the blob"));
+    assert!(check_pieces(&[piece(0, 5, 0, 5)], 10, 100).unwrap_err().contains("5 of its 10"));
+    assert!(check_pieces(&[piece(1, 9, 0, 5)], 10, 100).unwrap_err().contains("in order"));
+    let mut bad = piece(0, 10, 0, 5);
+    bad.digest = "md5:00".into();
+    assert!(check_pieces(&[bad], 10, 100).unwrap_err().contains("not sha256"));
+
+    let t = tempfile::tempdir().unwrap();
+    let store = Store::open(&t.path().join("store")).unwrap();
+    let mut img = image(&[("data/f", content(10, 3))], 4096);
+    img.entries.push(Entry {
+        path: PathBuf::from("../escape"),
+        ..img.entries[1].clone()
+    });
+    let err = store.import_lazy(&img.entries, &source(&img.blob)).unwrap_err();
+    assert!(err.to_string().contains("outside the layer"), "{err}");
+    assert!(store.layers().unwrap().is_empty());
+    assert!(store.lazy_layers().unwrap().is_empty());
+}

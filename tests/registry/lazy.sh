@@ -1,0 +1,309 @@
+#!/usr/bin/env bash
+# Lazy pull against a real registry (Debian's docker-registry on 127.0.0.1)
+# through a relay that counts requests and bytes (proxy.py). One tree, in
+# three forms: gzip (umoci), zstd:chunked (skopeo's copy of it) and eStargz
+# (estargz.py, after the published format). For each lazy form, through
+# FUSE:
+# - the workspace is ready once fewer than 5% of the blob's bytes are sent;
+# - find + stat of every file sends nothing more;
+# - a read of one small file sends about that file, and a read of the
+#   first bytes of a chunked file one chunk;
+# - the tree and every file's content equal `umoci unpack` of the same
+#   image, and reading all of it sends at most 1.1x the blob;
+# - the layer gets the id a full pull (--whole) of the same image gives.
+# Then: a file both forms hold, read in one, is not fetched for the other;
+# a byte corrupted in the registry's copy of the blob fails that read with
+# EIO and a log line naming image, layer and piece, and nothing of it is
+# kept; a registry gone fails a read after LAYERFS_LAZY_WAIT and the next
+# read after it is back works; a daemon killed -9 during completion
+# resumes it after a restart without fetching again what it had; a push of
+# a workspace over a lazy image completes it first; an image with no table
+# of contents is pulled whole and the pull says so.
+# Needs root, /dev/fuse, docker-registry, umoci and skopeo; says SKIPPED
+# without them (tests/skip.sh).
+# usage: tests/registry/lazy.sh LAYERFS
+set -euo pipefail
+layerfs=$(realpath "$1")
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/../skip.sh"
+for tool in docker-registry umoci skopeo; do
+	if ! command -v $tool >/dev/null; then
+		skip_or_fail "lazy pulls" "$tool is not installed"
+		exit 0
+	fi
+done
+if [[ ! -c /dev/fuse || $(id -u) != 0 ]]; then
+	skip_or_fail "lazy pulls" "needs root and /dev/fuse"
+	exit 0
+fi
+t=$(mktemp -d /tmp/layerfs-lazy.XXXXXX)
+export LAYERFS_STORE=$t/store XDG_RUNTIME_DIR=$t/run LAYERFS_LAZY_WAIT=3
+mkdir -m 700 "$t/run"
+daemon= pids=()
+cleanup() {
+	[[ -n $daemon ]] && kill -KILL "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null || true
+	pkill -KILL -f "layerfs keeper .*$t" 2>/dev/null || true
+	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+	for m in $(awk -v t="$t/" 'index($2, t) == 1 {print $2}' /proc/mounts); do umount -l "$m"; done
+	rm -rf "$t"
+}
+trap cleanup EXIT
+step() { printf '== %s\n' "$*"; }
+fail() { echo "FAILED: $*"; [[ -f $t/daemon.log ]] && tail -20 "$t/daemon.log"; exit 1; }
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+wait_port() {
+	for _ in $(seq 100); do
+		python3 -c "import socket; socket.create_connection(('127.0.0.1', $1), 0.1)" 2>/dev/null && return 0
+		sleep 0.1
+	done
+	fail "nothing listens on $1"
+}
+
+reg_port=$(free_port)
+cat >"$t/reg.yml" <<YML
+version: 0.1
+log:
+  level: error
+storage:
+  filesystem:
+    rootdirectory: $t/reg
+http:
+  addr: 127.0.0.1:$reg_port
+YML
+docker-registry serve "$t/reg.yml" >"$t/reg.log" 2>&1 &
+pids+=($!)
+wait_port "$reg_port"
+# start_proxy [ARGS]: the counting relay, on $port (the same one each time).
+port=$(free_port)
+proxy=
+start_proxy() {
+	"$here/proxy.py" "$port" "$reg_port" "$t/stats.json" "$@" &
+	proxy=$!
+	pids+=($proxy)
+	wait_port "$port"
+}
+stop_proxy() { kill "$proxy"; wait "$proxy" 2>/dev/null || true; }
+stat_of() { python3 -c "import json; print(json.load(open('$t/stats.json'))['$1'])"; }
+sent() { stat_of bytes; }
+reg=127.0.0.1:$port
+start_proxy
+start_daemon() {
+	coproc DAEMON { exec "$layerfs" daemon 2>>"$t/daemon.log"; }
+	daemon=$DAEMON_PID
+	read -r -t 30 ready <&"${DAEMON[0]}" || fail "the daemon never said it was ready"
+}
+
+step "one tree in three forms: gzip (umoci), zstd:chunked (skopeo), eStargz (estargz.py)"
+cd "$t"
+umoci init --layout gz >/dev/null
+umoci new --image gz:v1
+umoci unpack --image gz:v1 bundle >/dev/null
+r=bundle/rootfs
+mkdir -p $r/lib/a $r/lib/b $r/bin
+for i in $(seq 120); do head -c $((RANDOM % 20000 + 1)) /dev/urandom >$r/lib/a/m$i.py; done
+for i in $(seq 40); do head -c $((i * 1000)) /dev/urandom >$r/lib/b/d$i.so; done
+head -c 6000000 /dev/urandom >$r/bin/big
+echo 'print("hello")' >$r/bin/hello.py
+ln -s hello.py $r/bin/link
+ln $r/bin/hello.py $r/bin/hard
+: >$r/bin/empty
+chmod 755 $r/bin/hello.py
+umoci repack --image gz:v1 bundle
+umoci unpack --image gz:v1 want >/dev/null
+cd - >/dev/null
+"$here/tree.py" "$t/want/rootfs" >"$t/gzip.want"
+skopeo copy -q --dest-compress-format zstd:chunked "oci:$t/gz:v1" "oci:$t/zc:v1"
+"$here/estargz.py" "$t/want/rootfs" "$t/es" v1 --chunk 1000000
+umoci unpack --image "$t/es:v1" "$t/es-want" >/dev/null
+"$here/tree.py" "$t/es-want/rootfs" >"$t/estargz.want"
+cp "$t/gzip.want" "$t/zstd.want"
+for form in gz zc es; do
+	skopeo copy -q --preserve-digests --dest-tls-verify=false "oci:$t/$form:v1" "docker://$reg/lazy/$form:v1"
+done
+blob_size() { # the image's one layer blob's size
+	python3 -c "
+import json, glob
+for f in glob.glob('$t/$1/blobs/sha256/*'):
+    try: m = json.load(open(f))
+    except Exception: continue
+    if isinstance(m, dict) and 'layers' in m: print(m['layers'][-1]['size'])"
+}
+start_daemon
+
+# lazy FORM NAME: pulls FORM on read only, checks what it sends at each step.
+lazy() {
+	local form=$1 name=$2 size before out
+	size=$(blob_size "$form")
+	before=$(sent)
+	out=$("$layerfs" pull "$reg/lazy/$form:v1" --insecure-registry "$reg" --on-read) || fail "lazy pull of $name"
+	local ready=$(($(sent) - before))
+	echo "   $name: blob $size bytes; ready after $ready bytes ($((ready * 1000 / size))‰)"
+	((ready * 20 < size)) || fail "$name: $ready bytes sent before the workspace was ready (blob $size)"
+	[[ $out == *"lazy: 0 of"* ]] || fail "$name: the pull does not say it is lazy: $out"
+	"$layerfs" create "w-$form" --from "$reg/lazy/$form:v1" >/dev/null
+	mkdir -p "$t/w-$form"
+	"$layerfs" mount "w-$form" "$t/w-$form" --fuse >/dev/null
+	before=$(sent)
+	find "$t/w-$form" -exec stat {} + >/dev/null
+	ls -lR "$t/w-$form" >/dev/null
+	[[ $(sent) == "$before" ]] || fail "$name: find + stat sent $(($(sent) - before)) bytes"
+	before=$(sent)
+	[[ $(cat "$t/w-$form/bin/hello.py") == 'print("hello")' ]] || fail "$name: bin/hello.py reads wrong"
+	local one=$(($(sent) - before))
+	echo "   $name: a 15-byte file's read sent $one bytes"
+	((one < 4096)) || fail "$name: a 15-byte file's read sent $one bytes"
+	before=$(sent)
+	"$here/tree.py" "$t/w-$form" >"$t/$name.got"
+	local all=$(($(sent) - before))
+	echo "   $name: reading everything sent $all bytes"
+	diff -u "$t/$name.want" "$t/$name.got" || fail "$name: the workspace differs from umoci's unpack"
+	((all * 10 <= size * 11)) || fail "$name: reading everything sent $all bytes for a blob of $size"
+	"$layerfs" image ls | grep -q "^$reg/lazy/$form:v1 .* 100%$" || fail "$name: image ls: $("$layerfs" image ls)"
+}
+step "zstd:chunked, lazily through FUSE"
+lazy zc zstd
+step "eStargz, lazily through FUSE; its first bytes of a chunked file fetch one chunk"
+"$layerfs" pull "$reg/lazy/es:v1" --insecure-registry "$reg" --on-read >/dev/null
+"$layerfs" create w-chunk --from "$reg/lazy/es:v1" >/dev/null
+mkdir "$t/w-chunk"
+"$layerfs" mount w-chunk "$t/w-chunk" --fuse >/dev/null
+before=$(sent)
+head -c 100 "$t/w-chunk/bin/big" >/dev/null
+chunk=$(($(sent) - before))
+echo "   the first 100 bytes of a 6 MB file sent $chunk bytes"
+((chunk > 1000000 && chunk < 1100000)) || fail "the first bytes of bin/big sent $chunk bytes, not one 1 MB chunk"
+"$layerfs" rm --force w-chunk >/dev/null
+"$layerfs" image rm "$reg/lazy/es:v1" >/dev/null
+"$layerfs" layer prune >/dev/null
+lazy es estargz
+
+step "the same layer ids as a full pull"
+lazy_ids=$("$layerfs" image ls --json | python3 -c 'import json,sys; print(sorted(l for i in json.load(sys.stdin) for l in i["layers"]))')
+mkdir "$t/full-run"
+kill -TERM "$daemon"; wait "$daemon" || true
+LAYERFS_STORE=$t/full-store start_daemon
+for form in zc es; do LAYERFS_STORE=$t/full-store "$layerfs" pull "$reg/lazy/$form:v1" --insecure-registry "$reg" --whole >/dev/null; done
+full_ids=$(LAYERFS_STORE=$t/full-store "$layerfs" image ls --json | python3 -c 'import json,sys; print(sorted(l for i in json.load(sys.stdin) for l in i["layers"]))')
+[[ $lazy_ids == "$full_ids" ]] || fail "lazy layers $lazy_ids, full ones $full_ids"
+[[ -z $(ls "$t/full-store/lazy") ]] || fail "a --whole pull made lazy layers"
+kill -TERM "$daemon"; wait "$daemon" || true
+start_daemon
+
+step "a file two images share is fetched once"
+# The gzip form's tree again, as a zstd:chunked image of its own, with one file more.
+cd "$t"
+umoci unpack --image gz:v1 bundle2 >/dev/null
+echo extra >bundle2/rootfs/extra
+umoci repack --image gz:v1 bundle2
+skopeo copy -q --dest-compress-format zstd:chunked "oci:$t/gz:v1" "oci:$t/zc2:v1"
+cd - >/dev/null
+skopeo copy -q --preserve-digests --dest-tls-verify=false "oci:$t/zc2:v1" "docker://$reg/lazy/zc2:v1"
+"$layerfs" pull "$reg/lazy/zc2:v1" --insecure-registry "$reg" --on-read >/dev/null
+"$layerfs" create w-zc2 --from "$reg/lazy/zc2:v1" >/dev/null
+mkdir "$t/w-zc2"
+"$layerfs" mount w-zc2 "$t/w-zc2" --fuse >/dev/null
+before=$(sent)
+cmp "$t/w-zc2/bin/big" "$t/want/rootfs/bin/big" || fail "bin/big of the second image differs"
+cat "$t/w-zc2/lib/a/m1.py" >/dev/null
+[[ $(sent) == "$before" ]] || fail "files the first image fetched were fetched again: $(($(sent) - before)) bytes"
+[[ $(cat "$t/w-zc2/extra") == extra ]] || fail "the second image's own file reads wrong"
+
+step "a corrupted piece fails its read with EIO, is logged, and is not kept"
+# Files of its own, so its pieces are no other image's.
+mkdir -p "$t/own/b"
+for i in $(seq 40); do head -c $((i * 1000)) /dev/urandom >"$t/own/b/d$i.so"; done
+"$here/estargz.py" "$t/own" "$t/es-bad" v1 --chunk 1000000
+skopeo copy -q --preserve-digests --dest-tls-verify=false "oci:$t/es-bad:v1" "docker://$reg/lazy/bad:v1"
+bad_blob=$(python3 -c "
+import json, glob
+for f in glob.glob('$t/es-bad/blobs/sha256/*'):
+    try: m = json.load(open(f))
+    except Exception: continue
+    if isinstance(m, dict) and 'layers' in m: print(m['layers'][0]['digest'].split(':')[1])")
+stored=$(find "$t/reg" -path "*/blobs/sha256/*/$bad_blob/data")
+offset=$(python3 - "$t/es-bad" "$bad_blob" <<'PY'
+import gzip, json, sys, tarfile, io
+blob = open(f"{sys.argv[1]}/blobs/sha256/{sys.argv[2]}", "rb").read()
+toc_offset = int(blob[-51 + 16:-51 + 32], 16)
+toc = json.loads(tarfile.open(fileobj=io.BytesIO(gzip.decompress(blob[toc_offset:-51]))).extractfile("stargz.index.json").read())
+e = next(e for e in toc["entries"] if e["name"] == "b/d20.so")
+print(e["offset"] + 40)
+PY
+)
+cp "$stored" "$t/good-blob"
+printf 'X' | dd of="$stored" bs=1 seek="$offset" conv=notrunc status=none
+"$layerfs" pull "$reg/lazy/bad:v1" --insecure-registry "$reg" --on-read >/dev/null
+"$layerfs" create w-bad --from "$reg/lazy/bad:v1" >/dev/null
+mkdir "$t/w-bad"
+"$layerfs" mount w-bad "$t/w-bad" --fuse >/dev/null
+if err=$(cat "$t/w-bad/b/d20.so" 2>&1 >/dev/null); then fail "a corrupted piece was served"; fi
+[[ $err == *"Input/output error"* ]] || fail "a corrupted piece's read said: $err"
+grep -q "does not match its digest.*$reg/lazy/bad:v1" "$t/daemon.log" || grep -q "$reg/lazy/bad:v1.*does not match its digest" "$t/daemon.log" ||
+	fail "no log line names the image of the corrupted piece"
+grep "does not match its digest" "$t/daemon.log" | grep -q "b/d20.so" || fail "the log does not name the piece"
+cmp "$t/w-bad/b/d19.so" "$t/own/b/d19.so" || fail "a sound file next to the corrupted one reads wrong"
+cp "$t/good-blob" "$stored"
+cmp "$t/w-bad/b/d20.so" "$t/own/b/d20.so" || fail "the mended piece reads wrong"
+
+step "a registry gone: a read fails after LAYERFS_LAZY_WAIT, and works once it is back"
+stop_proxy
+s=$SECONDS
+if cat "$t/w-bad/b/d30.so" >/dev/null 2>&1; then fail "a read with the registry gone succeeded"; fi
+echo "   the read failed after $((SECONDS - s)) s"
+((SECONDS - s >= 2)) || fail "the read did not wait for the registry"
+start_proxy
+cmp "$t/w-bad/b/d30.so" "$t/own/b/d30.so" || fail "the read after the registry came back"
+
+step "a daemon killed -9 during completion resumes it, fetching nothing twice"
+stop_proxy
+start_proxy --rate 4000000
+# Files of its own again: every byte of it has to come from its blob.
+mkdir -p "$t/own2"
+for i in $(seq 12); do head -c 700000 /dev/urandom >"$t/own2/f$i"; done
+"$here/estargz.py" "$t/own2" "$t/es-slow" v1 --chunk 500000
+skopeo copy -q --preserve-digests --dest-tls-verify=false "oci:$t/es-slow:v1" "docker://$reg/lazy/slow:v1"
+"$layerfs" image rm "$reg/lazy/es:v1" >/dev/null
+"$layerfs" rm --force w-es >/dev/null
+"$layerfs" layer prune >/dev/null
+size=$(blob_size es-slow)
+before=$(sent)
+"$layerfs" pull "$reg/lazy/slow:v1" --insecure-registry "$reg" >/dev/null
+sleep 1.5
+kill -KILL "$daemon"
+wait "$daemon" 2>/dev/null || true
+got=$(($(sent) - before))
+echo "   $got of $size bytes in before the kill"
+((got > 0 && got < size)) || fail "the kill did not land during completion ($got of $size)"
+stop_proxy
+start_proxy
+start_daemon
+for _ in $(seq 100); do
+	"$layerfs" image ls | grep -q "^$reg/lazy/slow:v1 .* 100%$" && break
+	sleep 0.2
+done
+"$layerfs" image ls | grep -q "^$reg/lazy/slow:v1 .* 100%$" || fail "completion did not resume: $("$layerfs" image ls)"
+total=$(($(sent) - before))
+echo "   $total bytes in all for a blob of $size"
+((total * 10 <= size * 11)) || fail "$total bytes fetched for a blob of $size: pieces fetched again"
+
+step "a push of a workspace over a lazy image completes it first"
+"$layerfs" pull "$reg/lazy/es:v1" --insecure-registry "$reg" --on-read >/dev/null
+"$layerfs" create w-push --from "$reg/lazy/es:v1" >/dev/null
+"$layerfs" push w-push "$reg/lazy/pushed:v1" --insecure-registry "$reg" >/dev/null
+skopeo copy -q --src-tls-verify=false "docker://$reg/lazy/pushed:v1" "oci:$t/pushed:v1"
+umoci unpack --image "$t/pushed:v1" "$t/pushed" >/dev/null
+"$here/tree.py" "$t/pushed/rootfs" >"$t/pushed.got"
+diff -u "$t/estargz.want" "$t/pushed.got" || fail "the pushed image differs from the lazy one"
+
+step "an image with no table of contents is pulled whole, and the pull says so"
+cd "$t"
+umoci init --layout plain >/dev/null
+umoci new --image plain:v1
+umoci unpack --image plain:v1 plain-bundle >/dev/null
+head -c 1000 /dev/urandom >plain-bundle/rootfs/own
+umoci repack --image plain:v1 plain-bundle
+cd - >/dev/null
+skopeo copy -q --dest-tls-verify=false "oci:$t/plain:v1" "docker://$reg/lazy/plain:v1"
+out=$("$layerfs" pull "$reg/lazy/plain:v1" --insecure-registry "$reg")
+[[ $out == *"downloaded whole, with no table of contents to pull lazily: sha256:"* ]] || fail "the pull of a gzip image said: $out"
+echo "lazy pulls: all checks passed"
