@@ -231,6 +231,9 @@ if command -v qemu-system-x86_64 >/dev/null && command -v busybox >/dev/null; th
 	echo "-- the daemon killed at every step over NFS: 10 cycles (each about half a minute under TCG)"
 	check "kernel client crash cycles" kc --no-mount --workload tests/kernel/crash.sh \
 		--server "exec $PWD/target/release/layerfs daemon --store /run/lfs-kc-store --nfs-port 20490"
+	echo "-- lazy pull over NFS: zstd:chunked and eStargz read at first read, a corrupted piece, a registry gone"
+	check "kernel client lazy pulls" kc --no-mount --workload tests/kernel/lazy.sh \
+		--server "exec $PWD/target/release/layerfs daemon --store /run/lfs-store --nfs-port 20490"
 	echo "-- fifty workspaces of one daemon mounted over NFS at once"
 	check "kernel client fifty workspaces" kc --no-mount --workload tests/kernel/many.sh \
 		--server "exec $PWD/target/release/layerfs daemon --store /run/lfs-store --nfs-port 20490"

@@ -305,6 +305,38 @@ umoci unpack --image "$t/pushed:v1" "$t/pushed" >/dev/null
 "$here/tree.py" "$t/pushed/rootfs" >"$t/pushed.got"
 diff -u "$t/estargz.want" "$t/pushed.got" || fail "the pushed image differs from the lazy one"
 
+step "push --format estargz makes a lazy image: umoci unpacks it, and it is pulled lazily"
+# A commit of new files over the lazy image: its layer is written as eStargz
+# (the image's own layer is an eStargz blob the registry has already).
+mkdir "$t/w-push"
+"$layerfs" mount w-push "$t/w-push" --$door >/dev/null
+head -c 3000000 /dev/urandom >"$t/w-push/made-big"
+for i in $(seq 20); do echo "made $i" >"$t/w-push/made-$i"; done
+"$layerfs" unmount w-push >/dev/null
+"$layerfs" commit w-push --message made >/dev/null
+out=$("$layerfs" push w-push "$reg/lazy/made:v1" --insecure-registry "$reg" --format estargz)
+[[ $out == *"(2 layers, 1 uploaded)" ]] || fail "push --format estargz said: $out"
+made_layer=$(skopeo inspect --raw --tls-verify=false "docker://$reg/lazy/made:v1" | python3 -c '
+import json, sys
+l = json.load(sys.stdin)["layers"][1]
+assert "containerd.io/snapshot/stargz/toc.digest" in l.get("annotations", {}), "no table digest"
+print(l["size"])') || fail "the pushed layer carries no table digest"
+skopeo copy -q --src-tls-verify=false "docker://$reg/lazy/made:v1" "oci:$t/made:v1"
+umoci unpack --image "$t/made:v1" "$t/made" >/dev/null
+"$here/tree.py" "$t/made/rootfs" >"$t/made.want"
+grep -q "^made-big -rw" "$t/made.want" || fail "umoci's unpack of the push lacks made-big"
+before=$(sent)
+out=$("$layerfs" pull "$reg/lazy/made:v1" --insecure-registry "$reg" --on-read)
+ready=$(($(sent) - before))
+echo "   made: a layer of $made_layer bytes; ready after $ready bytes"
+[[ $out == *"(2 layers, 1 downloaded)"* ]] || fail "the pull of the pushed image said: $out"
+((ready * 20 < made_layer)) || fail "the pushed eStargz layer was not pulled lazily: $ready of $made_layer bytes"
+"$layerfs" create w-made --from "$reg/lazy/made:v1" >/dev/null
+mkdir "$t/w-made"
+"$layerfs" mount w-made "$t/w-made" --$door >/dev/null
+"$here/tree.py" "$t/w-made" >"$t/made.got"
+diff -u "$t/made.want" "$t/made.got" || fail "the lazy pull of the pushed eStargz image differs from umoci's unpack"
+
 step "an image with no table of contents is pulled whole, and the pull says so"
 cd "$t"
 umoci init --layout plain >/dev/null

@@ -84,6 +84,11 @@ pub struct PushArgs {
     sources: Vec<String>,
     #[command(flatten)]
     registry: RegistryArgs,
+    /// How layers the registry lacks are written: gzip, or estargz (a gzip
+    /// tar with a table of contents, which layerfs, stargz-snapshotter and
+    /// others pull lazily; any tool unpacks it).
+    #[arg(long, value_name = "FORMAT", value_parser = ["gzip", "estargz"], default_value = "gzip")]
+    format: String,
 }
 
 #[derive(clap::Args)]
@@ -192,6 +197,7 @@ impl Client {
             sources: args.sources,
             reference,
             registry: args.registry.into(),
+            format: Some(args.format),
         };
         if let Some(pushed) = self.call::<PushInfo>(request)? {
             println!(

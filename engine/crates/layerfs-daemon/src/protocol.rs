@@ -89,6 +89,10 @@ pub enum Request {
         reference: String,
         #[serde(default)]
         registry: RegistryOptions,
+        /// How layers not in the registry yet are written: `gzip` (the
+        /// default) or `estargz` (pulled lazily).
+        #[serde(default)]
+        format: Option<String>,
     },
     ImageLs,
     ImageRm {

@@ -88,7 +88,10 @@ fn image(files: &[(&str, Vec<u8>)], piece: usize) -> Image {
             lie: AtomicBool::new(false),
             pieces_asked: Mutex::new(Vec::new()),
         }),
-        files: files.iter().map(|(p, c)| (p.to_string(), c.clone())).collect(),
+        files: files
+            .iter()
+            .map(|(p, c)| (p.to_string(), c.clone()))
+            .collect(),
     }
 }
 
@@ -132,7 +135,10 @@ fn content(n: usize, seed: u8) -> Vec<u8> {
 fn at(fs: &StackFs, path: &str) -> FileId {
     let mut id = fs.root();
     for name in path.split('/') {
-        id = fs.lookup(&Caller::root(), id, name.as_bytes()).unwrap().fileid;
+        id = fs
+            .lookup(&Caller::root(), id, name.as_bytes())
+            .unwrap()
+            .fileid;
     }
     id
 }
@@ -179,8 +185,15 @@ fn a_lazy_layer_is_named_as_the_full_one_and_reads_bring_only_what_they_need() {
     let got = read(&fs, "data/big", 16 * 1024 - 5, 10).unwrap();
     assert_eq!(got, img.files["data/big"][16 * 1024 - 5..16 * 1024 + 5]);
     assert_eq!(img.blob.asked.load(Ordering::SeqCst), 2);
-    assert_eq!(read(&fs, "data/big", 16 * 1024, 100).unwrap(), img.files["data/big"][16 * 1024..16 * 1024 + 100]);
-    assert_eq!(img.blob.asked.load(Ordering::SeqCst), 2, "a piece in is not fetched again");
+    assert_eq!(
+        read(&fs, "data/big", 16 * 1024, 100).unwrap(),
+        img.files["data/big"][16 * 1024..16 * 1024 + 100]
+    );
+    assert_eq!(
+        img.blob.asked.load(Ordering::SeqCst),
+        2,
+        "a piece in is not fetched again"
+    );
     assert_eq!(read(&fs, "data/small", 0, 100).unwrap(), b"hello\n");
     assert_eq!(read(&fs, "data/empty", 0, 100).unwrap(), b"");
     assert_eq!(img.blob.asked.load(Ordering::SeqCst), 3);
@@ -189,10 +202,17 @@ fn a_lazy_layer_is_named_as_the_full_one_and_reads_bring_only_what_they_need() {
     let never = AtomicBool::new(false);
     assert!(layer.complete(1 << 20, &never).unwrap());
     assert_eq!(layer.bytes(), (100_006, 100_006));
-    assert_eq!(read(&fs, "data/big", 0, 200_000).unwrap(), img.files["data/big"]);
+    assert_eq!(
+        read(&fs, "data/big", 0, 200_000).unwrap(),
+        img.files["data/big"]
+    );
     let on_disk = std::fs::read(store.layer_dir(&id).join("data/big")).unwrap();
     assert_eq!(on_disk, img.files["data/big"]);
-    assert_eq!(img.blob.asked.load(Ordering::SeqCst), 8, "8 pieces in all, each fetched once");
+    assert_eq!(
+        img.blob.asked.load(Ordering::SeqCst),
+        8,
+        "8 pieces in all, each fetched once"
+    );
 }
 
 #[test]
@@ -210,7 +230,13 @@ fn a_piece_that_does_not_match_its_digest_is_never_served_nor_kept() {
     assert!(on_disk.iter().all(|&b| b == 0));
     // A copy-up of it fails too, rather than copying holes.
     let f = at(&fs, "data/f");
-    let write = fs.write(&Caller::root(), f, 0, b"x", layerfs_vfs::Stability::Unstable);
+    let write = fs.write(
+        &Caller::root(),
+        f,
+        0,
+        b"x",
+        layerfs_vfs::Stability::Unstable,
+    );
     assert_eq!(write.err(), Some(Error::Io));
     // The registry mended: the next read works.
     img.blob.lie.store(false, Ordering::SeqCst);
@@ -222,17 +248,36 @@ fn a_piece_one_layer_has_is_lent_to_another_and_removal_takes_the_state() {
     let t = tempfile::tempdir().unwrap();
     let root = t.path().join("store");
     let shared = content(3000, 9);
-    let first = image(&[("data/shared", shared.clone()), ("data/a", content(2000, 1))], 1024);
-    let second = image(&[("data/shared", shared.clone()), ("data/b", content(2000, 2))], 1024);
+    let first = image(
+        &[
+            ("data/shared", shared.clone()),
+            ("data/a", content(2000, 1)),
+        ],
+        1024,
+    );
+    let second = image(
+        &[
+            ("data/shared", shared.clone()),
+            ("data/b", content(2000, 2)),
+        ],
+        1024,
+    );
     let (id1, id2) = {
         let store = Store::open(&root).unwrap();
-        let id1 = store.import_lazy(&first.entries, &source(&first.blob)).unwrap();
+        let id1 = store
+            .import_lazy(&first.entries, &source(&first.blob))
+            .unwrap();
         let layer = store.attach_lazy(&id1, Some(first.blob.clone())).unwrap();
         let fs = StackFs::open_in_upper(&[store.layer_dir(&id1)], &t.path().join("u1")).unwrap();
         assert_eq!(read(&fs, "data/shared", 0, 3000).unwrap(), shared);
         assert_eq!(first.blob.asked.load(Ordering::SeqCst), 3);
         assert!(!layer.is_complete());
-        (id1, store.import_lazy(&second.entries, &source(&second.blob)).unwrap())
+        (
+            id1,
+            store
+                .import_lazy(&second.entries, &source(&second.blob))
+                .unwrap(),
+        )
     };
     // A second layer with the same file takes it from the first: no fetch.
     let store = Store::open(&root).unwrap();
@@ -261,7 +306,11 @@ fn a_store_reopened_keeps_what_was_fetched() {
     // without the one attached here.
     let log = std::fs::read(root.join("lazy").join(id.as_str()).join("filled")).unwrap();
     assert_eq!(log, 0u32.to_le_bytes());
-    assert!(root.join("lazy").join(id.as_str()).join("index.json").exists());
+    assert!(root
+        .join("lazy")
+        .join(id.as_str())
+        .join("index.json")
+        .exists());
 }
 
 #[test]
@@ -274,12 +323,20 @@ fn entries_and_pieces_out_of_bounds_are_refused() {
         digest: digest(b""),
     };
     assert!(check_pieces(&[piece(0, 10, 0, 5)], 10, 100).is_ok());
-    assert!(check_pieces(&[piece(0, 10, 90, 101)], 10, 100).unwrap_err().contains("outside the blob"));
-    assert!(check_pieces(&[piece(0, 5, 0, 5)], 10, 100).unwrap_err().contains("5 of its 10"));
-    assert!(check_pieces(&[piece(1, 9, 0, 5)], 10, 100).unwrap_err().contains("in order"));
+    assert!(check_pieces(&[piece(0, 10, 90, 101)], 10, 100)
+        .unwrap_err()
+        .contains("outside the blob"));
+    assert!(check_pieces(&[piece(0, 5, 0, 5)], 10, 100)
+        .unwrap_err()
+        .contains("5 of its 10"));
+    assert!(check_pieces(&[piece(1, 9, 0, 5)], 10, 100)
+        .unwrap_err()
+        .contains("in order"));
     let mut bad = piece(0, 10, 0, 5);
     bad.digest = "md5:00".into();
-    assert!(check_pieces(&[bad], 10, 100).unwrap_err().contains("not sha256"));
+    assert!(check_pieces(&[bad], 10, 100)
+        .unwrap_err()
+        .contains("not sha256"));
 
     let t = tempfile::tempdir().unwrap();
     let store = Store::open(&t.path().join("store")).unwrap();
@@ -288,7 +345,9 @@ fn entries_and_pieces_out_of_bounds_are_refused() {
         path: PathBuf::from("../escape"),
         ..img.entries[1].clone()
     });
-    let err = store.import_lazy(&img.entries, &source(&img.blob)).unwrap_err();
+    let err = store
+        .import_lazy(&img.entries, &source(&img.blob))
+        .unwrap_err();
     assert!(err.to_string().contains("outside the layer"), "{err}");
     assert!(store.layers().unwrap().is_empty());
     assert!(store.lazy_layers().unwrap().is_empty());

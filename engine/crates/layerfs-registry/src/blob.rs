@@ -16,6 +16,10 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
+mod estargz;
+
+pub use estargz::TOC_DIGEST;
+
 /// What a blob is: its digest, its size, the digest of the tar in it, and
 /// where it is known to be.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -28,27 +32,56 @@ pub struct BlobInfo {
     /// another repository of that registry mounts it from there.
     #[serde(default)]
     pub repository: Option<String>,
+    /// The descriptor's annotations (an eStargz blob's table digest).
+    #[serde(default)]
+    pub annotations: Vec<(String, String)>,
+}
+
+/// How a layer is written as a blob.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BlobFormat {
+    /// A gzip tar, one member.
+    #[default]
+    Gzip,
+    /// A gzip tar that a lazy pull reads in parts: eStargz.
+    Estargz,
+}
+
+impl BlobFormat {
+    /// Whether `blob` is of this format.
+    pub fn is_of(self, blob: &BlobInfo) -> bool {
+        let lazy = blob.annotations.iter().any(|(k, _)| k == TOC_DIGEST);
+        blob.media_type == LAYER_GZIP && lazy == (self == BlobFormat::Estargz)
+            || self == BlobFormat::Gzip && blob.media_type != LAYER_GZIP
+    }
 }
 
 /// The media type of the blobs written here.
 pub const LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
 
-/// Writes the layer at `dir` as a gzip-compressed tar to `out`.
-pub fn write_layer_blob(dir: &Path, out: &Path) -> io::Result<BlobInfo> {
+/// Writes the layer at `dir` as a gzip-compressed tar to `out`, in
+/// `format`.
+pub fn write_layer_blob(dir: &Path, out: &Path, format: BlobFormat) -> io::Result<BlobInfo> {
     let file = Hashing::new(BufWriter::with_capacity(1 << 20, File::create(out)?));
-    let gzip = flate2::GzBuilder::new().write(file, flate2::Compression::fast());
-    let mut tar = tar::Builder::new(Hashing::new(gzip));
-    tar.mode(tar::HeaderMode::Complete);
-    tar.follow_symlinks(false);
-    let mut walk = Walk {
-        tar: &mut tar,
-        links: HashMap::new(),
+    let (mut file, diff_id, annotations) = match format {
+        BlobFormat::Gzip => {
+            let gzip = flate2::GzBuilder::new().write(file, flate2::Compression::fast());
+            let mut tar = new_tar(Hashing::new(gzip));
+            Walk::new(&mut tar, None).dir(dir, Path::new(""))?;
+            tar.finish()?;
+            let tarred = tar.into_inner()?;
+            let diff_id = tarred.digest();
+            (tarred.inner.finish()?, diff_id, Vec::new())
+        }
+        BlobFormat::Estargz => {
+            let (sink, mut toc) = estargz::Toc::new(file);
+            let mut tar = new_tar(sink);
+            estargz::no_prefetch_landmark(&mut tar, &mut toc)?;
+            Walk::new(&mut tar, Some(&mut toc)).dir(dir, Path::new(""))?;
+            let done = toc.finish(tar)?;
+            (done.out, done.diff_id, done.annotations)
+        }
     };
-    walk.dir(dir, Path::new(""))?;
-    tar.finish()?;
-    let tarred = tar.into_inner()?;
-    let diff_id = tarred.digest();
-    let mut file = tarred.inner.finish()?;
     file.inner.flush()?;
     file.inner.get_ref().sync_all()?;
     Ok(BlobInfo {
@@ -57,16 +90,34 @@ pub fn write_layer_blob(dir: &Path, out: &Path) -> io::Result<BlobInfo> {
         media_type: LAYER_GZIP.to_owned(),
         diff_id,
         repository: None,
+        annotations,
     })
+}
+
+fn new_tar<W: Write>(sink: W) -> tar::Builder<W> {
+    let mut tar = tar::Builder::new(sink);
+    tar.mode(tar::HeaderMode::Complete);
+    tar.follow_symlinks(false);
+    tar
 }
 
 struct Walk<'t, W: Write> {
     tar: &'t mut tar::Builder<W>,
     /// The first path of each file with several names.
     links: HashMap<(u64, u64), PathBuf>,
+    /// The table of contents an eStargz blob's entries go into.
+    toc: Option<&'t mut estargz::Toc>,
 }
 
-impl<W: Write> Walk<'_, W> {
+impl<'t, W: Write> Walk<'t, W> {
+    fn new(tar: &'t mut tar::Builder<W>, toc: Option<&'t mut estargz::Toc>) -> Self {
+        Walk {
+            tar,
+            links: HashMap::new(),
+            toc,
+        }
+    }
+
     fn dir(&mut self, dir: &Path, rel: &Path) -> io::Result<()> {
         let mut names: Vec<_> = fs::read_dir(dir)?
             .map(|e| e.map(|e| e.file_name()))
@@ -78,25 +129,53 @@ impl<W: Write> Walk<'_, W> {
             let meta = fs::symlink_metadata(&path)?;
             let mut header = tar::Header::new_gnu();
             header.set_metadata_in_mode(&meta, tar::HeaderMode::Complete);
+            let name = to.to_string_lossy();
+            let toc_meta = estargz::Meta::of(&meta);
             if !meta.is_dir() && meta.nlink() > 1 {
                 let key = (meta.dev(), meta.ino());
                 if let Some(first) = self.links.get(&key) {
                     header.set_entry_type(tar::EntryType::Link);
                     header.set_size(0);
                     self.tar.append_link(&mut header, &to, first)?;
+                    if let Some(toc) = self.toc.as_deref_mut() {
+                        let first = first.to_string_lossy();
+                        toc.entry::<io::Empty>(
+                            &name,
+                            "hardlink",
+                            &toc_meta,
+                            Some(&first),
+                            &[],
+                            None,
+                        );
+                    }
                     continue;
                 }
                 self.links.insert(key, to.clone());
             }
-            self.pax(&path, &meta)?;
+            let xattrs = self.pax(&path, &meta)?;
+            let kind = meta.file_type();
             if meta.is_dir() {
                 self.tar.append_data(&mut header, &to, io::empty())?;
+                if let Some(toc) = self.toc.as_deref_mut() {
+                    toc.entry::<io::Empty>(&name, "dir", &toc_meta, None, &xattrs, None);
+                }
                 self.dir(&path, &to)?;
-            } else if meta.file_type().is_symlink() {
+            } else if kind.is_symlink() {
                 let target = fs::read_link(&path)?;
-                self.tar.append_link(&mut header, &to, target)?;
+                self.tar.append_link(&mut header, &to, &target)?;
+                if let Some(toc) = self.toc.as_deref_mut() {
+                    let target = target.to_string_lossy();
+                    toc.entry::<io::Empty>(&name, "symlink", &toc_meta, Some(&target), &[], None);
+                }
             } else if meta.is_file() {
-                self.tar.append_data(&mut header, &to, File::open(&path)?)?;
+                match self.toc.as_deref_mut() {
+                    None => self.tar.append_data(&mut header, &to, File::open(&path)?)?,
+                    Some(toc) => {
+                        let mut data = toc.reader(File::open(&path)?);
+                        self.tar.append_data(&mut header, &to, &mut data)?;
+                        toc.entry(&name, "reg", &toc_meta, None, &xattrs, Some(data));
+                    }
+                }
             } else {
                 // FIFOs and devices: their header says all, a device's
                 // numbers included (tar's metadata leaves them 0,0, which
@@ -110,6 +189,14 @@ impl<W: Write> Walk<'_, W> {
                 }
                 header.set_size(0);
                 self.tar.append_data(&mut header, &to, io::empty())?;
+                if let Some(toc) = self.toc.as_deref_mut() {
+                    let kind = match () {
+                        _ if kind.is_char_device() => "char",
+                        _ if kind.is_block_device() => "block",
+                        _ => "fifo",
+                    };
+                    toc.entry::<io::Empty>(&name, kind, &toc_meta, None, &xattrs, None);
+                }
             }
         }
         Ok(())
@@ -117,27 +204,31 @@ impl<W: Write> Walk<'_, W> {
 
     /// What a tar header cannot hold, as one PAX record before the entry:
     /// extended attributes, and a time finer than a second.
-    fn pax(&mut self, path: &Path, meta: &fs::Metadata) -> io::Result<()> {
+    /// Returns the extended attributes.
+    fn pax(&mut self, path: &Path, meta: &fs::Metadata) -> io::Result<Vec<(String, Vec<u8>)>> {
         let mut records: Vec<(String, Vec<u8>)> = Vec::new();
+        let mut xattrs = Vec::new();
         if !meta.file_type().is_symlink() {
             for (name, value) in layerfs_layers::kept_xattrs(path)? {
-                records.push((format!("SCHILY.xattr.{}", name.to_string_lossy()), value));
+                let name = name.to_string_lossy().into_owned();
+                records.push((format!("SCHILY.xattr.{name}"), value.clone()));
+                xattrs.push((name, value));
             }
         }
         if meta.mtime_nsec() != 0 {
             let mtime = format!("{}.{:09}", meta.mtime(), meta.mtime_nsec());
             records.push(("mtime".to_owned(), mtime.into_bytes()));
         }
-        if records.is_empty() {
-            return Ok(());
+        if !records.is_empty() {
+            self.tar
+                .append_pax_extensions(records.iter().map(|(k, v)| (k.as_str(), v.as_slice())))?;
         }
-        self.tar
-            .append_pax_extensions(records.iter().map(|(k, v)| (k.as_str(), v.as_slice())))
+        Ok(xattrs)
     }
 }
 
 /// A writer that hashes and counts what goes through it.
-struct Hashing<W> {
+pub(crate) struct Hashing<W> {
     inner: W,
     hash: Sha256,
     count: u64,

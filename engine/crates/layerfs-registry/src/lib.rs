@@ -19,7 +19,7 @@ mod reference;
 mod session;
 
 pub use auth::{credentials_for, login_file, store_credentials};
-pub use blob::{write_layer_blob, BlobInfo, LAYER_GZIP};
+pub use blob::{write_layer_blob, BlobFormat, BlobInfo, LAYER_GZIP};
 pub use error::{Error, ErrorKind};
 pub use manifest::platform_matches;
 pub use pull::{pull, LayerProgress, Pulled, PulledLayer};

@@ -61,6 +61,8 @@ pub struct PulledLayer {
     pub lazy: bool,
     /// Downloaded whole by this pull.
     pub downloaded: bool,
+    /// The blob's descriptor's annotations.
+    pub annotations: Vec<(String, String)>,
 }
 
 /// The part of an image config a pull reads.
@@ -208,6 +210,12 @@ pub fn pull(
             .map(|(i, (((layer, blob), diff_id), lazy))| PulledLayer {
                 lazy,
                 downloaded: wanted.contains(&i),
+                annotations: blob
+                    .annotations
+                    .iter()
+                    .flatten()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
                 diff_id,
                 blob: blob.digest.clone(),
                 size: blob.size.max(0) as u64,

@@ -17,7 +17,7 @@ use oci_client::manifest::{OciDescriptor, OciImageManifest, OciManifest};
 use oci_client::{Reference, RegistryOperation};
 use sha2::{Digest, Sha256};
 
-use crate::blob::{write_layer_blob, BlobInfo};
+use crate::blob::{write_layer_blob, BlobFormat, BlobInfo};
 use crate::session::{host_arch, repository_of, Session};
 use crate::{Error, ErrorKind, Transport};
 
@@ -40,12 +40,13 @@ pub struct Pushed {
 }
 
 /// Pushes `layers` (bottom first) as the image `reference`, over `base`
-/// where they are an image's layers and more; blobs are made in
-/// `staging`. `progress` is told (layers done, layers).
+/// where they are an image's layers and more; blobs are made in `format`
+/// in `staging`. `progress` is told (layers done, layers).
 pub fn push(
     reference: &str,
     layers: &[PushLayer],
     base: Option<&Base>,
+    format: BlobFormat,
     staging: &Path,
     transport: &Transport,
     progress: &mut dyn FnMut(u64, u64),
@@ -64,12 +65,19 @@ pub fn push(
     let mut pushed = Vec::new();
     for (i, layer) in layers.iter().enumerate() {
         progress(i as u64, layers.len() as u64);
+        // Only a blob of the format asked is taken as it is.
+        let known: Vec<BlobInfo> = layer
+            .known
+            .iter()
+            .filter(|b| format.is_of(b))
+            .cloned()
+            .collect();
         let found = session
-            .block_on(already_there(client, image, &layer.known))
+            .block_on(already_there(client, image, &known))
             .map_err(failed)?;
         let entry = match found {
             Some(blob) => (blob, false),
-            None => (upload_layer(&session, &layer.dir, staging)?, true),
+            None => (upload_layer(&session, &layer.dir, format, staging)?, true),
         };
         pushed.push((
             BlobInfo {
@@ -100,6 +108,8 @@ pub fn push(
                 media_type: blob.media_type.clone(),
                 digest: blob.digest.clone(),
                 size: blob.size as i64,
+                annotations: (!blob.annotations.is_empty())
+                    .then(|| blob.annotations.iter().cloned().collect()),
                 ..OciDescriptor::default()
             })
             .collect(),
@@ -165,7 +175,12 @@ async fn already_there(
 
 /// Writes the layer at `dir` as a blob in `staging` and uploads it,
 /// streamed from the file; the file is removed either way.
-fn upload_layer(session: &Session, dir: &Path, staging: &Path) -> Result<BlobInfo, Error> {
+fn upload_layer(
+    session: &Session,
+    dir: &Path,
+    format: BlobFormat,
+    staging: &Path,
+) -> Result<BlobInfo, Error> {
     let file = staging.join(format!(
         "blob-{}-{}",
         std::process::id(),
@@ -184,7 +199,7 @@ fn upload_layer(session: &Session, dir: &Path, staging: &Path) -> Result<BlobInf
                 format!("cannot make the blob of {}: {e}", dir.display()),
             )
         };
-        let blob = write_layer_blob(dir, &file).map_err(store_error)?;
+        let blob = write_layer_blob(dir, &file, format).map_err(store_error)?;
         let opened = std::fs::File::open(&file).map_err(store_error)?;
         let chunks = futures_util::stream::unfold(opened, |mut f| async move {
             use std::io::Read;
@@ -294,6 +309,7 @@ mod tests {
             media_type: String::new(),
             diff_id: diff_id.into(),
             repository: None,
+            annotations: Vec::new(),
         };
         (info, false)
     }

@@ -62,6 +62,7 @@ impl Daemon {
                 media_type: l.media_type.clone(),
                 diff_id: l.diff_id.clone(),
                 repository: Some(pulled.repository.clone()),
+                annotations: l.annotations.clone(),
             };
             self.catalog
                 .add_layer_blob(l.layer.as_str(), &blob)
@@ -105,6 +106,7 @@ impl Daemon {
         sources: &[String],
         reference: &str,
         registry: &RegistryOptions,
+        layer_format: Option<&str>,
         progress: &mut dyn FnMut(Progress),
     ) -> Outcome<PushInfo> {
         if sources.is_empty() {
@@ -152,10 +154,20 @@ impl Daemon {
         let base = self.base_of(&layers, image.as_deref())?;
         let transport = self.transport(registry);
         let staging = self.root.join("staging");
+        let format = match layer_format {
+            None | Some("gzip") => layerfs_registry::BlobFormat::Gzip,
+            Some("estargz") => layerfs_registry::BlobFormat::Estargz,
+            Some(other) => {
+                return Err(invalid(format!(
+                    "{other:?}: a layer format is gzip or estargz"
+                )))
+            }
+        };
         let pushed = layerfs_registry::push(
             reference,
             &to_push,
             base.as_ref(),
+            format,
             &staging,
             &transport,
             &mut |done, total| progress(Progress::of(done, total)),

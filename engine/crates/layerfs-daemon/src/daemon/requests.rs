@@ -62,8 +62,9 @@ impl Daemon {
                 sources,
                 reference,
                 registry,
+                format,
             } => self
-                .push(&sources, &reference, &registry, progress)
+                .push(&sources, &reference, &registry, format.as_deref(), progress)
                 .map(Response::Pushed),
             Request::ImageLs => self.image_ls().map(Response::Images),
             Request::ImageRm { reference } => self.image_rm(&reference).map(Response::Removed),

@@ -377,7 +377,9 @@ mod tests {
     use super::*;
 
     fn footer(offset: u64) -> Vec<u8> {
-        let mut f = vec![0x1f, 0x8b, 8, 4, 0, 0, 0, 0, 0, 0xff, 26, 0, b'S', b'G', 22, 0];
+        let mut f = vec![
+            0x1f, 0x8b, 8, 4, 0, 0, 0, 0, 0, 0xff, 26, 0, b'S', b'G', 22, 0,
+        ];
         f.extend_from_slice(format!("{offset:016x}STARGZ").as_bytes());
         f.extend_from_slice(&[1, 0, 0, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 0]);
         f
@@ -423,13 +425,25 @@ mod tests {
             panic!("not a file: {:?}", entries[1]);
         };
         assert_eq!(*size, 10);
-        assert_eq!((entries[1].uid, entries[1].gid, entries[1].mode), (1, 2, 0o755));
+        assert_eq!(
+            (entries[1].uid, entries[1].gid, entries[1].mode),
+            (1, 2, 0o755)
+        );
         assert_eq!(entries[1].xattrs, vec![("user.a".into(), b"y".to_vec())]);
-        let spans: Vec<_> = pieces.iter().map(|p| (p.at, p.len, p.start, p.end)).collect();
+        let spans: Vec<_> = pieces
+            .iter()
+            .map(|p| (p.at, p.len, p.start, p.end))
+            .collect();
         assert_eq!(spans, vec![(0, 6, 100, 150), (6, 4, 150, 400)]);
-        assert!(matches!(&entries[2].kind, EntryKind::Symlink(t) if t == std::path::Path::new("big")));
-        assert!(matches!(&entries[3].kind, EntryKind::HardLink(t) if t == std::path::Path::new("bin/big")));
-        assert!(matches!(&entries[4].kind, EntryKind::File { size: 0, pieces, .. } if pieces.is_empty()));
+        assert!(
+            matches!(&entries[2].kind, EntryKind::Symlink(t) if t == std::path::Path::new("big"))
+        );
+        assert!(
+            matches!(&entries[3].kind, EntryKind::HardLink(t) if t == std::path::Path::new("bin/big"))
+        );
+        assert!(
+            matches!(&entries[4].kind, EntryKind::File { size: 0, pieces, .. } if pieces.is_empty())
+        );
     }
 
     #[test]
@@ -446,7 +460,9 @@ mod tests {
             checksum: String::new(),
         };
         let entries = entries(json.as_bytes(), &format, 100, 90).unwrap();
-        let EntryKind::File { pieces, .. } = &entries[0].kind else { panic!() };
+        let EntryKind::File { pieces, .. } = &entries[0].kind else {
+            panic!()
+        };
         assert_eq!(pieces.len(), 1);
         assert_eq!((pieces[0].len, pieces[0].start, pieces[0].end), (3, 10, 30));
         assert_eq!(pieces[0].digest, D);
@@ -481,6 +497,9 @@ mod tests {
         let json = br#"{"version":1,"entries":[]}"#;
         let right = format!("sha256:{:x}", Sha256::digest(json));
         assert!(pinned(json, &right, "table").is_ok());
-        assert!(pinned(json, D, "table").unwrap_err().message.contains("does not match"));
+        assert!(pinned(json, D, "table")
+            .unwrap_err()
+            .message
+            .contains("does not match"));
     }
 }
