@@ -153,6 +153,15 @@ pub fn login(args: LoginArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// The share of lazy layers' file data here, as `image ls` and `ls` show
+/// it: what is not lazy is all here.
+pub fn local_share(local: Option<(u64, u64)>) -> String {
+    match local {
+        Some((here, all)) if all > 0 => format!("{}%", here * 100 / all),
+        _ => "100%".into(),
+    }
+}
+
 /// What a pull made lazily, and what it could not.
 fn say_lazy(image: &ImageInfo) {
     if !image.whole.is_empty() {
@@ -164,7 +173,7 @@ fn say_lazy(image: &ImageInfo) {
     if let Some((local, all)) = image.local {
         if local < all {
             println!(
-                "lazy: {} of {} of file data here; the rest comes at first read, and in the background",
+                "lazy: {} of {} of file data here; the rest comes as it is read",
                 human(local),
                 human(all)
             );
@@ -220,11 +229,7 @@ impl Client {
                     );
                     for i in images {
                         let digest = i.digest.strip_prefix("sha256:").unwrap_or(&i.digest);
-                        // The share of lazy layers' file data here.
-                        let local = match i.local {
-                            Some((local, all)) if all > 0 => format!("{}%", local * 100 / all),
-                            _ => "100%".into(),
-                        };
+                        let local = local_share(i.local);
                         let _ = writeln!(
                             out,
                             "{:<50} {:<19} {:>6} {:>8} {:>6}",

@@ -465,8 +465,8 @@ impl Client {
             let mut out = io::stdout().lock();
             let _ = writeln!(
                 out,
-                "{:<20} {:>6}  {:<10} {:>15}  MOUNT",
-                "NAME", "LAYERS", "STATE", "SIZE USED/LIMIT"
+                "{:<20} {:>6}  {:<10} {:>15} {:>6}  MOUNT",
+                "NAME", "LAYERS", "STATE", "SIZE USED/LIMIT", "LOCAL"
             );
             for w in all {
                 let mount = w
@@ -478,9 +478,10 @@ impl Client {
                     (None, Some(limit)) => format!("-/{}", human(limit)),
                     _ => "-".into(),
                 };
+                let local = crate::images::local_share(w.local);
                 let _ = writeln!(
                     out,
-                    "{:<20} {:>6}  {:<10} {size:>15}  {mount}",
+                    "{:<20} {:>6}  {:<10} {size:>15} {local:>6}  {mount}",
                     w.name,
                     w.layers.len(),
                     w.state

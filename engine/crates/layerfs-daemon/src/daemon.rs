@@ -389,6 +389,7 @@ impl Daemon {
     /// Opens workspace `name`, not yet open, with the size limit `limit`
     /// (for a workspace not recorded yet).
     fn open_with(&self, open: &mut Option<Open>, name: &str, limit: Option<u64>) -> Outcome<()> {
+        self.attach_lazy_layers_of(name)?;
         let workspace = Workspace::open(&self.workspace_dir(name))
             .map_err(|e| format!("cannot open workspace {name}: {e}"))?;
         if limit.is_some() {

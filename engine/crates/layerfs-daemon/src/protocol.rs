@@ -427,6 +427,10 @@ pub struct WorkspaceInfo {
     /// What its upper holds, in bytes, where it is open (mounted).
     #[serde(default)]
     pub size_used: Option<u64>,
+    /// Where its layers are lazy: the bytes of their files' data here, and
+    /// in all.
+    #[serde(default)]
+    pub local: Option<(u64, u64)>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

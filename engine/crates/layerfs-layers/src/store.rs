@@ -219,6 +219,11 @@ impl Store {
         self.commit(staged, &known)
     }
 
+    /// Whether layer `id` is lazy (complete or not).
+    pub fn is_lazy(&self, id: &LayerId) -> bool {
+        self.lazy_dir(id).is_dir()
+    }
+
     /// The store's lazy layers (complete ones included: they lend pieces
     /// to others).
     pub fn lazy_layers(&self) -> io::Result<Vec<LayerId>> {

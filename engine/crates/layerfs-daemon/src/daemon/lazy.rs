@@ -35,6 +35,32 @@ impl Daemon {
         }
     }
 
+    /// Attaches the lazy layers of workspace `name` not attached yet: its
+    /// files would read as the holes they are until then, so a workspace
+    /// with one that cannot be attached is not opened.
+    pub(super) fn attach_lazy_layers_of(&self, name: &str) -> Outcome<()> {
+        let stack = layerfs_layers::Workspace::stack_of(&self.workspace_dir(name))
+            .map_err(|e| format!("cannot read workspace {name}'s stack: {e}"))?;
+        for dir in &stack[..stack.len().saturating_sub(1)] {
+            let Some(id) = dir
+                .file_name()
+                .and_then(|n| self.store.layer(&n.to_string_lossy()))
+            else {
+                continue;
+            };
+            if self.store.is_lazy(&id) && layerfs_layers::lazy::attached(&id).is_none() {
+                let layer = self.attach_lazy(&id).map_err(|e| {
+                    format!(
+                        "cannot open workspace {name}: its lazy layer {id} cannot be attached: {}",
+                        e.message
+                    )
+                })?;
+                self.start_completion(&layer);
+            }
+        }
+        Ok(())
+    }
+
     /// Attaches lazy layer `id` with a fetcher for its registry.
     pub(super) fn attach_lazy(&self, id: &LayerId) -> Outcome<Arc<LazyLayer>> {
         let source = self.store.lazy_source(id).map_err(|e| e.to_string())?;

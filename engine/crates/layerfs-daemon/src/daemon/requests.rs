@@ -577,6 +577,7 @@ impl Daemon {
             state,
             size_limit: record.size_limit,
             size_used: self.size_used(name, record),
+            local: self.lazy_bytes(&record.layers),
         }
     }
 
