@@ -219,8 +219,10 @@ fi
 
 step "a corrupted piece fails its read with EIO, is logged, and is not kept"
 # Files of its own, so its pieces are no other image's.
-mkdir -p "$t/own/b"
+mkdir -p "$t/own/b" "$t/own/c"
 for i in $(seq 40); do head -c $((i * 1000)) /dev/urandom >"$t/own/b/d$i.so"; done
+# In a directory of its own: no read in b/ brings it along.
+head -c 30000 /dev/urandom >"$t/own/c/late.so"
 "$here/estargz.py" "$t/own" "$t/es-bad" v1 --chunk 1000000
 skopeo copy -q --preserve-digests --dest-tls-verify=false "oci:$t/es-bad:v1" "docker://$reg/lazy/bad:v1"
 bad_blob=$(python3 -c "
@@ -257,11 +259,11 @@ cmp "$t/w-bad/b/d20.so" "$t/own/b/d20.so" || fail "the mended piece reads wrong"
 step "a registry gone: a read fails after LAYERFS_LAZY_WAIT, and works once it is back"
 stop_proxy
 s=$SECONDS
-if cat "$t/w-bad/b/d30.so" >/dev/null 2>&1; then fail "a read with the registry gone succeeded"; fi
+if cat "$t/w-bad/c/late.so" >/dev/null 2>&1; then fail "a read with the registry gone succeeded"; fi
 echo "   the read failed after $((SECONDS - s)) s"
 ((SECONDS - s >= 2)) || fail "the read did not wait for the registry"
 start_proxy
-cmp "$t/w-bad/b/d30.so" "$t/own/b/d30.so" || fail "the read after the registry came back"
+cmp "$t/w-bad/c/late.so" "$t/own/c/late.so" || fail "the read after the registry came back"
 
 if [[ $door == fuse ]]; then
 step "a daemon killed -9 during completion resumes it, fetching nothing twice"

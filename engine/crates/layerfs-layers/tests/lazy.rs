@@ -19,6 +19,8 @@ struct Blob {
     bytes: Vec<u8>,
     asked: AtomicUsize,
     lie: AtomicBool,
+    /// The start of the one piece to lie about, if any.
+    lie_at: std::sync::atomic::AtomicU64,
     pieces_asked: Mutex<Vec<(u64, u64)>>,
 }
 
@@ -30,7 +32,8 @@ impl Fetch for Blob {
             .map(|p| {
                 self.pieces_asked.lock().unwrap().push((p.start, p.end));
                 let mut bytes = self.bytes[p.start as usize..p.end as usize].to_vec();
-                if self.lie.load(Ordering::SeqCst) {
+                if self.lie.load(Ordering::SeqCst) || self.lie_at.load(Ordering::SeqCst) == p.start
+                {
                     bytes[0] ^= 1;
                 }
                 bytes
@@ -86,6 +89,7 @@ fn image(files: &[(&str, Vec<u8>)], piece: usize) -> Image {
             bytes,
             asked: AtomicUsize::new(0),
             lie: AtomicBool::new(false),
+            lie_at: std::sync::atomic::AtomicU64::new(u64::MAX),
             pieces_asked: Mutex::new(Vec::new()),
         }),
         files: files
@@ -153,12 +157,15 @@ fn read(fs: &StackFs, path: &str, offset: u64, count: usize) -> Result<Vec<u8>, 
 fn a_lazy_layer_is_named_as_the_full_one_and_reads_bring_only_what_they_need() {
     let t = tempfile::tempdir().unwrap();
     let store = Store::open(&t.path().join("store")).unwrap();
+    // Pieces larger than a read brings in ahead, so each read asks exactly
+    // the pieces it covers.
+    const P: usize = 300 * 1024;
     let files = [
-        ("data/big", content(100_000, 1)),
+        ("data/big", content(6 * P + 100, 1)),
         ("data/small", b"hello\n".to_vec()),
         ("data/empty", Vec::new()),
     ];
-    let img = image(&files, 16 * 1024);
+    let img = image(&files, P);
     let id = store.import_lazy(&img.entries, &source(&img.blob)).unwrap();
 
     // The same tree imported whole has the same name.
@@ -174,20 +181,20 @@ fn a_lazy_layer_is_named_as_the_full_one_and_reads_bring_only_what_they_need() {
     assert_eq!(full.import_dir(&whole).unwrap(), id);
 
     let layer = store.attach_lazy(&id, Some(img.blob.clone())).unwrap();
-    assert_eq!(layer.bytes(), (0, 100_006));
+    assert_eq!(layer.bytes(), (0, 6 * P as u64 + 106));
     let fs = StackFs::open_in_upper(&[store.layer_dir(&id)], &t.path().join("upper")).unwrap();
     // Sizes and names come from the tree: nothing fetched.
     let attr = fs.getattr(at(&fs, "data/big")).unwrap();
-    assert_eq!(attr.size, 100_000);
+    assert_eq!(attr.size, 6 * P as u64 + 100);
     assert_eq!(img.blob.asked.load(Ordering::SeqCst), 0);
 
     // A read of 10 bytes across a piece boundary brings those two pieces.
-    let got = read(&fs, "data/big", 16 * 1024 - 5, 10).unwrap();
-    assert_eq!(got, img.files["data/big"][16 * 1024 - 5..16 * 1024 + 5]);
+    let got = read(&fs, "data/big", P as u64 - 5, 10).unwrap();
+    assert_eq!(got, img.files["data/big"][P - 5..P + 5]);
     assert_eq!(img.blob.asked.load(Ordering::SeqCst), 2);
     assert_eq!(
-        read(&fs, "data/big", 16 * 1024, 100).unwrap(),
-        img.files["data/big"][16 * 1024..16 * 1024 + 100]
+        read(&fs, "data/big", P as u64, 100).unwrap(),
+        img.files["data/big"][P..P + 100]
     );
     assert_eq!(
         img.blob.asked.load(Ordering::SeqCst),
@@ -201,18 +208,56 @@ fn a_lazy_layer_is_named_as_the_full_one_and_reads_bring_only_what_they_need() {
     // Completion brings the rest; the layer's files are then whole.
     let never = AtomicBool::new(false);
     assert!(layer.complete(1 << 20, &never).unwrap());
-    assert_eq!(layer.bytes(), (100_006, 100_006));
-    assert_eq!(
-        read(&fs, "data/big", 0, 200_000).unwrap(),
-        img.files["data/big"]
-    );
+    assert_eq!(layer.bytes(), (6 * P as u64 + 106, 6 * P as u64 + 106));
+    assert!(read(&fs, "data/big", 0, 7 * P).unwrap() == img.files["data/big"]);
     let on_disk = std::fs::read(store.layer_dir(&id).join("data/big")).unwrap();
-    assert_eq!(on_disk, img.files["data/big"]);
+    assert!(
+        on_disk == img.files["data/big"],
+        "the layer's file holds the data"
+    );
     assert_eq!(
         img.blob.asked.load(Ordering::SeqCst),
         8,
         "8 pieces in all, each fetched once"
     );
+}
+
+#[test]
+fn a_read_brings_in_the_files_beside_it_in_its_directory_and_no_others() {
+    let t = tempfile::tempdir().unwrap();
+    let store = Store::open(&t.path().join("store")).unwrap();
+    let mut files: Vec<(String, Vec<u8>)> = (0..10)
+        .map(|i| (format!("data/m{i}.py"), content(10_000, i)))
+        .collect();
+    files.push(("data/sub/other.py".into(), content(10_000, 99)));
+    files.push(("data/z.py".into(), content(10_000, 98)));
+    let named: Vec<(&str, Vec<u8>)> = files.iter().map(|(p, c)| (p.as_str(), c.clone())).collect();
+    let img = image(&named, 1 << 20);
+    let id = store.import_lazy(&img.entries, &source(&img.blob)).unwrap();
+    store.attach_lazy(&id, Some(img.blob.clone())).unwrap();
+    let fs = StackFs::open_in_upper(&[store.layer_dir(&id)], &t.path().join("upper")).unwrap();
+    let asked = || img.blob.pieces_asked.lock().unwrap().clone();
+    // m3 and the six files after it in data/, in one request; not the one
+    // in data/sub, which ends the run; nothing before m3. A damaged piece
+    // read along (m5) does not fail m3's read, and is not kept.
+    img.blob.lie_at.store(50_000, Ordering::SeqCst);
+    assert!(read(&fs, "data/m3.py", 0, 10).unwrap() == img.files["data/m3.py"][..10]);
+    assert_eq!(asked().len(), 7, "{:?}", asked());
+    assert_eq!(asked()[0], (30_000, 40_000));
+    assert_eq!(read(&fs, "data/m5.py", 0, 10), Err(Error::Io));
+    img.blob.lie_at.store(u64::MAX, Ordering::SeqCst);
+    for name in ["data/m9.py", "data/m4.py", "data/m5.py"] {
+        assert!(read(&fs, name, 0, 20_000).unwrap() == img.files[name]);
+    }
+    assert_eq!(
+        asked().len(),
+        9,
+        "the rest were read ahead, m5 asked twice more: {:?}",
+        asked()
+    );
+    read(&fs, "data/m0.py", 0, 10).unwrap();
+    read(&fs, "data/sub/other.py", 0, 10).unwrap();
+    assert_eq!(asked().len(), 9 + 3 + 1, "{:?}", asked());
 }
 
 #[test]
@@ -251,14 +296,14 @@ fn a_piece_one_layer_has_is_lent_to_another_and_removal_takes_the_state() {
     let first = image(
         &[
             ("data/shared", shared.clone()),
-            ("data/a", content(2000, 1)),
+            ("other/a", content(2000, 1)),
         ],
         1024,
     );
     let second = image(
         &[
             ("data/shared", shared.clone()),
-            ("data/b", content(2000, 2)),
+            ("other/b", content(2000, 2)),
         ],
         1024,
     );
@@ -295,13 +340,14 @@ fn a_piece_one_layer_has_is_lent_to_another_and_removal_takes_the_state() {
 fn a_store_reopened_keeps_what_was_fetched() {
     let t = tempfile::tempdir().unwrap();
     let root = t.path().join("store");
-    let img = image(&[("data/f", content(4096 * 3, 3))], 4096);
+    const P: usize = 300 * 1024;
+    let img = image(&[("data/f", content(P * 3, 3))], P);
     let store = Store::open(&root).unwrap();
     let id = store.import_lazy(&img.entries, &source(&img.blob)).unwrap();
     let layer = store.attach_lazy(&id, Some(img.blob.clone())).unwrap();
     let fs = StackFs::open_in_upper(&[store.layer_dir(&id)], &t.path().join("u")).unwrap();
     read(&fs, "data/f", 0, 10).unwrap();
-    assert_eq!(layer.bytes(), (4096, 4096 * 3));
+    assert_eq!(layer.bytes(), (P as u64, P as u64 * 3));
     // What the log says is in stays in for the next process: read back
     // without the one attached here.
     let log = std::fs::read(root.join("lazy").join(id.as_str()).join("filled")).unwrap();
