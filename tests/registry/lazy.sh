@@ -140,7 +140,7 @@ lazy() {
 	local form=$1 name=$2 size before out
 	size=$(blob_size "$form")
 	before=$(sent)
-	out=$("$layerfs" pull "$reg/lazy/$form:v1" --insecure-registry "$reg" --on-read) || fail "lazy pull of $name"
+	out=$("$layerfs" pull "$reg/lazy/$form:v1" --insecure-registry "$reg" --on-read 2>&1) || fail "lazy pull of $name"
 	local ready=$(($(sent) - before))
 	echo "   $name: blob $size bytes; ready after $ready bytes ($((ready * 1000 / size))‰)"
 	((ready * 20 < size)) || fail "$name: $ready bytes sent before the workspace was ready (blob $size)"
@@ -348,7 +348,7 @@ head -c 1000 /dev/urandom >plain-bundle/rootfs/own
 umoci repack --image plain:v1 plain-bundle
 cd - >/dev/null
 skopeo copy -q --dest-tls-verify=false "oci:$t/plain:v1" "docker://$reg/lazy/plain:v1"
-out=$("$layerfs" pull "$reg/lazy/plain:v1" --insecure-registry "$reg")
+out=$("$layerfs" pull "$reg/lazy/plain:v1" --insecure-registry "$reg" 2>&1)
 [[ $out == *"downloaded whole, with no table of contents to pull lazily: sha256:"* ]] || fail "the pull of a gzip image said: $out"
 fi
 echo "lazy pulls through $door: all checks passed"

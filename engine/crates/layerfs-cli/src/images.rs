@@ -162,17 +162,18 @@ pub fn local_share(local: Option<(u64, u64)>) -> String {
     }
 }
 
-/// What a pull made lazily, and what it could not.
+/// What a pull made lazily, and what it could not: on stderr, so the
+/// line a script reads on stdout stays one.
 fn say_lazy(image: &ImageInfo) {
     if !image.whole.is_empty() {
-        println!(
+        eprintln!(
             "downloaded whole, with no table of contents to pull lazily: {}",
             image.whole.join(", ")
         );
     }
     if let Some((local, all)) = image.local {
         if local < all {
-            println!(
+            eprintln!(
                 "lazy: {} of {} of file data here; the rest comes as it is read",
                 human(local),
                 human(all)
