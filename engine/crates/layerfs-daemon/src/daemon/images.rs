@@ -231,6 +231,21 @@ impl Daemon {
         }
     }
 
+    /// What `image ls` and `pull` say of an image: with how much of its
+    /// lazy layers is here.
+    fn image_info(&self, reference: &str, record: &ImageRecord, fetched: usize) -> ImageInfo {
+        ImageInfo {
+            reference: reference.to_owned(),
+            digest: record.digest.clone(),
+            layers: record.layers.clone(),
+            size: record.size,
+            created: record.created,
+            fetched,
+            local: self.lazy_bytes(&record.layers),
+            whole: Vec::new(),
+        }
+    }
+
     pub(super) fn image_ls(&self) -> Outcome<Vec<ImageInfo>> {
         let images = self.catalog.images().map_err(|e| e.to_string())?;
         Ok(images
@@ -310,19 +325,4 @@ fn registry_error(context: impl std::fmt::Display, e: layerfs_registry::Error) -
         R::Store => ErrorKind::Failed,
     };
     ControlError::new(kind, format!("{context}: {}", e.message))
-}
-
-impl Daemon {
-    fn image_info(&self, reference: &str, record: &ImageRecord, fetched: usize) -> ImageInfo {
-        ImageInfo {
-            reference: reference.to_owned(),
-            digest: record.digest.clone(),
-            layers: record.layers.clone(),
-            size: record.size,
-            created: record.created,
-            fetched,
-            local: self.lazy_bytes(&record.layers),
-            whole: Vec::new(),
-        }
-    }
 }
