@@ -398,3 +398,22 @@ fn entries_and_pieces_out_of_bounds_are_refused() {
     assert!(store.layers().unwrap().is_empty());
     assert!(store.lazy_layers().unwrap().is_empty());
 }
+
+#[test]
+fn a_whiteout_under_a_path_the_table_made_a_file_is_dropped_as_in_a_full_pull() {
+    // `umoci repack` of a directory turned into a file: d2f, then d2f/.wh.inner.
+    let t = tempfile::tempdir().unwrap();
+    let store = Store::open(&t.path().join("store")).unwrap();
+    let mut img = image(&[("data/d2f", content(100, 4))], 4096);
+    let mut whiteout = img.entries[1].clone();
+    whiteout.path = PathBuf::from("data/d2f/.wh.inner");
+    whiteout.kind = EntryKind::File {
+        size: 0,
+        content: Sha256::digest(b"").into(),
+        pieces: Vec::new(),
+    };
+    img.entries.push(whiteout);
+    let id = store.import_lazy(&img.entries, &source(&img.blob)).unwrap();
+    let d2f = std::fs::symlink_metadata(store.layer_dir(&id).join("data/d2f")).unwrap();
+    assert!(d2f.is_file());
+}

@@ -338,20 +338,26 @@ impl LazyLayer {
             .unzip();
         // Written file by file, made durable at once (one file synced, or
         // the whole filesystem for many), then noted.
-        let mut dirs = Dirs::new(&self.root)?;
-        let mut written = Vec::new();
+        let mut runs = Vec::new();
         let mut at = 0;
         while at < numbers.len() {
             let file = self.piece(numbers[at]).0;
-            let mut to = at + 1;
-            while to < numbers.len() && self.piece(numbers[to]).0 == file {
-                to += 1;
-            }
-            let pieces: Vec<(&Piece, &[u8])> = (at..to)
+            let to = at
+                + numbers[at..]
+                    .iter()
+                    .take_while(|&&n| self.piece(n).0 == file)
+                    .count();
+            runs.push((file, at..to));
+            at = to;
+        }
+        let mut dirs = Dirs::new(&self.root)?;
+        let mut written = Vec::new();
+        for (file, run) in &runs {
+            let pieces: Vec<(&Piece, &[u8])> = run
+                .clone()
                 .map(|i| (self.piece(numbers[i]).1, data[i].as_slice()))
                 .collect();
-            written.push(self.write(&mut dirs, file, &pieces)?);
-            at = to;
+            written.push(self.write(&mut dirs, *file, &pieces)?);
         }
         match written.as_slice() {
             [] => {}
@@ -361,15 +367,8 @@ impl LazyLayer {
             #[cfg(not(target_os = "linux"))]
             many => many.iter().try_for_each(File::sync_data)?,
         }
-        let mut at = 0;
-        while at < numbers.len() {
-            let file = self.piece(numbers[at]).0;
-            let mut to = at + 1;
-            while to < numbers.len() && self.piece(numbers[to]).0 == file {
-                to += 1;
-            }
-            self.note(&numbers[at..to])?;
-            at = to;
+        for (_, run) in runs {
+            self.note(&numbers[run])?;
         }
         Ok(())
     }

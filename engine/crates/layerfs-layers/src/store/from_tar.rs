@@ -12,7 +12,7 @@
 //! - a whiteout under a path its own layer made something other than a
 //!   directory (`d2f` a file, then `d2f/.wh.inner`, as `umoci repack`
 //!   writes a directory turned into a file): there is nothing under it to
-//!   hide, and it is dropped, as umoci and podman drop it.
+//!   hide, and the layer writer drops it, as umoci and podman drop it.
 
 use std::ffi::OsString;
 use std::io::{self, Read};
@@ -89,12 +89,6 @@ pub(super) fn unpack(reader: impl Read, layer: &mut LayerWriter) -> io::Result<(
         };
         match put {
             Ok(()) => {}
-            Err(Refused::Cannot(e))
-                if is_whiteout(&path)
-                    && e.raw_os_error() == Some(rustix::io::Errno::NOTDIR.raw_os_error()) =>
-            {
-                tracing::debug!(path = %path.display(), "a whiteout under a non-directory: dropped");
-            }
             Err(Refused::Outside) => return Err(refusal(&path, super::OUTSIDE)),
             Err(Refused::Cannot(e)) => {
                 if e.kind() == io::ErrorKind::InvalidData
@@ -122,12 +116,6 @@ pub(super) fn unpack(reader: impl Read, layer: &mut LayerWriter) -> io::Result<(
         }
     }
     Ok(())
-}
-
-/// Whether `path` names a whiteout (`.wh.NAME`, or `.wh..wh..opq`).
-fn is_whiteout(path: &Path) -> bool {
-    path.file_name()
-        .is_some_and(|n| n.as_bytes().starts_with(crate::WHITEOUT_PREFIX.as_bytes()))
 }
 
 /// A stream followed, once it ends, by zeros to the end of its 512-byte

@@ -6,6 +6,7 @@
 //!   without following symlinks, so no entry lands outside the layer (`..`,
 //!   a symlink in the way, an absolute hard-link target are refused);
 //! - files, directories, symlinks, hard links and FIFOs are kept as they are;
+//!   a whiteout under a non-directory is dropped;
 //!   devices only when the store runs as root (its mounts are `nodev`), and
 //!   owners likewise; sockets are never part of a layer;
 //! - extended attributes are kept by [`xattrs::keeps`];
@@ -145,7 +146,21 @@ impl LayerWriter {
                 "the layer's root is a directory",
             )));
         };
-        let parent = self.parent(parents, true)?;
+        let parent = match self.parent(parents, true) {
+            // A whiteout under a path its own layer made a non-directory
+            // (`umoci repack` of a directory turned into a file): there is
+            // nothing under a file to hide. Dropped, as umoci and podman do.
+            Err(Refused::Cannot(e))
+                if name
+                    .as_bytes()
+                    .starts_with(crate::WHITEOUT_PREFIX.as_bytes())
+                    && e.raw_os_error() == Some(Errno::NOTDIR.raw_os_error()) =>
+            {
+                tracing::debug!(path = %path.display(), "a whiteout under a non-directory: dropped");
+                return Ok(());
+            }
+            other => other?,
+        };
         let name = *name;
         match body {
             Body::Dir => {
