@@ -156,7 +156,12 @@ lazy() {
 	[[ $(cat "$t/w-$form/bin/hello.py") == 'print("hello")' ]] || fail "$name: bin/hello.py reads wrong"
 	local one=$(($(sent) - before))
 	echo "   $name: a 15-byte file's read sent $one bytes"
-	((one < 4096)) || fail "$name: a 15-byte file's read sent $one bytes"
+	if [[ $form == zc ]]; then
+		((one > 0 && one < 4096)) || fail "$name: a 15-byte file's read sent $one bytes"
+	else
+		# The zstd:chunked image, read before, has the same file.
+		((one == 0)) || fail "$name: a file the zstd:chunked image fetched was fetched again ($one bytes)"
+	fi
 	before=$(sent)
 	"$here/tree.py" "$t/w-$form" >"$t/$name.got"
 	local all=$(($(sent) - before))
