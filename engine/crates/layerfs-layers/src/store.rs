@@ -15,9 +15,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use layerfs_vfs::hostdir;
-use rustc_hash::FxHashMap;
 
-use crate::digest::{tree_digest_with, Known};
+use crate::digest::tree_digest_with;
 use crate::stack::UNSTABLE_INODES;
 
 mod from_dir;
@@ -216,7 +215,7 @@ impl Store {
         out.sync_all()?;
         File::open(&state)?.sync_all()?;
         File::open(self.root.join("lazy"))?.sync_all()?;
-        self.commit(staged, &known)
+        self.commit(staged, id)
     }
 
     /// Whether layer `id` is lazy (complete or not).
@@ -330,7 +329,10 @@ impl Store {
             layer.finish()
         });
         match written {
-            Ok(known) => self.commit(staged, &known),
+            Ok(known) => {
+                let id = LayerId(tree_digest_with(&staged, &known)?);
+                self.commit(staged, id)
+            }
             Err(e) => {
                 let _ = remove_tree(&staged);
                 Err(e)
@@ -348,10 +350,9 @@ impl Store {
         Ok(dir)
     }
 
-    /// Names the durable staged tree by its digest (`known` holds what was
-    /// written of its files, by inode) and moves it into place, durably.
-    fn commit(&self, staged: PathBuf, known: &FxHashMap<u64, Known>) -> io::Result<LayerId> {
-        let id = LayerId(tree_digest_with(&staged, known)?);
+    /// Moves the durable staged tree into place as layer `id` (its tree's
+    /// digest), durably.
+    fn commit(&self, staged: PathBuf, id: LayerId) -> io::Result<LayerId> {
         let target = self.layer_dir(&id);
         if target.exists() {
             // The same content is already a layer: imports are idempotent.

@@ -161,18 +161,31 @@ impl LayerWriter {
             }
             other => other?,
         };
-        let name = *name;
+        let done = self.put_in(&parent.1, &names, body, meta);
+        self.keep_parent(parent);
+        done
+    }
+
+    /// [`Self::put`] of the entry `names` into its directory `parent`.
+    fn put_in(
+        &mut self,
+        parent: &OwnedFd,
+        names: &[&OsStr],
+        body: Body<'_>,
+        meta: &Meta,
+    ) -> Result<(), Refused> {
+        let (&name, parents) = names.split_last().expect("put checked a name");
         match body {
             Body::Dir => {
-                match rustix::fs::mkdirat(&parent, name, Mode::from_raw_mode(0o700)) {
-                    Err(Errno::EXIST) if is_dir_at(&parent, name) => {}
+                match rustix::fs::mkdirat(parent, name, Mode::from_raw_mode(0o700)) {
+                    Err(Errno::EXIST) if is_dir_at(parent, name) => {}
                     Err(Errno::EXIST) => {
-                        replace(&parent, name)?;
-                        rustix::fs::mkdirat(&parent, name, Mode::from_raw_mode(0o700))?;
+                        replace(parent, name)?;
+                        rustix::fs::mkdirat(parent, name, Mode::from_raw_mode(0o700))?;
                     }
                     other => other?,
                 }
-                let dir = open_dir_at(&parent, name)?;
+                let dir = open_dir_at(parent, name)?;
                 self.own(&dir, meta)?;
                 self.set_xattrs(&dir, None, meta)?;
                 self.dirs.push((names.iter().collect(), meta.clone()));
@@ -181,12 +194,12 @@ impl LayerWriter {
             Body::File(_) | Body::Sparse { .. } | Body::Lazy { .. } => {
                 let file = loop {
                     match rustix::fs::openat(
-                        &parent,
+                        parent,
                         name,
                         OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW,
-                        Mode::from_raw_mode(0o600),
+                        permissions(meta.mode) & Mode::RWXU.union(Mode::RWXG).union(Mode::RWXO),
                     ) {
-                        Err(Errno::EXIST) => replace(&parent, name)?,
+                        Err(Errno::EXIST) => replace(parent, name)?,
                         other => break other?,
                     }
                 };
@@ -201,17 +214,26 @@ impl LayerWriter {
                     }
                     _ => unreachable!("matched above"),
                 };
-                let ino = rustix::fs::fstat(&file)?.st_ino;
-                self.own(&file, meta)?;
-                rustix::fs::fchmod(&file, permissions(meta.mode))?;
+                // A new file is most often already as wanted (owned by the
+                // daemon, its bits left by the umask): no call then.
+                let made = rustix::fs::fstat(&file)?;
+                if (made.st_uid, made.st_gid) != (meta.uid, meta.gid) {
+                    self.own(&file, meta)?;
+                }
+                if Mode::from_raw_mode(made.st_mode as _) & Mode::from_raw_mode(0o7777)
+                    != permissions(meta.mode)
+                {
+                    rustix::fs::fchmod(&file, permissions(meta.mode))?;
+                }
+                let ino = made.st_ino;
                 let xattrs = self.set_xattrs(&file, None, meta)?;
                 self.files.insert(ino, Known { content, xattrs });
                 rustix::fs::futimens(&file, &times(meta))?;
                 return Ok(());
             }
             Body::Symlink(target) => {
-                retry_replacing(&parent, name, || {
-                    rustix::fs::symlinkat(target.as_os_str(), &parent, name)
+                retry_replacing(parent, name, || {
+                    rustix::fs::symlinkat(target.as_os_str(), parent, name)
                 })?;
             }
             Body::HardLink(target) => {
@@ -222,30 +244,32 @@ impl LayerWriter {
                     )));
                 };
                 let target_dir = self.parent(target_parents, false)?;
-                retry_replacing(&parent, name, || {
-                    rustix::fs::linkat(&target_dir, *target_name, &parent, name, AtFlags::empty())
-                })?;
+                let linked = retry_replacing(parent, name, || {
+                    rustix::fs::linkat(&target_dir.1, *target_name, parent, name, AtFlags::empty())
+                });
+                self.keep_parent(target_dir);
+                linked?;
                 // Another name of a file already written keeps its metadata.
                 return Ok(());
             }
-            Body::Fifo => self.node(&parent, name, FileType::Fifo, 0)?,
-            Body::CharDevice(rdev) => self.node(&parent, name, FileType::CharacterDevice, rdev)?,
-            Body::BlockDevice(rdev) => self.node(&parent, name, FileType::BlockDevice, rdev)?,
+            Body::Fifo => self.node(parent, name, FileType::Fifo, 0)?,
+            Body::CharDevice(rdev) => self.node(parent, name, FileType::CharacterDevice, rdev)?,
+            Body::BlockDevice(rdev) => self.node(parent, name, FileType::BlockDevice, rdev)?,
         }
         // A symlink or a node: set through its name, never following it.
         let nofollow = AtFlags::SYMLINK_NOFOLLOW;
         if self.as_root {
-            rustix::fs::chownat(&parent, name, uid(meta.uid), gid(meta.gid), nofollow)?;
+            rustix::fs::chownat(parent, name, uid(meta.uid), gid(meta.gid), nofollow)?;
         }
         if !matches!(body, Body::Symlink(_)) {
-            rustix::fs::chmodat(&parent, name, permissions(meta.mode), AtFlags::empty())?;
+            rustix::fs::chmodat(parent, name, permissions(meta.mode), AtFlags::empty())?;
         }
         let full = self
             .path
             .join(parents.iter().collect::<PathBuf>())
             .join(name);
-        self.set_xattrs(&parent, Some(&full), meta)?;
-        rustix::fs::utimensat(&parent, name, &times(meta), nofollow)?;
+        self.set_xattrs(parent, Some(&full), meta)?;
+        rustix::fs::utimensat(parent, name, &times(meta), nofollow)?;
         Ok(())
     }
 
@@ -260,7 +284,9 @@ impl LayerWriter {
                 None => self.root.try_clone()?,
                 Some((name, parents)) => {
                     let parent = self.parent(parents, false).map_err(refused_to_io)?;
-                    open_dir_at(&parent, name)?
+                    let dir = open_dir_at(&parent.1, name)?;
+                    self.keep_parent(parent);
+                    dir
                 }
             };
             rustix::fs::fchmod(&dir, permissions(meta.mode))?;
@@ -276,11 +302,13 @@ impl LayerWriter {
 
     /// The directory `names` below the root, walked without following
     /// symlinks; missing directories are made when `create` is set.
-    fn parent(&mut self, names: &[&OsStr], create: bool) -> Result<OwnedFd, Refused> {
+    /// The directory is taken out of the one-entry cache; [`Self::keep_parent`]
+    /// puts it back, so the common case costs no descriptor copy.
+    fn parent(&mut self, names: &[&OsStr], create: bool) -> Result<(PathBuf, OwnedFd), Refused> {
         let key: PathBuf = names.iter().collect();
-        if let Some((path, fd)) = &self.last_parent {
-            if *path == key {
-                return Ok(fd.try_clone()?);
+        if let Some((path, fd)) = self.last_parent.take() {
+            if path == key {
+                return Ok((path, fd));
             }
         }
         let mut dir = self.root.try_clone()?;
@@ -300,8 +328,12 @@ impl LayerWriter {
                 Err(e) => return Err(e.into()),
             };
         }
-        self.last_parent = Some((key, dir.try_clone()?));
-        Ok(dir)
+        Ok((key, dir))
+    }
+
+    /// Caches the directory [`Self::parent`] gave, for the next entry.
+    fn keep_parent(&mut self, parent: (PathBuf, OwnedFd)) {
+        self.last_parent = Some(parent);
     }
 
     fn node(&self, dir: &OwnedFd, name: &OsStr, kind: FileType, rdev: u64) -> Result<(), Refused> {
