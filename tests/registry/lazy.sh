@@ -17,8 +17,11 @@
 # kept; a registry gone fails a read after LAYERFS_LAZY_WAIT and the next
 # read after it is back works; a daemon killed -9 during completion
 # resumes it after a restart without fetching again what it had; a push of
-# a workspace over a lazy image completes it first; an image with no table
-# of contents is pulled whole and the pull says so.
+# a workspace over a lazy image completes it first; a bearer token (from
+# tokens.py) that runs out while a workspace lives is renewed with the
+# credentials the daemon keeps, which it never logs, and a token service
+# gone fails a read after LAYERFS_LAZY_WAIT; an image with no table of
+# contents is pulled whole and the pull says so.
 # LAYERFS_LAZY_DOOR=nfs mounts through the kernel's NFS client instead
 # (tests/kernel/lazy.sh runs it so in the QEMU guest) and leaves out the
 # steps no door changes; LAYERFS_LAZY_DIR is where its files go (default
@@ -343,6 +346,72 @@ mkdir "$t/w-made"
 "$layerfs" mount w-made "$t/w-made" --$door >/dev/null
 "$here/tree.py" "$t/w-made" >"$t/made.got"
 diff -u "$t/made.want" "$t/made.got" || fail "the lazy pull of the pushed eStargz image differs from umoci's unpack"
+
+step "a bearer token that runs out while a workspace lives is renewed, and never logged"
+# A registry that wants tokens from tokens.py, which issues them for 4 s.
+openssl req -x509 -newkey rsa:2048 -nodes -keyout "$t/token.key" -out "$t/token.crt" \
+	-days 2 -subj /CN=layerfs-test-token 2>/dev/null
+tok_port=$(free_port) tok_reg_port=$(free_port) tokens=
+start_tokens() {
+	"$here/tokens.py" "$tok_port" "$t/token.key" "$t/token.crt" tester:s3cret 4 "$t/tokens.json" &
+	tokens=$!
+	pids+=($tokens)
+	wait_port "$tok_port"
+}
+issued() { python3 -c "import json; print(json.load(open('$t/tokens.json'))['issued'])"; }
+start_tokens
+cat >"$t/reg-tok.yml" <<YML
+version: 0.1
+log:
+  level: error
+storage:
+  filesystem:
+    rootdirectory: $t/reg-tok
+http:
+  addr: 127.0.0.1:$tok_reg_port
+auth:
+  token:
+    realm: http://127.0.0.1:$tok_port/token
+    service: layerfs-test
+    issuer: layerfs-test
+    rootcertbundle: $t/token.crt
+YML
+docker-registry serve "$t/reg-tok.yml" >"$t/reg-tok.log" 2>&1 &
+pids+=($!)
+wait_port "$tok_reg_port"
+tok=127.0.0.1:$tok_reg_port
+# Files of its own, one per directory: a read brings no other.
+for d in 1 2 3; do mkdir -p "$t/own3/d$d" && head -c 300000 /dev/urandom >"$t/own3/d$d/f"; done
+"$here/estargz.py" "$t/own3" "$t/es-tok" v1 --chunk 100000
+skopeo copy -q --preserve-digests --dest-tls-verify=false --dest-creds tester:s3cret \
+	"oci:$t/es-tok:v1" "docker://$tok/lazy/tok:v1"
+echo s3cret | "$layerfs" login "$tok" --username tester --password-stdin >/dev/null
+"$layerfs" pull "$tok/lazy/tok:v1" --insecure-registry "$tok" --on-read >/dev/null
+"$layerfs" create w-tok --from "$tok/lazy/tok:v1" >/dev/null
+mkdir "$t/w-tok"
+"$layerfs" mount w-tok "$t/w-tok" --$door >/dev/null
+cmp "$t/w-tok/d1/f" "$t/own3/d1/f" || fail "the first read through a token reads wrong"
+first=$(issued)
+sleep 5
+cmp "$t/w-tok/d2/f" "$t/own3/d2/f" || fail "a read after the token ran out reads wrong"
+echo "   tokens issued: $first up to the first read, $(issued) after a read past its end"
+(($(issued) > first)) || fail "no token was asked for after the first ran out"
+python3 - "$t/tokens.json" "$t/daemon.log" <<'PY' || fail "a credential is in the daemon's log"
+import json, sys
+tokens = json.load(open(sys.argv[1]))["tokens"]
+log = open(sys.argv[2], errors="replace").read()
+assert "s3cret" not in log and "dGVzdGVyOnMzY3JldA" not in log, "the password"
+assert not any(t.split(".")[2] in log for t in tokens), "a token"
+PY
+kill "$tokens"
+wait "$tokens" 2>/dev/null || true
+sleep 5
+s=$SECONDS
+if cat "$t/w-tok/d3/f" >/dev/null 2>&1; then fail "a read with no token to be had succeeded"; fi
+echo "   with the token service gone, the read failed after $((SECONDS - s)) s"
+((SECONDS - s >= 2)) || fail "the read did not wait for a token"
+start_tokens
+cmp "$t/w-tok/d3/f" "$t/own3/d3/f" || fail "the read after the token service came back"
 
 step "an image with no table of contents is pulled whole, and the pull says so"
 cd "$t"

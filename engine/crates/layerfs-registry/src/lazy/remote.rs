@@ -63,6 +63,9 @@ impl Remote {
     pub(crate) fn range(&self, start: u64, end: u64) -> Result<Vec<u8>, Error> {
         let deadline = Instant::now() + self.wait;
         let mut pause = Duration::from_millis(100);
+        // A token is asked for at most once between two pauses: a registry
+        // that refuses the one it just issued is not asked in a tight loop.
+        let mut renewed = false;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let tried = self
@@ -70,14 +73,22 @@ impl Remote {
                 .block_on(async { tokio::time::timeout(left, self.get(start, end)).await });
             let failed = match tried {
                 Ok(Ok(bytes)) => return Ok(bytes),
+                Ok(Err(Got::Expired)) if renewed => Error::new(
+                    ErrorKind::Unauthorized,
+                    format!(
+                        "{}: refuses the token it just issued",
+                        self.session.registry
+                    ),
+                ),
                 Ok(Err(Got::Expired)) => {
                     // A bearer token that ran out: a new one, without the user.
-                    let renewed = self.session.block_on(self.session.client.auth(
+                    renewed = true;
+                    let asked = self.session.block_on(self.session.client.auth(
                         &self.session.image,
                         &self.session.auth,
                         RegistryOperation::Pull,
                     ));
-                    match renewed {
+                    match asked {
                         Ok(_) => continue,
                         Err(e) => self.session.failed(e),
                     }
@@ -97,6 +108,7 @@ impl Remote {
             }
             tracing::warn!(registry = %self.session.registry, error = %failed, "a lazy read waits for the registry");
             std::thread::sleep(pause);
+            renewed = false;
             pause = (pause * 2).min(Duration::from_secs(2));
         }
     }
