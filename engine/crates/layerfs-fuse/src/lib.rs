@@ -12,6 +12,8 @@
 #![deny(unsafe_code)]
 
 #[cfg(target_os = "linux")]
+mod abi;
+#[cfg(target_os = "linux")]
 mod answer;
 #[cfg(target_os = "linux")]
 mod attrs;

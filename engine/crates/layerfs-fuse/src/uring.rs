@@ -33,18 +33,17 @@ use rustix::net::{
 
 use crate::door::Door;
 use crate::handover::KernelInit;
-use crate::wire::{self, Answered, InHeader, IN_HEADER_LEN, OUT_HEADER_LEN};
+use zerocopy::{FromZeros, IntoBytes};
+
+use crate::abi::{self, InHeader, ReadIn, UringCmdReq, UringReqHeader};
+use crate::wire::{self, Answered, IN_HEADER_LEN, OUT_HEADER_LEN};
 
 /// `enum fuse_uring_cmd`.
 const CMD_REGISTER: u32 = 1;
 const CMD_COMMIT_AND_FETCH: u32 = 2;
 
-/// `struct fuse_uring_req_header`: the in or out header (128 bytes), the
-/// operation's own header (128), then `struct fuse_uring_ent_in_out`.
-const HEADER_LEN: usize = 256 + 32;
-const OP_IN: usize = 128;
-const ENT_COMMIT_ID: usize = 256 + 8;
-const ENT_PAYLOAD_SZ: usize = 256 + 16;
+/// A slot's header buffer, as the kernel registers it.
+const HEADER_LEN: usize = std::mem::size_of::<UringReqHeader>();
 
 /// Requests each CPU's ring holds at once.
 const DEPTH: usize = 2;
@@ -65,7 +64,7 @@ const SOCKET_BUFFER: usize = 256 * 1024;
 
 /// One request's buffers, registered with the kernel once.
 struct Slot {
-    header: Box<[u8; HEADER_LEN]>,
+    header: Box<UringReqHeader>,
     payload: Vec<u8>,
     /// `struct iovec[2]` naming them (address, length, address, length),
     /// for the registration; the buffers stay where they are when the
@@ -75,10 +74,10 @@ struct Slot {
 
 impl Slot {
     fn new() -> Slot {
-        let mut header = Box::new([0u8; HEADER_LEN]);
+        let mut header = Box::new(UringReqHeader::new_zeroed());
         let mut payload = vec![0u8; PAYLOAD_LEN];
         let iov = Box::new([
-            header.as_mut_ptr() as usize,
+            header.as_mut_bytes().as_mut_ptr() as usize,
             HEADER_LEN,
             payload.as_mut_ptr() as usize,
             PAYLOAD_LEN,
@@ -90,16 +89,22 @@ impl Slot {
         }
     }
 
-    fn word(&self, at: usize) -> u32 {
-        u32::from_ne_bytes(self.header[at..at + 4].try_into().unwrap())
+    /// The request's header, where the kernel put it.
+    fn in_header(&self) -> InHeader {
+        abi::args(&self.header.in_out).expect("128 bytes hold an in header")
     }
 }
 
-/// The 80 command bytes: `struct fuse_uring_cmd_req`.
+/// The 80 command bytes, beginning with a `struct fuse_uring_cmd_req`.
 fn command(qid: u16, commit_id: u64) -> [u8; 80] {
+    let req = UringCmdReq {
+        commit_id,
+        qid,
+        ..Default::default()
+    };
     let mut cmd = [0u8; 80];
-    cmd[8..16].copy_from_slice(&commit_id.to_ne_bytes());
-    cmd[16..18].copy_from_slice(&qid.to_ne_bytes());
+    req.write_to_prefix(&mut cmd)
+        .expect("80 bytes hold a command");
     cmd
 }
 
@@ -178,7 +183,7 @@ pub(crate) fn start(
             let ended = serve(cpu as u16, &q.device, &q.socket, &q.door, reader);
             // The session's end: DESTROY, which fuser answers, and then
             // returns.
-            if rustix::io::write(&q.socket, &destroy()).is_ok() {
+            if rustix::io::write(&q.socket, destroy().as_bytes()).is_ok() {
                 let _ = rustix::io::read(&q.socket, &mut [0u8; OUT_HEADER_LEN]);
             }
             if let Err(e) = ended {
@@ -203,12 +208,13 @@ fn possible_cpus() -> usize {
 }
 
 /// A FUSE_DESTROY request, as a session reads it.
-fn destroy() -> [u8; IN_HEADER_LEN] {
+fn destroy() -> InHeader {
     const FUSE_DESTROY: u32 = 38;
-    let mut h = [0u8; IN_HEADER_LEN];
-    h[0..4].copy_from_slice(&(IN_HEADER_LEN as u32).to_ne_bytes());
-    h[4..8].copy_from_slice(&FUSE_DESTROY.to_ne_bytes());
-    h
+    InHeader {
+        len: IN_HEADER_LEN as u32,
+        opcode: FUSE_DESTROY,
+        ..Default::default()
+    }
 }
 
 fn on_cpu(
@@ -306,13 +312,8 @@ fn serve(
     };
     push(&mut ring, poll())?;
     let commit = |slot: &Slot, i: usize| {
-        let commit_id = u64::from_ne_bytes(
-            slot.header[ENT_COMMIT_ID..ENT_COMMIT_ID + 8]
-                .try_into()
-                .unwrap(),
-        );
         opcode::UringCmd80::new(fd, CMD_COMMIT_AND_FETCH)
-            .cmd(command(qid, commit_id))
+            .cmd(command(qid, slot.header.ent.commit_id))
             .build()
             .user_data(i as u64)
     };
@@ -373,9 +374,8 @@ fn serve(
 }
 
 fn is_large_read(slot: &Slot) -> bool {
-    let header = InHeader::parse(slot.header[..IN_HEADER_LEN].try_into().unwrap());
-    header.opcode == wire::READ
-        && wire::read_in(&slot.header[OP_IN..]).is_some_and(|(_, size)| size >= LARGE_READ)
+    slot.in_header().opcode == wire::READ
+        && wire::read_in(&slot.header.op_in).is_some_and(|(_, size)| size >= LARGE_READ)
 }
 
 fn push(
@@ -395,11 +395,11 @@ fn push(
 /// cannot be answered is answered EIO: its caller, and every later one on
 /// this CPU, would otherwise wait for ever.
 fn answer(slot: &mut Slot, session: Option<&OwnedFd>, door: &Door, answered: &mut Answered) {
-    let header = InHeader::parse(slot.header[..IN_HEADER_LEN].try_into().unwrap());
-    let payload = slot.word(ENT_PAYLOAD_SZ) as usize;
+    let header = slot.in_header();
+    let payload = slot.header.ent.payload_sz as usize;
     let op = (header.len as usize)
         .checked_sub(IN_HEADER_LEN + payload)
-        .filter(|op| *op <= OP_IN && payload <= PAYLOAD_LEN);
+        .filter(|op| *op <= abi::URING_HEADER_SZ && payload <= PAYLOAD_LEN);
     let Some(op) = op else {
         tracing::warn!(
             "FUSE request {} of {} bytes with {payload} in its payload: answered EIO",
@@ -410,7 +410,7 @@ fn answer(slot: &mut Slot, session: Option<&OwnedFd>, door: &Door, answered: &mu
     };
     // A READ's data goes straight into the ring's buffer.
     if let Some((offset, size)) = (header.opcode == wire::READ)
-        .then(|| wire::read_in(&slot.header[OP_IN..OP_IN + op]))
+        .then(|| wire::read_in(&slot.header.op_in[..op]))
         .flatten()
     {
         let size = (size as usize).min(PAYLOAD_LEN);
@@ -422,7 +422,7 @@ fn answer(slot: &mut Slot, session: Option<&OwnedFd>, door: &Door, answered: &mu
             };
         }
     }
-    let args = (&slot.header[OP_IN..OP_IN + op], &slot.payload[..payload]);
+    let args = (&slot.header.op_in[..op], &slot.payload[..payload]);
     if wire::answer(door, &header, args.0, args.1, answered) {
         if answered.body.len() > PAYLOAD_LEN {
             return answer_with(slot, header.unique, -libc::ERANGE, 0);
@@ -443,12 +443,13 @@ fn answer(slot: &mut Slot, session: Option<&OwnedFd>, door: &Door, answered: &mu
 /// Puts the out header of an answer of `len` payload bytes (or of `error`)
 /// in `slot`.
 fn answer_with(slot: &mut Slot, unique: u64, error: i32, len: usize) {
-    slot.header[..OUT_HEADER_LEN].copy_from_slice(&wire::out_header(unique, error, len));
+    let out = wire::out_header(unique, error, len);
+    slot.header.in_out[..OUT_HEADER_LEN].copy_from_slice(out.as_bytes());
     set_payload_len(slot, len);
 }
 
 fn set_payload_len(slot: &mut Slot, len: usize) {
-    slot.header[ENT_PAYLOAD_SZ..ENT_PAYLOAD_SZ + 4].copy_from_slice(&(len as u32).to_ne_bytes());
+    slot.header.ent.payload_sz = len as u32;
 }
 
 /// Hands the request in `slot` (its operation's header `op` bytes long,
@@ -461,16 +462,19 @@ fn through_session(
 ) -> io::Result<()> {
     const READDIR: u32 = 28;
     const READDIRPLUS: u32 = 44;
-    // fuse_read_in's size: a listing fits in one message.
-    if matches!(slot.word(4), READDIR | READDIRPLUS) && op >= 20 {
-        let size = slot.word(OP_IN + 16).min(LISTING_MAX);
-        slot.header[OP_IN + 16..OP_IN + 20].copy_from_slice(&size.to_ne_bytes());
+    // A listing fits in one message.
+    if matches!(slot.in_header().opcode, READDIR | READDIRPLUS) {
+        let op_in = &mut slot.header.op_in[..op];
+        if let Some(mut read) = abi::args::<ReadIn>(op_in) {
+            read.size = read.size.min(LISTING_MAX);
+            read.write_to_prefix(op_in).expect("read from there");
+        }
     }
     sendmsg(
         session.as_fd(),
         &[
-            IoSlice::new(&slot.header[..IN_HEADER_LEN]),
-            IoSlice::new(&slot.header[OP_IN..OP_IN + op]),
+            IoSlice::new(&slot.header.in_out[..IN_HEADER_LEN]),
+            IoSlice::new(&slot.header.op_in[..op]),
             IoSlice::new(&slot.payload[..payload]),
         ],
         &mut SendAncillaryBuffer::default(),
@@ -479,7 +483,7 @@ fn through_session(
     let got = recvmsg(
         session.as_fd(),
         &mut [
-            IoSliceMut::new(&mut slot.header[..OUT_HEADER_LEN]),
+            IoSliceMut::new(&mut slot.header.in_out[..OUT_HEADER_LEN]),
             IoSliceMut::new(&mut slot.payload),
         ],
         &mut RecvAncillaryBuffer::default(),

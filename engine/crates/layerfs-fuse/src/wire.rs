@@ -17,6 +17,13 @@ use fuser::{
 };
 use layerfs_vfs::SetAttr;
 
+use zerocopy::IntoBytes;
+
+use crate::abi::{
+    self, Attr, AttrOut, CreateIn, EntryOut, GetxattrIn, GetxattrOut, OpenIn, OpenOut, ReadIn,
+    ReleaseIn, SetattrIn, WriteIn, WriteOut,
+};
+pub use crate::abi::{InHeader, OutHeader};
 use crate::answer::{
     Answer, AttrAnswer, CreateAnswer, DataAnswer, EmptyAnswer, EntryAnswer, OpenAnswer,
     WriteAnswer, XattrAnswer,
@@ -37,48 +44,10 @@ const GETXATTR: u32 = 22;
 const FLUSH: u32 = 25;
 const CREATE: u32 = 35;
 
-/// `struct fuse_in_header`.
-pub const IN_HEADER_LEN: usize = 40;
-/// `struct fuse_out_header`.
-pub const OUT_HEADER_LEN: usize = 16;
-
-/// What `struct fuse_in_header` says.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct InHeader {
-    /// The whole request's length, as it would be read from `/dev/fuse`.
-    pub len: u32,
-    pub opcode: u32,
-    pub unique: u64,
-    pub nodeid: u64,
-    pub uid: u32,
-    pub gid: u32,
-    pub pid: u32,
-    /// Extensions after the arguments, in units of 8 bytes.
-    pub total_extlen: u16,
-}
-
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_ne_bytes(b[at..at + 4].try_into().unwrap())
-}
-
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    u64::from_ne_bytes(b[at..at + 8].try_into().unwrap())
-}
-
-impl InHeader {
-    pub fn parse(b: &[u8; IN_HEADER_LEN]) -> InHeader {
-        InHeader {
-            len: u32_at(b, 0),
-            opcode: u32_at(b, 4),
-            unique: u64_at(b, 8),
-            nodeid: u64_at(b, 16),
-            uid: u32_at(b, 24),
-            gid: u32_at(b, 28),
-            pid: u32_at(b, 32),
-            total_extlen: u16::from_ne_bytes([b[36], b[37]]),
-        }
-    }
-}
+/// `struct fuse_in_header`'s length.
+pub const IN_HEADER_LEN: usize = std::mem::size_of::<InHeader>();
+/// `struct fuse_out_header`'s length.
+pub const OUT_HEADER_LEN: usize = std::mem::size_of::<OutHeader>();
 
 /// One answer: an error, or a body (possibly empty).
 #[derive(Debug, Default)]
@@ -88,19 +57,19 @@ pub struct Answered {
     pub body: Vec<u8>,
 }
 
-/// `struct fuse_out_header`: an answer of `body` bytes, or error `error`
+/// The out header of an answer of `body` bytes, or of error `error`
 /// (negative).
-pub fn out_header(unique: u64, error: i32, body: usize) -> [u8; OUT_HEADER_LEN] {
-    let mut h = [0u8; OUT_HEADER_LEN];
-    h[0..4].copy_from_slice(&((OUT_HEADER_LEN + body) as u32).to_ne_bytes());
-    h[4..8].copy_from_slice(&error.to_ne_bytes());
-    h[8..16].copy_from_slice(&unique.to_ne_bytes());
-    h
+pub fn out_header(unique: u64, error: i32, body: usize) -> OutHeader {
+    OutHeader {
+        len: (OUT_HEADER_LEN + body) as u32,
+        error,
+        unique,
+    }
 }
 
-/// The offset and size of a READ (`struct fuse_read_in`), if `op` holds one.
+/// The offset and size of a READ, if `op` holds its arguments.
 pub fn read_in(op: &[u8]) -> Option<(u64, u32)> {
-    (op.len() >= 24).then(|| (u64_at(op, 8), u32_at(op, 16)))
+    abi::args::<ReadIn>(op).map(|r| (r.offset, r.size))
 }
 
 /// `FATTR_*`: which fields of `struct fuse_setattr_in` to set.
@@ -113,29 +82,23 @@ const FATTR_MTIME: u32 = 1 << 5;
 const FATTR_ATIME_NOW: u32 = 1 << 7;
 const FATTR_MTIME_NOW: u32 = 1 << 8;
 
-/// What a `struct fuse_setattr_in` asks to set (valid, padding, fh, size,
-/// lock_owner, atime, mtime, ctime, atimensec, mtimensec, ctimensec, mode,
-/// unused4, uid, gid, unused5), as fuser reads it: the change time, the
+/// What a SETATTR asks to set, as fuser reads it: the change time, the
 /// file handle and FATTR_KILL_SUIDGID are not the door's to use.
-fn setattr_in(op: &[u8]) -> SetAttr {
-    let valid = u32_at(op, 0);
-    let has = |bit: u32| valid & bit != 0;
-    let time = |bit: u32, now: u32, secs_at: usize, nanos_at: usize| {
+fn setattr_in(op: &SetattrIn) -> SetAttr {
+    let has = |bit: u32| op.valid & bit != 0;
+    let time = |bit: u32, now: u32, secs: u64, nanos: u32| {
         set_time(has(bit).then(|| match has(now) {
             true => TimeOrNow::Now,
-            false => TimeOrNow::SpecificTime(system_time(
-                u64_at(op, secs_at) as i64,
-                u32_at(op, nanos_at),
-            )),
+            false => TimeOrNow::SpecificTime(system_time(secs as i64, nanos)),
         }))
     };
     SetAttr {
-        mode: has(FATTR_MODE).then(|| u32_at(op, 68)),
-        uid: has(FATTR_UID).then(|| u32_at(op, 76)),
-        gid: has(FATTR_GID).then(|| u32_at(op, 80)),
-        size: has(FATTR_SIZE).then(|| u64_at(op, 16)),
-        atime: time(FATTR_ATIME, FATTR_ATIME_NOW, 32, 56),
-        mtime: time(FATTR_MTIME, FATTR_MTIME_NOW, 40, 60),
+        mode: has(FATTR_MODE).then_some(op.mode),
+        uid: has(FATTR_UID).then_some(op.uid),
+        gid: has(FATTR_GID).then_some(op.gid),
+        size: has(FATTR_SIZE).then_some(op.size),
+        atime: time(FATTR_ATIME, FATTR_ATIME_NOW, op.atime, op.atimensec),
+        mtime: time(FATTR_MTIME, FATTR_MTIME_NOW, op.mtime, op.mtimensec),
     }
 }
 
@@ -162,43 +125,50 @@ pub fn answer(door: &Door, h: &InHeader, op: &[u8], payload: &[u8], out: &mut An
             None => reply.error(Errno::EINVAL),
         },
         GETATTR => door.getattr_as(ino, reply),
-        SETATTR if op.len() >= 88 => door.setattr_as(who, ino, setattr_in(op), reply),
+        SETATTR => match abi::args::<SetattrIn>(op) {
+            Some(set) => door.setattr_as(who, ino, setattr_in(&set), reply),
+            None => reply.error(Errno::EIO),
+        },
         UNLINK => match name(args) {
             Some(name) => door.unlink_as(who, ino, name, reply),
             None => reply.error(Errno::EINVAL),
         },
-        // fuse_open_in: flags, open_flags.
-        OPEN if op.len() >= 8 => door.open_as(who, ino, OpenFlags(u32_at(op, 0) as i32), reply),
-        // fuse_read_in: fh, offset, size, read_flags, lock_owner, flags.
-        READ => match read_in(op) {
-            Some((offset, size)) => door.read_as(ino, offset, size, reply),
+        OPEN => match abi::args::<OpenIn>(op) {
+            Some(open) => door.open_as(who, ino, OpenFlags(open.flags as i32), reply),
             None => reply.error(Errno::EIO),
         },
-        // fuse_write_in: fh, offset, size, write_flags, lock_owner, flags;
-        // the data is the payload.
-        WRITE if op.len() >= 40 => {
-            let size = (u32_at(op, 16) as usize).min(args.len());
-            let write_flags = WriteFlags::from_bits_retain(u32_at(op, 20));
-            let flags = OpenFlags(u32_at(op, 32) as i32);
-            door.write_as(ino, u64_at(op, 8), &args[..size], write_flags, flags, reply)
-        }
-        // fuse_release_in: fh, flags, release_flags, lock_owner.
-        RELEASE if op.len() >= 8 => door.release_as(ino, FileHandle(u64_at(op, 0)), reply),
-        // fuse_getxattr_in: size, padding.
-        GETXATTR if op.len() >= 8 => match name(args) {
-            Some(name) => door.getxattr_as(ino, name, u32_at(op, 0), reply),
-            None => reply.error(Errno::EINVAL),
+        READ => match abi::args::<ReadIn>(op) {
+            Some(read) => door.read_as(ino, read.offset, read.size, reply),
+            None => reply.error(Errno::EIO),
+        },
+        // The data is the payload.
+        WRITE => match abi::args::<WriteIn>(op) {
+            Some(write) => {
+                let size = (write.size as usize).min(args.len());
+                let write_flags = WriteFlags::from_bits_retain(write.write_flags);
+                let flags = OpenFlags(write.flags as i32);
+                door.write_as(ino, write.offset, &args[..size], write_flags, flags, reply)
+            }
+            None => reply.error(Errno::EIO),
+        },
+        RELEASE => match abi::args::<ReleaseIn>(op) {
+            Some(release) => door.release_as(ino, FileHandle(release.fh), reply),
+            None => reply.error(Errno::EIO),
+        },
+        GETXATTR => match (abi::args::<GetxattrIn>(op), name(args)) {
+            (Some(get), Some(name)) => door.getxattr_as(ino, name, get.size, reply),
+            (None, _) => reply.error(Errno::EIO),
+            (_, None) => reply.error(Errno::EINVAL),
         },
         // As the door answers it through fuser (see `Door::flush`).
         FLUSH => reply.error(Errno::ENOSYS),
-        // fuse_create_in: flags, mode, umask, open_flags.
-        CREATE if op.len() >= 16 => match name(args) {
-            Some(name) => {
-                door.create_as(who, ino, name, u32_at(op, 4), u32_at(op, 0) as i32, reply)
+        CREATE => match (abi::args::<CreateIn>(op), name(args)) {
+            (Some(create), Some(name)) => {
+                door.create_as(who, ino, name, create.mode, create.flags as i32, reply)
             }
-            None => reply.error(Errno::EINVAL),
+            (None, _) => reply.error(Errno::EIO),
+            (_, None) => reply.error(Errno::EINVAL),
         },
-        SETATTR | OPEN | WRITE | RELEASE | GETXATTR | CREATE => reply.error(Errno::EIO),
         _ => return false,
     }
     true
@@ -227,12 +197,13 @@ impl EntryAnswer for Reply<'_> {
 
 impl AttrAnswer for Reply<'_> {
     fn attr(self, ttl: &Duration, attr: &FileAttr) {
-        // fuse_attr_out: attr_valid, attr_valid_nsec, dummy, attr.
-        let b = &mut self.0.body;
-        b.extend_from_slice(&ttl.as_secs().to_ne_bytes());
-        b.extend_from_slice(&ttl.subsec_nanos().to_ne_bytes());
-        b.extend_from_slice(&0u32.to_ne_bytes());
-        fuse_attr(b, attr);
+        let out = AttrOut {
+            attr_valid: ttl.as_secs(),
+            attr_valid_nsec: ttl.subsec_nanos(),
+            dummy: 0,
+            attr: fuse_attr(attr),
+        };
+        self.0.body.extend_from_slice(out.as_bytes());
     }
 }
 
@@ -248,17 +219,15 @@ impl DataAnswer for Reply<'_> {
 
 impl WriteAnswer for Reply<'_> {
     fn written(self, size: u32) {
-        // fuse_write_out: size, padding.
-        self.0.body.extend_from_slice(&size.to_ne_bytes());
-        self.0.body.extend_from_slice(&0u32.to_ne_bytes());
+        let out = WriteOut { size, padding: 0 };
+        self.0.body.extend_from_slice(out.as_bytes());
     }
 }
 
 impl XattrAnswer for Reply<'_> {
     fn size(self, size: u32) {
-        // fuse_getxattr_out: size, padding.
-        self.0.body.extend_from_slice(&size.to_ne_bytes());
-        self.0.body.extend_from_slice(&0u32.to_ne_bytes());
+        let out = GetxattrOut { size, padding: 0 };
+        self.0.body.extend_from_slice(out.as_bytes());
     }
 
     fn data(self, data: &[u8]) {
@@ -287,45 +256,54 @@ impl CreateAnswer for Reply<'_> {
     }
 }
 
-/// `struct fuse_entry_out`, names and attributes trusted for `ttl`.
+/// An entry's answer, its name and attributes trusted for `ttl`.
 fn entry_out(b: &mut Vec<u8>, ttl: &Duration, attr: &FileAttr, generation: Generation) {
-    b.extend_from_slice(&attr.ino.0.to_ne_bytes());
-    b.extend_from_slice(&generation.0.to_ne_bytes());
-    for _ in 0..2 {
-        b.extend_from_slice(&ttl.as_secs().to_ne_bytes());
-    }
-    for _ in 0..2 {
-        b.extend_from_slice(&ttl.subsec_nanos().to_ne_bytes());
-    }
-    fuse_attr(b, attr);
+    let out = EntryOut {
+        nodeid: attr.ino.0,
+        generation: generation.0,
+        entry_valid: ttl.as_secs(),
+        attr_valid: ttl.as_secs(),
+        entry_valid_nsec: ttl.subsec_nanos(),
+        attr_valid_nsec: ttl.subsec_nanos(),
+        attr: fuse_attr(attr),
+    };
+    b.extend_from_slice(out.as_bytes());
 }
 
-/// `struct fuse_open_out`.
+/// An open's answer; a backing file makes it a passthrough open.
 fn open_out(b: &mut Vec<u8>, fh: FileHandle, flags: FopenFlags, backing: Option<&Backing>) {
-    let (flags, id) = match backing {
-        Some(backing) => (flags | FopenFlags::FOPEN_PASSTHROUGH, backing.id()),
+    let (flags, backing_id) = match backing {
+        Some(backing) => (flags | FopenFlags::FOPEN_PASSTHROUGH, backing.id() as i32),
         None => (flags, 0),
     };
-    b.extend_from_slice(&fh.0.to_ne_bytes());
-    b.extend_from_slice(&flags.bits().to_ne_bytes());
-    b.extend_from_slice(&id.to_ne_bytes());
+    let out = OpenOut {
+        fh: fh.0,
+        open_flags: flags.bits(),
+        backing_id,
+    };
+    b.extend_from_slice(out.as_bytes());
 }
 
-/// `struct fuse_attr` (Linux's: no creation time or flags).
-fn fuse_attr(b: &mut Vec<u8>, a: &FileAttr) {
-    let times = [time(a.atime), time(a.mtime), time(a.ctime)];
-    for word in [a.ino.0, a.size, a.blocks] {
-        b.extend_from_slice(&word.to_ne_bytes());
-    }
-    for (secs, _) in times {
-        b.extend_from_slice(&secs.to_ne_bytes());
-    }
-    for (_, nanos) in times {
-        b.extend_from_slice(&nanos.to_ne_bytes());
-    }
-    let mode = file_type_bits(a.kind) | u32::from(a.perm);
-    for word in [mode, a.nlink, a.uid, a.gid, a.rdev, a.blksize, 0] {
-        b.extend_from_slice(&word.to_ne_bytes());
+/// Linux's attributes of a file: no creation time or flags.
+fn fuse_attr(a: &FileAttr) -> Attr {
+    let [atime, mtime, ctime] = [time(a.atime), time(a.mtime), time(a.ctime)];
+    Attr {
+        ino: a.ino.0,
+        size: a.size,
+        blocks: a.blocks,
+        atime: atime.0 as u64,
+        mtime: mtime.0 as u64,
+        ctime: ctime.0 as u64,
+        atimensec: atime.1,
+        mtimensec: mtime.1,
+        ctimensec: ctime.1,
+        mode: file_type_bits(a.kind) | u32::from(a.perm),
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev,
+        blksize: a.blksize,
+        flags: 0,
     }
 }
 
@@ -391,7 +369,17 @@ mod tests {
             gid: 0,
             pid: std::process::id(),
             total_extlen: 0,
+            padding: 0,
         }
+    }
+
+    // The kernel's offsets, read on their own: a check of the typed layout.
+    fn u32_at(b: &[u8], at: usize) -> u32 {
+        u32::from_ne_bytes(b[at..at + 4].try_into().unwrap())
+    }
+
+    fn u64_at(b: &[u8], at: usize) -> u64 {
+        u64::from_ne_bytes(b[at..at + 8].try_into().unwrap())
     }
 
     /// Answers one request; None where the ring would hand it to fuser.
@@ -423,7 +411,7 @@ mod tests {
         b[28..32].copy_from_slice(&100u32.to_ne_bytes());
         b[32..36].copy_from_slice(&42u32.to_ne_bytes());
         b[36..38].copy_from_slice(&3u16.to_ne_bytes());
-        let h = InHeader::parse(&b);
+        let h: InHeader = abi::args(&b).unwrap();
         assert_eq!(
             (
                 h.len,
@@ -438,9 +426,14 @@ mod tests {
             (77, CREATE, 5, 6, 1000, 100, 42, 3)
         );
         let out = out_header(5, -2, 8);
+        let out = out.as_bytes();
         assert_eq!(&out[0..4], &24u32.to_ne_bytes(), "the header counts itself");
         assert_eq!(&out[4..8], &(-2i32).to_ne_bytes());
         assert_eq!(&out[8..16], &5u64.to_ne_bytes());
+        assert!(
+            abi::args::<InHeader>(&b[..IN_HEADER_LEN - 1]).is_none(),
+            "too short"
+        );
     }
 
     #[test]

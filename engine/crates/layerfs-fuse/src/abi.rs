@@ -1,0 +1,265 @@
+//! The kernel's FUSE structs the rings read and write, declared once as
+//! they are in `include/uapi/linux/fuse.h` (protocol 7.41 and later): plain
+//! `#[repr(C)]` integers in native byte order, read from and written into
+//! the ring's buffers through zerocopy, never by byte offset.
+//!
+//! fuser declares the same structs but keeps them private; each size is
+//! checked here against the kernel's header at compile time.
+
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+/// `struct fuse_in_header`: every request begins with it.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+#[repr(C)]
+pub struct InHeader {
+    /// The whole request's length, as it would be read from `/dev/fuse`.
+    pub len: u32,
+    pub opcode: u32,
+    pub unique: u64,
+    pub nodeid: u64,
+    pub uid: u32,
+    pub gid: u32,
+    pub pid: u32,
+    /// Extensions after the arguments, in units of 8 bytes.
+    pub total_extlen: u16,
+    pub padding: u16,
+}
+
+/// `struct fuse_out_header`: every answer begins with it.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+#[repr(C)]
+pub struct OutHeader {
+    /// The whole answer's length, this header included.
+    pub len: u32,
+    /// Negative errno, or 0.
+    pub error: i32,
+    pub unique: u64,
+}
+
+/// `struct fuse_read_in`.
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct ReadIn {
+    pub fh: u64,
+    pub offset: u64,
+    pub size: u32,
+    pub read_flags: u32,
+    pub lock_owner: u64,
+    pub flags: u32,
+    pub padding: u32,
+}
+
+/// `struct fuse_write_in`; the data follows as the payload.
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct WriteIn {
+    pub fh: u64,
+    pub offset: u64,
+    pub size: u32,
+    pub write_flags: u32,
+    pub lock_owner: u64,
+    pub flags: u32,
+    pub padding: u32,
+}
+
+/// `struct fuse_setattr_in`: `valid` names the fields to set (`FATTR_*`).
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct SetattrIn {
+    pub valid: u32,
+    pub padding: u32,
+    pub fh: u64,
+    pub size: u64,
+    pub lock_owner: u64,
+    pub atime: u64,
+    pub mtime: u64,
+    pub ctime: u64,
+    pub atimensec: u32,
+    pub mtimensec: u32,
+    pub ctimensec: u32,
+    pub mode: u32,
+    pub unused4: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub unused5: u32,
+}
+
+/// `struct fuse_open_in`.
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct OpenIn {
+    pub flags: u32,
+    pub open_flags: u32,
+}
+
+/// `struct fuse_create_in`; the name follows.
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct CreateIn {
+    pub flags: u32,
+    pub mode: u32,
+    pub umask: u32,
+    pub open_flags: u32,
+}
+
+/// `struct fuse_release_in`.
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct ReleaseIn {
+    pub fh: u64,
+    pub flags: u32,
+    pub release_flags: u32,
+    pub lock_owner: u64,
+}
+
+/// `struct fuse_getxattr_in`; the name follows.
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct GetxattrIn {
+    pub size: u32,
+    pub padding: u32,
+}
+
+/// `struct fuse_attr` (Linux's).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+#[repr(C)]
+pub struct Attr {
+    pub ino: u64,
+    pub size: u64,
+    pub blocks: u64,
+    /// Seconds since the epoch; before it, negative (as `i64` bits).
+    pub atime: u64,
+    pub mtime: u64,
+    pub ctime: u64,
+    pub atimensec: u32,
+    pub mtimensec: u32,
+    pub ctimensec: u32,
+    pub mode: u32,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u32,
+    pub blksize: u32,
+    pub flags: u32,
+}
+
+/// `struct fuse_entry_out`: LOOKUP's and CREATE's first answer.
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct EntryOut {
+    pub nodeid: u64,
+    pub generation: u64,
+    pub entry_valid: u64,
+    pub attr_valid: u64,
+    pub entry_valid_nsec: u32,
+    pub attr_valid_nsec: u32,
+    pub attr: Attr,
+}
+
+/// `struct fuse_attr_out`: GETATTR's and SETATTR's answer.
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct AttrOut {
+    pub attr_valid: u64,
+    pub attr_valid_nsec: u32,
+    pub dummy: u32,
+    pub attr: Attr,
+}
+
+/// `struct fuse_open_out`.
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct OpenOut {
+    pub fh: u64,
+    pub open_flags: u32,
+    pub backing_id: i32,
+}
+
+/// `struct fuse_write_out`.
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct WriteOut {
+    pub size: u32,
+    pub padding: u32,
+}
+
+/// `struct fuse_getxattr_out`: the size an attribute's value needs.
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct GetxattrOut {
+    pub size: u32,
+    pub padding: u32,
+}
+
+/// `FUSE_URING_IN_OUT_HEADER_SZ` and `FUSE_URING_OP_IN_OUT_SZ`.
+pub const URING_HEADER_SZ: usize = 128;
+
+/// `struct fuse_uring_ent_in_out`: what the kernel and the ring tell each
+/// other of one request besides its headers.
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct UringEntInOut {
+    pub flags: u64,
+    /// Given back with the answer (COMMIT_AND_FETCH).
+    pub commit_id: u64,
+    /// The payload's length: the request's, then the answer's.
+    pub payload_sz: u32,
+    pub padding: u32,
+    pub reserved: u64,
+}
+
+/// `struct fuse_uring_req_header`: a ring slot's header buffer. The in
+/// header, then the out header, share `in_out`; the operation's own
+/// arguments are in `op_in`.
+#[derive(Clone, Copy, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct UringReqHeader {
+    pub in_out: [u8; URING_HEADER_SZ],
+    pub op_in: [u8; URING_HEADER_SZ],
+    pub ent: UringEntInOut,
+}
+
+/// `struct fuse_uring_cmd_req`: the command bytes of a REGISTER or a
+/// COMMIT_AND_FETCH.
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct UringCmdReq {
+    pub flags: u64,
+    pub commit_id: u64,
+    pub qid: u16,
+    pub padding: [u8; 6],
+}
+
+// The sizes `fuse.h` gives them.
+const _: () = {
+    use std::mem::size_of;
+    assert!(size_of::<InHeader>() == 40);
+    assert!(size_of::<OutHeader>() == 16);
+    assert!(size_of::<ReadIn>() == 40);
+    assert!(size_of::<WriteIn>() == 40);
+    assert!(size_of::<SetattrIn>() == 88);
+    assert!(size_of::<OpenIn>() == 8);
+    assert!(size_of::<CreateIn>() == 16);
+    assert!(size_of::<ReleaseIn>() == 24);
+    assert!(size_of::<GetxattrIn>() == 8);
+    assert!(size_of::<Attr>() == 88);
+    assert!(size_of::<EntryOut>() == 128);
+    assert!(size_of::<AttrOut>() == 104);
+    assert!(size_of::<OpenOut>() == 16);
+    assert!(size_of::<WriteOut>() == 8);
+    assert!(size_of::<GetxattrOut>() == 8);
+    assert!(size_of::<UringEntInOut>() == 32);
+    assert!(size_of::<UringReqHeader>() == 288);
+    assert!(size_of::<UringCmdReq>() == 24);
+};
+
+/// The arguments `T` at the start of `bytes`, if there are enough of them.
+pub fn args<T: FromBytes>(bytes: &[u8]) -> Option<T> {
+    T::read_from_prefix(bytes).ok().map(|(t, _)| t)
+}
