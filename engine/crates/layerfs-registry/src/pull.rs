@@ -145,8 +145,10 @@ pub fn pull(
             if let Some(format) = crate::lazy::Format::of(blob)? {
                 let layer = crate::lazy::import(store, &session, &options.transport, blob, &format)
                     .map_err(|e| e.of(format_args!("layer {}", blob.digest)))?;
+                // The same tree may be here already, whole (pulled whole
+                // or committed here): then it is not lazy.
+                lazy[i] = store.is_lazy(&layer);
                 layers[i] = Some(layer);
-                lazy[i] = true;
             }
         }
     }
