@@ -17,11 +17,12 @@
 # kept; a registry gone fails a read after LAYERFS_LAZY_WAIT and the next
 # read after it is back works; a daemon killed -9 during completion
 # resumes it after a restart without fetching again what it had; a push of
-# a workspace over a lazy image completes it first; a bearer token (from
-# tokens.py) that runs out while a workspace lives is renewed with the
-# credentials the daemon keeps, which it never logs, and a token service
-# gone fails a read after LAYERFS_LAZY_WAIT; an image with no table of
-# contents is pulled whole and the pull says so.
+# a workspace over a lazy image completes it first; `push --format estargz`
+# and `--format zstd:chunked` make images umoci unpacks and that are pulled
+# lazily; a bearer token (from tokens.py) that runs out while a workspace
+# lives is renewed with the credentials the daemon keeps, which it never
+# logs, and a token service gone fails a read after LAYERFS_LAZY_WAIT; an
+# image with no table of contents is pulled whole and the pull says so.
 # LAYERFS_LAZY_DOOR=nfs mounts through the kernel's NFS client instead
 # (tests/kernel/lazy.sh runs it so in the QEMU guest) and leaves out the
 # steps no door changes; LAYERFS_LAZY_DIR is where its files go (default
@@ -346,6 +347,53 @@ mkdir "$t/w-made"
 "$layerfs" mount w-made "$t/w-made" --$door >/dev/null
 "$here/tree.py" "$t/w-made" >"$t/made.got"
 diff -u "$t/made.want" "$t/made.got" || fail "the lazy pull of the pushed eStargz image differs from umoci's unpack"
+
+step "push --format zstd:chunked makes a lazy image: umoci unpacks it, and it is pulled lazily"
+# Files of its own, gone from the store once pushed: the pull has to read them back.
+"$layerfs" create w-zcpush >/dev/null
+mkdir "$t/w-zcpush"
+"$layerfs" mount w-zcpush "$t/w-zcpush" --$door >/dev/null
+mkdir -p "$t/w-zcpush/d/e"
+head -c 9000000 /dev/urandom >"$t/w-zcpush/d/big"
+for i in $(seq 30); do head -c $((RANDOM % 5000)) /dev/urandom >"$t/w-zcpush/d/e/f$i"; done
+: >"$t/w-zcpush/d/empty"
+ln -s e/f1 "$t/w-zcpush/d/link"
+ln "$t/w-zcpush/d/e/f2" "$t/w-zcpush/d/again"
+"$here/tree.py" "$t/w-zcpush" >"$t/madezc.want"
+"$layerfs" unmount w-zcpush >/dev/null
+"$layerfs" commit w-zcpush --message zc >/dev/null
+out=$("$layerfs" push w-zcpush "$reg/lazy/madezc:v1" --insecure-registry "$reg" --format zstd:chunked)
+[[ $out == *"(1 layers, 1 uploaded)" ]] || fail "push --format zstd:chunked said: $out"
+zc_layer=$(skopeo inspect --raw --tls-verify=false "docker://$reg/lazy/madezc:v1" | python3 -c '
+import json, sys
+l = json.load(sys.stdin)["layers"][0]
+assert l["mediaType"] == "application/vnd.oci.image.layer.v1.tar+zstd", l["mediaType"]
+assert "io.github.containers.zstd-chunked.manifest-checksum" in l.get("annotations", {}), "no table checksum"
+print(l["size"])') || fail "the pushed layer is not zstd:chunked"
+# umoci here reads no zstd: skopeo decompresses the layer (with a zstd
+# decoder of its own) into gzip for it.
+skopeo copy -q --src-tls-verify=false --dest-compress --dest-compress-format gzip \
+	"docker://$reg/lazy/madezc:v1" "oci:$t/madezc:v1"
+umoci unpack --image "$t/madezc:v1" "$t/madezc" >/dev/null
+"$here/tree.py" "$t/madezc/rootfs" >"$t/madezc.umoci"
+diff -u "$t/madezc.want" "$t/madezc.umoci" || fail "umoci's unpack of the zstd:chunked push differs from the workspace"
+"$layerfs" rm --force w-zcpush >/dev/null
+"$layerfs" layer prune >/dev/null
+before=$(sent)
+"$layerfs" pull "$reg/lazy/madezc:v1" --insecure-registry "$reg" --on-read >/dev/null ||
+	fail "the lazy pull of the pushed zstd:chunked image"
+ready=$(($(sent) - before))
+echo "   madezc: a layer of $zc_layer bytes; ready after $ready bytes"
+((ready * 20 < zc_layer)) || fail "the pushed zstd:chunked layer was not pulled lazily: $ready of $zc_layer bytes"
+"$layerfs" create w-madezc --from "$reg/lazy/madezc:v1" >/dev/null
+mkdir "$t/w-madezc"
+"$layerfs" mount w-madezc "$t/w-madezc" --$door >/dev/null
+before=$(sent)
+"$here/tree.py" "$t/w-madezc" >"$t/madezc.got"
+read_all=$(($(sent) - before))
+echo "   madezc: reading everything sent $read_all bytes"
+diff -u "$t/madezc.want" "$t/madezc.got" || fail "the lazy pull of the pushed zstd:chunked image differs from the workspace pushed"
+((read_all > 9000000)) || fail "reading the zstd:chunked image back sent only $read_all bytes"
 
 step "a bearer token that runs out while a workspace lives is renewed, and never logged"
 # A registry that wants tokens from tokens.py, which issues them for 4 s.

@@ -84,10 +84,12 @@ pub struct PushArgs {
     sources: Vec<String>,
     #[command(flatten)]
     registry: RegistryArgs,
-    /// How layers the registry lacks are written: gzip, or estargz (a gzip
-    /// tar with a table of contents, which layerfs, stargz-snapshotter and
-    /// others pull lazily; any tool unpacks it).
-    #[arg(long, value_name = "FORMAT", value_parser = ["gzip", "estargz"], default_value = "gzip")]
+    /// How layers the registry lacks are written: gzip; estargz (a gzip tar
+    /// with a table of contents, which layerfs, stargz-snapshotter and
+    /// others pull lazily; any tool unpacks it); or zstd:chunked (a zstd tar
+    /// with a table of contents, which layerfs pulls lazily; podman reads
+    /// it, whole, as it carries no tar-split data).
+    #[arg(long, value_name = "FORMAT", value_parser = ["gzip", "estargz", "zstd:chunked"], default_value = "gzip")]
     format: String,
 }
 

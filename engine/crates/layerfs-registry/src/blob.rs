@@ -1,4 +1,5 @@
-//! A layer of the store as an OCI layer blob: a gzip-compressed tar.
+//! A layer of the store as an OCI layer blob: a gzip-compressed tar, or one
+//! with a table of contents that a lazy pull reads (eStargz, zstd:chunked).
 //!
 //! The layer's own files are the OCI form already (`.wh.NAME` whiteouts,
 //! `.wh..wh..opq` opaque markers), so they are written as they are. Hard
@@ -17,8 +18,11 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 
 mod estargz;
+mod toc;
+mod zstd_chunked;
 
 pub use estargz::TOC_DIGEST;
+pub use zstd_chunked::MANIFEST_CHECKSUM;
 
 /// What a blob is: its digest, its size, the digest of the tar in it, and
 /// where it is known to be.
@@ -45,22 +49,45 @@ pub enum BlobFormat {
     Gzip,
     /// A gzip tar that a lazy pull reads in parts: eStargz.
     Estargz,
+    /// A zstd tar that a lazy pull reads in parts: zstd:chunked.
+    ZstdChunked,
 }
 
 impl BlobFormat {
-    /// Whether `blob` is of this format.
+    /// Whether `blob` is of this format: a lazy format's blob carries its
+    /// table's annotation; for gzip, any blob but an eStargz one does (a
+    /// blob of another compression is taken as it is).
     pub fn is_of(self, blob: &BlobInfo) -> bool {
-        let lazy = blob.annotations.iter().any(|(k, _)| k == TOC_DIGEST);
-        blob.media_type == LAYER_GZIP && lazy == (self == BlobFormat::Estargz)
-            || self == BlobFormat::Gzip && blob.media_type != LAYER_GZIP
+        let noted = |key: &str| blob.annotations.iter().any(|(k, _)| k == key);
+        let estargz = blob.media_type == LAYER_GZIP && noted(TOC_DIGEST);
+        match self {
+            BlobFormat::Estargz => estargz,
+            BlobFormat::ZstdChunked => blob.media_type == LAYER_ZSTD && noted(MANIFEST_CHECKSUM),
+            BlobFormat::Gzip => !estargz,
+        }
     }
 }
 
-/// The media type of the blobs written here.
-pub const LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
+impl std::str::FromStr for BlobFormat {
+    type Err = String;
 
-/// Writes the layer at `dir` as a gzip-compressed tar to `out`, in
-/// `format`.
+    fn from_str(name: &str) -> Result<BlobFormat, String> {
+        match name {
+            "gzip" => Ok(BlobFormat::Gzip),
+            "estargz" => Ok(BlobFormat::Estargz),
+            "zstd:chunked" => Ok(BlobFormat::ZstdChunked),
+            other => Err(format!(
+                "{other:?}: a layer format is gzip, estargz or zstd:chunked"
+            )),
+        }
+    }
+}
+
+/// The media types of the blobs written here.
+pub const LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
+const LAYER_ZSTD: &str = "application/vnd.oci.image.layer.v1.tar+zstd";
+
+/// Writes the layer at `dir` as a compressed tar to `out`, in `format`.
 pub fn write_layer_blob(dir: &Path, out: &Path, format: BlobFormat) -> io::Result<BlobInfo> {
     let file = Hashing::new(BufWriter::with_capacity(1 << 20, File::create(out)?));
     let (mut file, diff_id, annotations) = match format {
@@ -74,20 +101,31 @@ pub fn write_layer_blob(dir: &Path, out: &Path, format: BlobFormat) -> io::Resul
             (tarred.inner.finish()?, diff_id, Vec::new())
         }
         BlobFormat::Estargz => {
-            let (sink, mut toc) = estargz::Toc::new(file);
+            let (sink, mut toc) = toc::Toc::new(file, toc::Layout::Estargz);
             let mut tar = new_tar(sink);
             estargz::no_prefetch_landmark(&mut tar, &mut toc)?;
             Walk::new(&mut tar, Some(&mut toc)).dir(dir, Path::new(""))?;
-            let done = toc.finish(tar)?;
+            let done = estargz::finish(toc, tar)?;
             (done.out, done.diff_id, done.annotations)
         }
+        BlobFormat::ZstdChunked => {
+            let (sink, mut toc) = toc::Toc::new(file, toc::Layout::ZstdChunked);
+            let mut tar = new_tar(sink);
+            Walk::new(&mut tar, Some(&mut toc)).dir(dir, Path::new(""))?;
+            let done = zstd_chunked::finish(toc, tar)?;
+            (done.out, done.diff_id, done.annotations)
+        }
+    };
+    let media_type = match format {
+        BlobFormat::Gzip | BlobFormat::Estargz => LAYER_GZIP,
+        BlobFormat::ZstdChunked => LAYER_ZSTD,
     };
     file.inner.flush()?;
     file.inner.get_ref().sync_all()?;
     Ok(BlobInfo {
         digest: file.digest(),
         size: file.count,
-        media_type: LAYER_GZIP.to_owned(),
+        media_type: media_type.to_owned(),
         diff_id,
         repository: None,
         annotations,
@@ -105,12 +143,12 @@ struct Walk<'t, W: Write> {
     tar: &'t mut tar::Builder<W>,
     /// The first path of each file with several names.
     links: HashMap<(u64, u64), PathBuf>,
-    /// The table of contents an eStargz blob's entries go into.
-    toc: Option<&'t mut estargz::Toc>,
+    /// The table of contents a lazy format's entries go into.
+    toc: Option<&'t mut toc::Toc>,
 }
 
 impl<'t, W: Write> Walk<'t, W> {
-    fn new(tar: &'t mut tar::Builder<W>, toc: Option<&'t mut estargz::Toc>) -> Self {
+    fn new(tar: &'t mut tar::Builder<W>, toc: Option<&'t mut toc::Toc>) -> Self {
         Walk {
             tar,
             links: HashMap::new(),
@@ -130,7 +168,7 @@ impl<'t, W: Write> Walk<'t, W> {
             let mut header = tar::Header::new_gnu();
             header.set_metadata_in_mode(&meta, tar::HeaderMode::Complete);
             let name = to.to_string_lossy();
-            let toc_meta = estargz::Meta::of(&meta);
+            let toc_meta = toc::Meta::of(&meta);
             if !meta.is_dir() && meta.nlink() > 1 {
                 let key = (meta.dev(), meta.ino());
                 if let Some(first) = self.links.get(&key) {
@@ -258,5 +296,151 @@ impl<W: Write> Write for Hashing<W> {
 
     fn flush(&mut self) -> io::Result<()> {
         self.inner.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+
+    use oci_client::manifest::OciDescriptor;
+
+    use super::*;
+    use crate::decompress::Compression;
+    use crate::lazy::toc::{entries, estargz_toc_offset, zstd_chunked_toc_json, Format};
+    use layerfs_layers::lazy::EntryKind;
+
+    /// A layer of files of every size that matters: empty, small, one
+    /// chunk exactly, several chunks; a link, a second name, a directory.
+    fn layer() -> (tempfile::TempDir, Vec<(&'static str, Vec<u8>)>) {
+        let dir = tempfile::tempdir().unwrap();
+        let bytes = |n: usize, seed: u8| -> Vec<u8> {
+            (0..n).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect()
+        };
+        let files = vec![
+            ("a/empty", Vec::new()),
+            ("a/small", b"hello".to_vec()),
+            ("a/chunk", bytes(toc::CHUNK as usize, 1)),
+            ("b/big", bytes(2 * toc::CHUNK as usize + 1000, 2)),
+            ("b/tail", bytes(513, 3)),
+        ];
+        for (path, content) in &files {
+            let path = dir.path().join(path);
+            fs::create_dir_all(path.parent().unwrap()).unwrap();
+            fs::write(path, content).unwrap();
+        }
+        std::os::unix::fs::symlink("small", dir.path().join("a/link")).unwrap();
+        fs::hard_link(dir.path().join("a/small"), dir.path().join("b/again")).unwrap();
+        (dir, files)
+    }
+
+    /// Writes the layer in `format`, then reads it as a lazy pull does
+    /// (the table found through the annotations, each file's pieces
+    /// decoded from their ranges alone) and as a full pull does (the whole
+    /// stream), checking both against the files.
+    fn round_trip(format: BlobFormat) {
+        let (dir, files) = layer();
+        let out = tempfile::tempdir().unwrap();
+        let path = out.path().join("blob");
+        let info = write_layer_blob(dir.path(), &path, format).unwrap();
+        let blob = fs::read(&path).unwrap();
+        assert_eq!(info.size, blob.len() as u64);
+        assert!(format.is_of(&info), "{format:?} knows its own blob");
+
+        let descriptor = OciDescriptor {
+            media_type: info.media_type.clone(),
+            digest: info.digest.clone(),
+            size: info.size as i64,
+            annotations: Some(info.annotations.iter().cloned().collect()),
+            ..Default::default()
+        };
+        let lazy = Format::of(&descriptor).unwrap().expect("a lazy format");
+        let (json, toc_at) = match &lazy {
+            Format::Estargz { toc_digest } => {
+                let at = estargz_toc_offset(&blob[blob.len() - 51..]).unwrap();
+                let end = blob.len() - 51;
+                let member = &blob[at as usize..end];
+                let (json, _) = crate::lazy::toc::estargz_toc_json(member, toc_digest).unwrap();
+                (json, at)
+            }
+            Format::ZstdChunked {
+                offset,
+                length,
+                checksum,
+            } => {
+                let table = &blob[*offset as usize..(offset + length) as usize];
+                (zstd_chunked_toc_json(table, checksum).unwrap(), *offset)
+            }
+        };
+        let tree = entries(&json, &lazy, info.size, toc_at).unwrap();
+        let compression = Compression::of(&info.media_type).unwrap();
+        for (name, content) in &files {
+            let entry = tree
+                .iter()
+                .find(|e| e.path == Path::new(name))
+                .unwrap_or_else(|| panic!("{name} is in the table"));
+            let EntryKind::File { size, pieces, .. } = &entry.kind else {
+                panic!("{name} is a file");
+            };
+            assert_eq!(*size, content.len() as u64, "{name}");
+            let mut read = vec![0u8; content.len()];
+            for piece in pieces {
+                let range = &blob[piece.start as usize..piece.end as usize];
+                let mut data = Vec::new();
+                compression
+                    .decoder(range)
+                    .take(piece.len)
+                    .read_to_end(&mut data)
+                    .unwrap();
+                assert_eq!(data.len() as u64, piece.len, "{name} at {}", piece.at);
+                if format == BlobFormat::ZstdChunked {
+                    // Its frames hold its data and nothing else.
+                    let mut all = Vec::new();
+                    compression.decoder(range).read_to_end(&mut all).unwrap();
+                    assert_eq!(all.len() as u64, piece.len, "{name}'s frames alone");
+                }
+                read[piece.at as usize..][..data.len()].copy_from_slice(&data);
+            }
+            assert!(&read == content, "{name} read from its pieces");
+        }
+
+        // The whole stream is a tar of the same files, hashed as its diff_id.
+        let mut tar_bytes = Vec::new();
+        compression
+            .decoder(&blob[..])
+            .read_to_end(&mut tar_bytes)
+            .unwrap();
+        let digest = format!("sha256:{}", crate::hex(&Sha256::digest(&tar_bytes)));
+        assert_eq!(digest, info.diff_id);
+        let mut archive = tar::Archive::new(&tar_bytes[..]);
+        let mut seen = 0;
+        for entry in archive.entries().unwrap() {
+            let mut entry = entry.unwrap();
+            let name = entry.path().unwrap().to_string_lossy().into_owned();
+            if let Some((_, content)) = files.iter().find(|(n, _)| *n == name) {
+                let mut data = Vec::new();
+                entry.read_to_end(&mut data).unwrap();
+                assert!(&data == content, "{name} in the tar");
+                seen += 1;
+            }
+        }
+        assert_eq!(seen, files.len());
+    }
+
+    #[test]
+    fn an_estargz_blob_reads_back_whole_and_in_pieces() {
+        round_trip(BlobFormat::Estargz);
+    }
+
+    #[test]
+    fn a_zstd_chunked_blob_reads_back_whole_and_in_pieces() {
+        round_trip(BlobFormat::ZstdChunked);
+    }
+
+    #[test]
+    fn a_format_is_named_as_the_command_line_names_it() {
+        assert_eq!("zstd:chunked".parse(), Ok(BlobFormat::ZstdChunked));
+        assert_eq!("estargz".parse(), Ok(BlobFormat::Estargz));
+        assert!("zstd".parse::<BlobFormat>().is_err());
     }
 }

@@ -14,7 +14,7 @@ use crate::session::Session;
 use crate::{Error, Transport};
 
 mod remote;
-mod toc;
+pub(crate) mod toc;
 
 pub(crate) use toc::Format;
 pub use toc::MAX_TOC;

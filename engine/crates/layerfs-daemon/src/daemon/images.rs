@@ -155,13 +155,8 @@ impl Daemon {
         let transport = self.transport(registry);
         let staging = self.root.join("staging");
         let format = match layer_format {
-            None | Some("gzip") => layerfs_registry::BlobFormat::Gzip,
-            Some("estargz") => layerfs_registry::BlobFormat::Estargz,
-            Some(other) => {
-                return Err(invalid(format!(
-                    "{other:?}: a layer format is gzip or estargz"
-                )))
-            }
+            None => layerfs_registry::BlobFormat::default(),
+            Some(name) => name.parse().map_err(invalid)?,
         };
         let pushed = layerfs_registry::push(
             reference,

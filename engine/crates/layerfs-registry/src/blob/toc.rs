@@ -1,15 +1,14 @@
-//! A layer as an eStargz blob (containerd/stargz-snapshotter
-//! `docs/estargz.md`): a gzip tar any tool unpacks, whose every regular
-//! file's data, [`CHUNK`] bytes at a time, begins a gzip member of its own;
-//! then the table of contents (`stargz.index.json`, the last tar entry, in a
-//! member of its own with the archive's end blocks) and the 51-byte footer
-//! that points to it. A lazy pull reads the table and then only the members
-//! it needs.
+//! A layer as a blob with a table of contents, which a lazy pull reads
+//! before anything else and then only the frames it needs: eStargz (gzip
+//! members, [`super::estargz`]) or zstd:chunked (zstd frames,
+//! [`super::zstd_chunked`]). Any tool unpacks either as a plain tar.
 //!
 //! The tar is written by the same walk as a plain blob ([`super::Walk`]);
-//! only the sink differs: it starts a new member when a file's data is
-//! about to be written, which the file's reader announces as it is first
-//! read (the tar writer reads data only once its header is out).
+//! only the sink differs: it begins a new frame where a file's data (each
+//! [`CHUNK`] bytes of it) is about to be written, which the file's reader
+//! announces as it is first read (the tar writer reads data only once its
+//! header is out). For zstd:chunked a frame also ends where a file's data
+//! ends, so a file's frames hold its data alone.
 
 use std::cell::RefCell;
 use std::io::{self, Read, Write};
@@ -21,89 +20,156 @@ use sha2::{Digest, Sha256};
 
 use super::Hashing;
 
-/// The most data of one file in one member: a read fetches at most this
+/// The most data of one file in one frame: a read fetches at most this
 /// much more than it needs.
 pub(crate) const CHUNK: u64 = 4 << 20;
 
-/// The annotation that pins the table of contents.
-pub const TOC_DIGEST: &str = "containerd.io/snapshot/stargz/toc.digest";
-const UNCOMPRESSED_SIZE: &str = "io.containers.estargz.uncompressed-size";
+/// The most a zstd frame of tar headers alone holds before it is ended:
+/// compressed a frame at a time, whatever the layer, in bounded memory.
+const HEADERS_FRAME: usize = 2 * CHUNK as usize;
 
-/// What the sink and the readers of files' data share: whether a member
-/// is to begin before the next byte, and where each member began.
-#[derive(Default)]
-struct Cuts {
-    pending: bool,
-    starts: Vec<u64>,
+/// The two layouts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Layout {
+    Estargz,
+    ZstdChunked,
 }
 
-/// The sink of the tar stream: gzip members one after another into `out`,
-/// the uncompressed bytes hashed (the `diff_id`).
-pub(super) struct Members<W: Write> {
-    encoder: Option<flate2::write::GzEncoder<Hashing<W>>>,
+/// Where the sink is to begin a frame before the next byte.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cut {
+    /// A chunk of a file's data begins.
+    Data,
+    /// A file's data has ended (zstd:chunked).
+    End,
+}
+
+/// What the sink and the readers of files' data share: whether a frame is
+/// to begin before the next byte, where each chunk's frame began, and where
+/// every frame began.
+#[derive(Default)]
+struct Cuts {
+    pending: Option<Cut>,
+    starts: Vec<u64>,
+    all: Vec<u64>,
+}
+
+/// The frame under way.
+enum Frame<W: Write> {
+    Gzip(flate2::write::GzEncoder<Hashing<W>>),
+    /// Compressed when it ends: ruzstd's encoder reads from a source.
+    Zstd {
+        out: Hashing<W>,
+        raw: Vec<u8>,
+    },
+}
+
+impl<W: Write> Frame<W> {
+    fn begin(out: Hashing<W>, layout: Layout) -> Frame<W> {
+        match layout {
+            Layout::Estargz => {
+                Frame::Gzip(flate2::GzBuilder::new().write(out, flate2::Compression::fast()))
+            }
+            Layout::ZstdChunked => Frame::Zstd {
+                out,
+                raw: Vec::new(),
+            },
+        }
+    }
+
+    fn end(self) -> io::Result<Hashing<W>> {
+        match self {
+            Frame::Gzip(member) => member.finish(),
+            Frame::Zstd { mut out, raw } => {
+                if !raw.is_empty() {
+                    let level = ruzstd::encoding::CompressionLevel::Fastest;
+                    out.write_all(&ruzstd::encoding::compress_to_vec(&raw[..], level))?;
+                }
+                Ok(out)
+            }
+        }
+    }
+}
+
+/// The sink of the tar stream: frames one after another into `out`, the
+/// uncompressed bytes hashed (the `diff_id`).
+pub(super) struct Frames<W: Write> {
+    frame: Option<Frame<W>>,
+    layout: Layout,
     raw: Sha256,
     raw_len: u64,
     cuts: Rc<RefCell<Cuts>>,
 }
 
-impl<W: Write> Members<W> {
-    fn new(out: Hashing<W>) -> Self {
-        Members {
-            encoder: Some(member(out)),
+impl<W: Write> Frames<W> {
+    fn new(out: Hashing<W>, layout: Layout) -> Self {
+        Frames {
+            frame: Some(Frame::begin(out, layout)),
+            layout,
             raw: Sha256::new(),
             raw_len: 0,
             cuts: Rc::default(),
         }
     }
 
-    /// Ends the member under way and begins another; returns where it begins.
-    fn cut(&mut self) -> io::Result<u64> {
-        let out = self.encoder.take().expect("a member is open").finish()?;
+    /// Ends the frame under way and begins another; returns where it begins.
+    pub(super) fn cut(&mut self) -> io::Result<u64> {
+        let out = self.frame.take().expect("a frame is open").end()?;
         let at = out.count;
-        self.encoder = Some(member(out));
+        self.frame = Some(Frame::begin(out, self.layout));
+        self.cuts.borrow_mut().all.push(at);
         Ok(at)
     }
 
-    /// Ends the last member; the compressed stream, and the `diff_id`.
-    fn finish(mut self) -> io::Result<(Hashing<W>, String, u64)> {
-        let out = self.encoder.take().expect("a member is open").finish()?;
+    /// Ends the last frame; the compressed stream, the `diff_id`, and the
+    /// uncompressed length.
+    pub(super) fn finish(mut self) -> io::Result<(Hashing<W>, String, u64)> {
+        let out = self.frame.take().expect("a frame is open").end()?;
         let diff_id = format!("sha256:{}", crate::hex(&self.raw.finalize()));
         Ok((out, diff_id, self.raw_len))
     }
 }
 
-fn member<W: Write>(out: Hashing<W>) -> flate2::write::GzEncoder<Hashing<W>> {
-    flate2::GzBuilder::new().write(out, flate2::Compression::fast())
-}
-
-impl<W: Write> Write for Members<W> {
+impl<W: Write> Write for Frames<W> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        if std::mem::take(&mut self.cuts.borrow_mut().pending) {
+        let pending = self.cuts.borrow_mut().pending.take();
+        if let Some(cut) = pending {
             let at = self.cut()?;
-            self.cuts.borrow_mut().starts.push(at);
+            if cut == Cut::Data {
+                self.cuts.borrow_mut().starts.push(at);
+            }
         }
-        let n = self
-            .encoder
-            .as_mut()
-            .expect("a member is open")
-            .write(buf)?;
+        let n = match self.frame.as_mut().expect("a frame is open") {
+            Frame::Gzip(member) => member.write(buf)?,
+            Frame::Zstd { raw, .. } => {
+                raw.extend_from_slice(buf);
+                buf.len()
+            }
+        };
         self.raw.update(&buf[..n]);
         self.raw_len += n as u64;
+        if matches!(&self.frame, Some(Frame::Zstd { raw, .. }) if raw.len() >= HEADERS_FRAME) {
+            self.cut()?;
+        }
         Ok(n)
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        self.encoder.as_mut().expect("a member is open").flush()
+        match self.frame.as_mut().expect("a frame is open") {
+            Frame::Gzip(member) => member.flush(),
+            Frame::Zstd { .. } => Ok(()),
+        }
     }
 }
 
-/// A regular file's data as the tar writer reads it: a member is announced
-/// before each chunk's first byte; the file's and each chunk's digests are
-/// taken on the way.
+/// A regular file's data as the tar writer reads it: a frame is announced
+/// before each chunk's first byte (and, for zstd:chunked, after its last);
+/// the file's and each chunk's digests are taken on the way.
 pub(super) struct ChunkedFile<R> {
     file: R,
     at: u64,
     cuts: Rc<RefCell<Cuts>>,
+    cut_at_end: bool,
     whole: Sha256,
     chunk: Sha256,
     chunks: Vec<String>,
@@ -114,10 +180,13 @@ impl<R: Read> Read for ChunkedFile<R> {
         let room = (CHUNK - self.at % CHUNK).min(buf.len() as u64) as usize;
         let n = self.file.read(&mut buf[..room])?;
         if n == 0 {
+            if self.cut_at_end && self.at > 0 {
+                self.cuts.borrow_mut().pending = Some(Cut::End);
+            }
             return Ok(0);
         }
         if self.at.is_multiple_of(CHUNK) {
-            self.cuts.borrow_mut().pending = true;
+            self.cuts.borrow_mut().pending = Some(Cut::Data);
         }
         self.whole.update(&buf[..n]);
         self.chunk.update(&buf[..n]);
@@ -136,18 +205,22 @@ impl<R> ChunkedFile<R> {
     }
 }
 
-/// A written eStargz blob: its descriptor's annotations, its compressed
-/// stream, and its `diff_id`.
+/// A written blob: its descriptor's annotations, its compressed stream,
+/// and its `diff_id`.
 pub(super) struct Finished<W> {
     pub annotations: Vec<(String, String)>,
     pub out: Hashing<W>,
     pub diff_id: String,
 }
 
-/// The eStargz side of a layer's walk: the table's entries as they come.
+/// The table side of a layer's walk: its entries as they come.
 pub(super) struct Toc {
+    layout: Layout,
     cuts: Rc<RefCell<Cuts>>,
     entries: Vec<Value>,
+    /// zstd:chunked: each entry whose `endOffset` is the end of the frame
+    /// that begins at the position given, known once the next one begins.
+    open_ends: Vec<(usize, u64)>,
 }
 
 /// What the table says of an entry besides its name and type.
@@ -173,13 +246,14 @@ impl Meta {
 }
 
 impl Toc {
-    /// The sink for a walk's tar, and the table it fills: the table begins
-    /// with the landmark that says no file is to be prefetched.
-    pub(super) fn new<W: Write>(out: Hashing<W>) -> (Members<W>, Toc) {
-        let sink = Members::new(out);
+    /// The sink for a walk's tar in `layout`, and the table it fills.
+    pub(super) fn new<W: Write>(out: Hashing<W>, layout: Layout) -> (Frames<W>, Toc) {
+        let sink = Frames::new(out, layout);
         let toc = Toc {
+            layout,
             cuts: sink.cuts.clone(),
             entries: Vec::new(),
+            open_ends: Vec::new(),
         };
         (sink, toc)
     }
@@ -190,6 +264,7 @@ impl Toc {
             file,
             at: 0,
             cuts: self.cuts.clone(),
+            cut_at_end: self.layout == Layout::ZstdChunked,
             whole: Sha256::new(),
             chunk: Sha256::new(),
             chunks: Vec::new(),
@@ -246,95 +321,57 @@ impl Toc {
         }
         let size = data.at;
         entry["size"] = json!(size);
-        entry["digest"] = json!(format!("sha256:{}", crate::hex(&data.whole.finalize())));
+        let digest = format!("sha256:{}", crate::hex(&data.whole.finalize()));
         let starts = std::mem::take(&mut self.cuts.borrow_mut().starts);
-        let chunk_size = |i: usize| if i + 1 == data.chunks.len() { 0 } else { CHUNK };
-        for (i, (start, digest)) in starts.iter().zip(&data.chunks).enumerate() {
-            if i == 0 {
-                entry["offset"] = json!(start);
-                entry["chunkSize"] = json!(chunk_size(i));
-                entry["chunkDigest"] = json!(digest);
-                self.entries.push(entry.clone());
-            } else {
-                self.entries.push(json!({
-                    "name": name,
-                    "type": "chunk",
-                    "offset": start,
-                    "chunkOffset": i as u64 * CHUNK,
-                    "chunkSize": chunk_size(i),
-                    "chunkDigest": digest,
-                }));
-            }
-        }
         if size == 0 {
+            // zstd:chunked leaves an empty file's digest out.
+            if self.layout == Layout::Estargz {
+                entry["digest"] = json!(digest);
+            }
             self.entries.push(entry);
+            return;
+        }
+        entry["digest"] = json!(digest);
+        let last = data.chunks.len() - 1;
+        // eStargz leaves the last chunk's size 0 (the rest of the file), and
+        // names a file's one chunk; zstd:chunked gives each its size, and
+        // names chunks only when there are several (as containers/storage
+        // writes it).
+        let chunk_size = |i: usize| match (self.layout, i == last) {
+            (Layout::Estargz, true) => 0,
+            (_, true) => size - i as u64 * CHUNK,
+            (_, false) => CHUNK,
+        };
+        let chunked = self.layout == Layout::Estargz || last > 0;
+        let first = self.entries.len();
+        for (i, (&start, digest)) in starts.iter().zip(&data.chunks).enumerate() {
+            let mut piece = if i == 0 {
+                std::mem::replace(&mut entry, Value::Null)
+            } else {
+                json!({"name": name, "type": "chunk", "chunkOffset": i as u64 * CHUNK})
+            };
+            piece["offset"] = json!(start);
+            if chunked {
+                piece["chunkSize"] = json!(chunk_size(i));
+                piece["chunkDigest"] = json!(digest);
+            }
+            if self.layout == Layout::ZstdChunked && i == last {
+                // The file's frames end where its last chunk's frame does.
+                self.open_ends.push((first, start));
+            }
+            self.entries.push(piece);
         }
     }
 
-    /// Ends the blob: the table as the last tar entry in a member of its
-    /// own, the archive's end, the footer.
-    pub(super) fn finish<W: Write>(
-        self,
-        mut tar: tar::Builder<Members<W>>,
-    ) -> io::Result<Finished<W>> {
-        let json = serde_json::to_vec(&json!({"version": 1, "entries": self.entries}))
-            .expect("a table serialises");
-        let toc_at = tar.get_mut().cut()?;
-        let mut header = tar::Header::new_ustar();
-        header.set_size(json.len() as u64);
-        header.set_mode(0o644);
-        header.set_entry_type(tar::EntryType::Regular);
-        tar.append_data(&mut header, "stargz.index.json", json.as_slice())?;
-        tar.finish()?;
-        let (mut out, diff_id, raw_len) = tar.into_inner()?.finish()?;
-        out.write_all(&footer(toc_at))?;
-        let notes = vec![
-            (
-                TOC_DIGEST.to_owned(),
-                format!("sha256:{}", crate::hex(&Sha256::digest(&json))),
-            ),
-            (UNCOMPRESSED_SIZE.to_owned(), raw_len.to_string()),
-        ];
-        Ok(Finished {
-            annotations: notes,
-            out,
-            diff_id,
-        })
+    /// The table's JSON: every `endOffset` filled in, now that every frame
+    /// of the files has begun and ended.
+    pub(super) fn json(mut self) -> Vec<u8> {
+        let all = std::mem::take(&mut self.cuts.borrow_mut().all);
+        for (entry, start) in std::mem::take(&mut self.open_ends) {
+            let end = all.get(all.partition_point(|&c| c <= start)).copied();
+            self.entries[entry]["endOffset"] = json!(end.expect("a file's frame ends"));
+        }
+        serde_json::to_vec(&json!({"version": 1, "entries": self.entries}))
+            .expect("a table serialises")
     }
-}
-
-/// The landmark that says no file is to be prefetched: a one-byte file,
-/// the first entry.
-pub(super) fn no_prefetch_landmark<W: Write>(
-    tar: &mut tar::Builder<Members<W>>,
-    toc: &mut Toc,
-) -> io::Result<()> {
-    const NAME: &str = ".no.prefetch.landmark";
-    let mut header = tar::Header::new_ustar();
-    header.set_size(1);
-    header.set_mode(0o644);
-    header.set_entry_type(tar::EntryType::Regular);
-    let mut data = toc.reader(&[0xf_u8][..]);
-    tar.append_data(&mut header, NAME, &mut data)?;
-    let meta = Meta {
-        mode: 0o644,
-        uid: 0,
-        gid: 0,
-        mtime: (0, 0),
-        rdev: 0,
-    };
-    toc.entry(NAME, "reg", &meta, None, &[], Some(data));
-    Ok(())
-}
-
-/// The footer: an empty gzip member whose extra field holds the table's
-/// offset.
-fn footer(toc_at: u64) -> Vec<u8> {
-    let mut f = vec![
-        0x1f, 0x8b, 8, 4, 0, 0, 0, 0, 0, 0xff, 26, 0, b'S', b'G', 22, 0,
-    ];
-    f.extend_from_slice(format!("{toc_at:016x}STARGZ").as_bytes());
-    // An empty final stored block, then the CRC and size of nothing.
-    f.extend_from_slice(&[1, 0, 0, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 0]);
-    f
 }
