@@ -25,6 +25,7 @@ mod caches;
 mod commit;
 mod copy_up;
 mod diff;
+mod dir_index;
 mod inodes;
 mod merge;
 mod ops;
@@ -37,8 +38,8 @@ mod upper;
 mod whiteouts;
 mod xattrs;
 
-use caches::Indexes;
 pub use diff::{Change, ChangeKind};
+use dir_index::Indexes;
 use inodes::Inodes;
 use merge::{Layer, Layers, UPPER};
 pub use quota::ENTRY_CHARGE;

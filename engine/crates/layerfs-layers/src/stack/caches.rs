@@ -41,7 +41,7 @@ use layerfs_vfs::bounded::BoundedMap;
 use layerfs_vfs::hostdir;
 use layerfs_vfs::{Attr, FileId, Name};
 
-use super::merge::{DirIndex, Found, Listed, UPPER};
+use super::merge::{Found, Listed, UPPER};
 
 /// A directory's listing with each entry's cookie, sorted by cookie.
 pub type Listing = Arc<Vec<(u64, Listed)>>;
@@ -462,49 +462,5 @@ mod tests {
         c.entries_changed();
         c.keep_listing(1, stamp, listing);
         assert!(c.listing(1, 0).is_none());
-    }
-}
-
-/// Names of lower directories kept in their indexes (some 80 bytes each);
-/// past this the indexes start over.
-const INDEXED_NAMES: usize = 256 * 1024;
-
-/// The lower directories' indexes kept, by layer and host inode, bounded
-/// by the names they hold (one directory of a million names costs what a
-/// million directories of one do). Lower layers never change, so an index
-/// is never stale; a new generation of layers gets a new `Indexes`.
-#[derive(Default)]
-pub struct Indexes(Mutex<KeptIndexes>);
-
-#[derive(Default)]
-struct KeptIndexes {
-    by_dir: HashMap<(usize, u64), Arc<DirIndex>>,
-    names: usize,
-}
-
-impl Indexes {
-    pub fn get(&self, key: (usize, u64)) -> Option<Arc<DirIndex>> {
-        self.0.lock().by_dir.get(&key).cloned()
-    }
-
-    /// Whether the directory `key` may hold `name`: `true` unless its index
-    /// is kept and says not.
-    pub fn may_hold(&self, key: (usize, u64), name: &[u8]) -> bool {
-        self.0
-            .lock()
-            .by_dir
-            .get(&key)
-            .is_none_or(|index| index.holds(name))
-    }
-
-    pub fn keep(&self, key: (usize, u64), index: Arc<DirIndex>) {
-        let size = index.names();
-        let mut kept = self.0.lock();
-        if kept.names + size > INDEXED_NAMES {
-            kept.by_dir.clear();
-            kept.names = 0;
-        }
-        kept.names += size;
-        kept.by_dir.insert(key, index);
     }
 }

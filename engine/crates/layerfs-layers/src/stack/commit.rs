@@ -121,7 +121,7 @@ impl StackFs {
         *self.tree.paths.lock() = paths;
         self.tree.caches.layers_changed();
         // The new upper holds nothing yet.
-        self.upper.freed();
+        self.upper.quota.freed();
         // The new stack is recorded: from here on a crash is finished by the
         // next open, from the journal.
         finish_in(self.upper.work.as_fd(), committed.as_fd(), &moving, &copies)?;

@@ -22,8 +22,6 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
-
 use layerfs_vfs::hostdir::{self, Host};
 use layerfs_vfs::{Attr, Error, FileId, FileKind, Result, SetAttr, SetTime};
 use rustix::fs::{AtFlags, Mode, OFlags};
@@ -38,47 +36,6 @@ use super::xattrs;
 /// Directories of the upper given new entries by copy-ups since they were
 /// last synced; past this many they are synced at once.
 const UNSYNCED_DIRS: usize = 64;
-
-/// What copy-ups have not made durable yet.
-#[derive(Default)]
-pub(super) struct Unsynced {
-    /// Upper directories with entries renamed in and not yet synced (a leaf
-    /// lock: nothing is taken while it is held).
-    pub dirs: Mutex<Vec<Arc<OwnedFd>>>,
-    /// The upper's filesystem refused a clone (no reflink): not tried again.
-    #[cfg(target_os = "linux")]
-    no_clone: std::sync::atomic::AtomicBool,
-}
-
-/// A name in the work directory, removed when dropped unless it was renamed
-/// into place first: a copy that failed half way (a full disk) leaves nothing.
-pub(super) struct Staged<'a> {
-    pub work: BorrowedFd<'a>,
-    pub name: std::ffi::CString,
-    pub dir: bool,
-    /// Renamed into place: nothing to remove.
-    pub placed: bool,
-}
-
-impl Drop for Staged<'_> {
-    fn drop(&mut self) {
-        if self.placed {
-            return;
-        }
-        let flags = if self.dir {
-            AtFlags::REMOVEDIR
-        } else {
-            AtFlags::empty()
-        };
-        if self.dir {
-            // Only markers can be inside.
-            if let Ok(fd) = hostdir::open_dir(self.work, &self.name) {
-                let _ = super::whiteouts::clear_markers(fd.as_fd());
-            }
-        }
-        let _ = rustix::fs::unlinkat(self.work, &self.name, flags);
-    }
-}
 
 impl Changing<'_> {
     /// Notes that a copy was renamed into the upper directory `dir`.
@@ -123,7 +80,7 @@ impl Changing<'_> {
         }
         let node = self.tree.node(self.layers, dir)?;
         let parent = self.upper_dir(node.parent)?;
-        self.upper.reserve(self.layers, ENTRY_CHARGE)?;
+        self.upper.quota.reserve(self.layers, ENTRY_CHARGE)?;
         let mut staged = self.upper.stage(true);
         let tmp = &staged.name.clone();
         let work = self.upper.work.as_fd();
@@ -180,10 +137,12 @@ impl Changing<'_> {
             FileKind::Regular | FileKind::Symlink => found.host.size,
             _ => 0,
         };
-        self.upper.reserve(self.layers, ENTRY_CHARGE + bytes)?;
+        self.upper
+            .quota
+            .reserve(self.layers, ENTRY_CHARGE + bytes)?;
         let open = self
             .place_copy(&found, &parent, &name)
-            .inspect_err(|_| self.upper.freed())?;
+            .inspect_err(|_| self.upper.quota.freed())?;
         self.tree.caches.copied_up(id);
         if found.kind() == FileKind::Regular && found.host.nlink > 1 {
             self.copy_up_links(&found, parent.as_fd(), &name)?;

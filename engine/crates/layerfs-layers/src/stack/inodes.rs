@@ -23,6 +23,7 @@ use std::path::Path;
 use layerfs_vfs::{Error, FileId, Result};
 use redb::{ReadableTable, TableDefinition};
 
+pub use super::origin_log::Origin;
 use super::origin_log::{Change, OriginLog, LOG_LIMIT};
 use crate::redb_file::RedbFile;
 
@@ -39,13 +40,6 @@ const TAGS: TableDefinition<&[u8], u64> = TableDefinition::new("tags");
 /// (layer tag, host inode) → id, for host inodes past 48 bits.
 const ALIASES: TableDefinition<(u64, u64), u64> = TableDefinition::new("aliases");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
-
-/// Where a file's identity came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Origin {
-    pub id: FileId,
-    pub generation: u64,
-}
 
 pub struct Inodes {
     db: RedbFile,

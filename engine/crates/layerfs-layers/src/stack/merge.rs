@@ -5,17 +5,17 @@
 //! it until one is opaque (holds `.wh..wh..opq`) or a layer holds something
 //! else there; anything but a directory hides everything below it.
 
-use super::caches::Indexes;
 use std::collections::{HashMap, HashSet};
 use std::ffi::{CStr, CString};
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
 use layerfs_vfs::hostdir::{self, Host};
 use layerfs_vfs::{Attr, Error, FileId, FileKind, Result};
 
+use super::dir_index::{DirIndex, Indexes};
 use super::inodes::{Inodes, Origin};
-use super::whiteouts::{exists, has_whiteout, is_opaque, named, Named};
+use super::whiteouts::{exists, has_whiteout, is_opaque};
 
 /// Index of the writable upper in [`Layers::all`]; the others follow it top-down.
 pub const UPPER: usize = 0;
@@ -43,47 +43,6 @@ pub struct Part {
     pub fd: Arc<OwnedFd>,
     /// The directory's host inode number.
     pub ino: u64,
-}
-
-/// A lower directory's entries, read once: layers never change.
-#[derive(Default)]
-pub struct DirIndex {
-    /// Name → host inode number, and whether it is a directory.
-    entries: HashMap<Box<[u8]>, (u64, bool)>,
-    /// Names whited out here.
-    whiteouts: HashSet<Box<[u8]>>,
-    /// Holds the opaque marker.
-    opaque: bool,
-}
-
-impl DirIndex {
-    /// Whether it holds `name` (not a whiteout of it).
-    pub fn holds(&self, name: &[u8]) -> bool {
-        self.entries.contains_key(name)
-    }
-
-    /// The names it keeps, markers counted: what it costs to keep.
-    pub fn names(&self) -> usize {
-        self.entries.len() + self.whiteouts.len() + 1
-    }
-}
-
-impl DirIndex {
-    fn read(dir: BorrowedFd<'_>) -> Result<DirIndex> {
-        let mut index = DirIndex::default();
-        for (name, ino, is_dir) in hostdir::list(dir)? {
-            match named(&name) {
-                Named::Opaque => index.opaque = true,
-                Named::Whiteout(hidden) => {
-                    index.whiteouts.insert(hidden.into());
-                }
-                Named::Shown => {
-                    index.entries.insert(name.into(), (ino, is_dir));
-                }
-            }
-        }
-        Ok(index)
-    }
 }
 
 /// One name of a merged listing.

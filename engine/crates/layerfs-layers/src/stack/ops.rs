@@ -245,14 +245,14 @@ impl Filesystem for StackFs {
         };
         if let Some(size) = set.size {
             match size > f.host.size {
-                true => self.upper.reserve(&layers, size - f.host.size)?,
-                false => self.upper.freed(),
+                true => self.upper.quota.reserve(&layers, size - f.host.size)?,
+                false => self.upper.quota.freed(),
             }
         }
         let host = layers.all[UPPER]
             .host
             .change(f.parent.as_fd(), &f.name, &f.host, set)
-            .inspect_err(|_| self.upper.freed())?;
+            .inspect_err(|_| self.upper.quota.freed())?;
         Ok(change(&before_attr, Some(f.shown(host))))
     }
 
@@ -315,16 +315,18 @@ impl Filesystem for StackFs {
         })?;
         let end = offset.saturating_add(data.len() as u64);
         self.upper
+            .quota
             .reserve(&layers, end.saturating_sub(before.size))?;
         if let Some(mode) = hostdir::mode_after_write(caller, &before) {
             rustix::fs::fchmod(&*fd, hostdir::permissions(mode))?;
         }
         // A copy-up this write made is durable before the write is.
         if stable != Stability::Unstable {
-            self.make_durable().inspect_err(|_| self.upper.freed())?;
+            self.make_durable()
+                .inspect_err(|_| self.upper.quota.freed())?;
         }
         if let Err(e) = hostdir::write_at(fd.as_fd(), offset, data, stable) {
-            self.upper.freed();
+            self.upper.quota.freed();
             return Err(e);
         }
         Ok((self.changed_upper_file(&layers, &fd, &before)?, stable))
@@ -337,9 +339,11 @@ impl Filesystem for StackFs {
         if how == Allocate::Extend {
             let end = offset.saturating_add(len);
             self.upper
+                .quota
                 .reserve(&layers, end.saturating_sub(before.size))?;
         }
-        hostdir::allocate(fd.as_fd(), offset, len, how).inspect_err(|_| self.upper.freed())?;
+        hostdir::allocate(fd.as_fd(), offset, len, how)
+            .inspect_err(|_| self.upper.quota.freed())?;
         self.changed_upper_file(&layers, &fd, &before)
     }
 
@@ -382,8 +386,8 @@ impl Filesystem for StackFs {
         }
         // A new entry takes room; one made again (truncated) may free some.
         match existing.is_none() {
-            true => self.upper.reserve(&layers, ENTRY_CHARGE)?,
-            false => self.upper.freed(),
+            true => self.upper.quota.reserve(&layers, ENTRY_CHARGE)?,
+            false => self.upper.quota.freed(),
         }
         if let Some(f) = existing {
             self.tree.remember(dir, name, f.attr.fileid);
@@ -454,7 +458,7 @@ impl Filesystem for StackFs {
         }
         may_change_entries(caller, &d.attr)?;
         let up = c.upper_dir_of(dir, &d)?;
-        self.upper.reserve(&layers, ENTRY_CHARGE)?;
+        self.upper.quota.reserve(&layers, ENTRY_CHARGE)?;
         let host = &layers.all[UPPER].host;
         if hidden_below && matches!(what, NewEntry::Dir) {
             // Made whole elsewhere, so the directories of this name below
@@ -487,7 +491,7 @@ impl Filesystem for StackFs {
             return Err(Error::IsDir);
         }
         c.unlink_entry(dir, &d, &f, name)?;
-        self.upper.freed();
+        self.upper.quota.freed();
         Ok(change(&d.attr, self.dir_after(&layers, dir)))
     }
 
@@ -505,7 +509,7 @@ impl Filesystem for StackFs {
             return Err(Error::NotEmpty);
         }
         c.unlink_entry(dir, &d, &f, name)?;
-        self.upper.freed();
+        self.upper.quota.freed();
         Ok(change(&d.attr, self.dir_after(&layers, dir)))
     }
 
@@ -609,7 +613,7 @@ impl Filesystem for StackFs {
         }
         rustix::fs::renameat(&*up_from, &from_c, &*up_to, &to_c)?;
         // A file it replaced frees its room.
-        self.upper.freed();
+        self.upper.quota.freed();
         if whiteout_at_dst {
             clear_whiteout(up_to.as_fd(), to_name)?;
         }
@@ -801,7 +805,7 @@ impl HostFiles for StackFs {
     /// the change, where reads through the stack do.
     fn host_file(&self, caller: &Caller, id: FileId, write: bool) -> Result<Option<Arc<OwnedFd>>> {
         // Under a size limit every write is counted here.
-        if write && self.upper.counts_writes() {
+        if write && self.upper.quota.counts_writes() {
             return Ok(None);
         }
         let layers = self.tree.read_layers();
@@ -826,7 +830,7 @@ impl HostFiles for StackFs {
     /// and writes are not counted: a copy-up or removal since
     /// [`file_to_keep`](HostFiles::file_to_keep) dropped it.
     fn kept_is_host_file(&self, id: FileId, kept: &Arc<OwnedFd>, write: bool) -> bool {
-        if write && self.upper.counts_writes() {
+        if write && self.upper.quota.counts_writes() {
             return false;
         }
         let generation = self.tree.current().generation;

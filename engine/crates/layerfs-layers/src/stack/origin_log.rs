@@ -18,7 +18,14 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::path::Path;
 
-use super::inodes::Origin;
+use layerfs_vfs::FileId;
+
+/// Where a file's identity came from: what the log and the inode map keep.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Origin {
+    pub id: FileId,
+    pub generation: u64,
+}
 
 /// Entries the log holds at most before they are moved into the database.
 pub const LOG_LIMIT: usize = 4096;

@@ -19,7 +19,6 @@ use layerfs_vfs::{Error, Result};
 use rustc_hash::FxHashSet;
 
 use super::merge::{Layers, UPPER};
-use super::upper::Upper;
 use super::whiteouts::is_hidden;
 use super::StackFs;
 
@@ -85,22 +84,22 @@ impl StackFs {
     }
 }
 
-impl Upper {
+impl Quota {
     /// Whether writes must reach this filesystem to be counted: a door
     /// may not hand out host files for writing then (FUSE passthrough).
     pub(super) fn counts_writes(&self) -> bool {
-        self.quota.limited()
+        self.limited()
     }
 
     /// Takes `bytes` of room for a change about to be made, or fails with
     /// NOSPC when they do not fit even once the upper is counted again.
     pub(super) fn reserve(&self, layers: &Layers, bytes: u64) -> Result<()> {
-        if !self.quota.limited() || self.quota.try_add(bytes) {
+        if !self.limited() || self.try_add(bytes) {
             return Ok(());
         }
-        if self.quota.stale.swap(false, SeqCst) {
-            self.quota.used.store(held(layers)?, SeqCst);
-            if self.quota.try_add(bytes) {
+        if self.stale.swap(false, SeqCst) {
+            self.used.store(held(layers)?, SeqCst);
+            if self.try_add(bytes) {
                 return Ok(());
             }
         }
@@ -110,8 +109,8 @@ impl Upper {
     /// Room may have been freed (a removal, a truncate, a change that
     /// failed after taking room): counted again when next needed.
     pub(super) fn freed(&self) {
-        if self.quota.limited() {
-            self.quota.stale.store(true, SeqCst);
+        if self.limited() {
+            self.stale.store(true, SeqCst);
         }
     }
 }

@@ -91,7 +91,7 @@ impl StackFs {
             current.generation + 1,
         )?);
         self.tree.caches.layers_changed();
-        self.upper.freed();
+        self.upper.quota.freed();
         // Durable before the answer: the directories whose entries changed
         // (not the filesystem, whose sync would write out the data of
         // every file just written, the discarded ones too).

@@ -8,23 +8,64 @@
 //! removals, which leave whiteouts, are here.
 
 use parking_lot::{Mutex, MutexGuard};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 
 use layerfs_vfs::hostdir;
 use layerfs_vfs::stripes::Stripes;
 use layerfs_vfs::{Error, FileId, FileKind, Result};
 use rustix::fs::AtFlags;
 
-use super::copy_up::{Staged, Unsynced};
 use super::inodes::Inodes;
 use super::merge::{Found, Layers, UPPER};
 use super::order::{Level, Ordered};
 use super::quota::Quota;
 use super::tree::Tree;
 use super::whiteouts::{clear_markers, mark_opaque, whiteout};
+
+/// What copy-ups have not made durable yet.
+#[derive(Default)]
+pub(super) struct Unsynced {
+    /// Upper directories with entries renamed in and not yet synced (a leaf
+    /// lock: nothing is taken while it is held).
+    pub dirs: Mutex<Vec<Arc<OwnedFd>>>,
+    /// The upper's filesystem refused a clone (no reflink): not tried again.
+    #[cfg(target_os = "linux")]
+    pub no_clone: std::sync::atomic::AtomicBool,
+}
+
+/// A name in the work directory, removed when dropped unless it was renamed
+/// into place first: a copy that failed half way (a full disk) leaves nothing.
+pub(super) struct Staged<'a> {
+    pub work: BorrowedFd<'a>,
+    pub name: std::ffi::CString,
+    pub dir: bool,
+    /// Renamed into place: nothing to remove.
+    pub placed: bool,
+}
+
+impl Drop for Staged<'_> {
+    fn drop(&mut self) {
+        if self.placed {
+            return;
+        }
+        let flags = if self.dir {
+            AtFlags::REMOVEDIR
+        } else {
+            AtFlags::empty()
+        };
+        if self.dir {
+            // Only markers can be inside.
+            if let Ok(fd) = hostdir::open_dir(self.work, &self.name) {
+                let _ = super::whiteouts::clear_markers(fd.as_fd());
+            }
+        }
+        let _ = rustix::fs::unlinkat(self.work, &self.name, flags);
+    }
+}
 
 /// What changes the upper, and the locks that order those changes.
 pub(super) struct Upper {
