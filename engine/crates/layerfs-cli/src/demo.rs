@@ -73,7 +73,8 @@ fn run(base: &Path, args: DemoArgs) -> Result<(), String> {
         if daemon.is_finished() {
             return daemon
                 .join()
-                .map_err(|_| "the daemon panicked".to_string())?;
+                .map_err(|_| "the daemon panicked".to_string())?
+                .map_err(|e| e.message);
         }
         if Instant::now() > deadline {
             return Err("the daemon did not start within 20 s".into());
@@ -125,6 +126,7 @@ fn run(base: &Path, args: DemoArgs) -> Result<(), String> {
     daemon
         .join()
         .map_err(|_| "the daemon panicked".to_string())?
+        .map_err(|e| e.message)
 }
 
 /// How the user runs this binary from a shell: `layerfs` where that name

@@ -249,7 +249,7 @@ pub fn daemon(client: Client, args: DaemonArgs) -> Result<(), String> {
         // The daemon handing over lets go of the store within a second.
         lock_wait: Duration::from_secs(if args.upgrade { 60 } else { 0 }),
     };
-    layerfs_daemon::run(config, stop)
+    layerfs_daemon::run(config, stop).map_err(|e| e.message)
 }
 
 /// The daemon's NFS server settings: the defaults, and only root and this
@@ -282,7 +282,7 @@ impl Client {
     fn store_path(&self) -> Result<PathBuf, String> {
         match &self.store {
             Some(store) => Ok(store.clone()),
-            None => layerfs_daemon::paths::default_store(),
+            None => layerfs_daemon::paths::default_store().map_err(|e| e.to_string()),
         }
     }
 

@@ -44,23 +44,27 @@ const PORT_WAIT: Duration = Duration::from_secs(10);
 /// Runs the daemon for `config.store` until `stop` receives: prints one
 /// line saying where it serves once it is ready, and on stop unmounts what
 /// it mounted.
-pub fn run(config: DaemonConfig, stop: Receiver<()>) -> Result<(), String> {
-    std::fs::create_dir_all(&config.store)
-        .map_err(|e| format!("cannot make the store {}: {e}", config.store.display()))?;
+pub fn run(config: DaemonConfig, stop: Receiver<()>) -> Result<(), ControlError> {
+    std::fs::create_dir_all(&config.store).map_err(|e| {
+        host_error(
+            format_args!("cannot make the store {}", config.store.display()),
+            e,
+        )
+    })?;
     let root = config
         .store
         .canonicalize()
-        .map_err(|e| format!("{}: {e}", config.store.display()))?;
+        .map_err(|e| host_error(format_args!("{}", config.store.display()), e))?;
     let _lock = store_lock::lock_store(&root, config.lock_wait)?;
     // Bound before anything is exported or mounted, so a socket that cannot
     // be made stops the daemon before it has touched a mount.
-    let socket = crate::paths::control_socket(&root).map_err(|e| e.to_string())?;
-    let listener = crate::control::bind(&socket).map_err(|e| e.to_string())?;
-    let daemon = Arc::new(Daemon::open(&root).map_err(|e| format!("{}: {e}", root.display()))?);
+    let socket = crate::paths::control_socket(&root)?;
+    let listener = crate::control::bind(&socket)?;
+    let daemon = Arc::new(
+        Daemon::open(&root).map_err(|e| host_error(format_args!("{}", root.display()), e))?,
+    );
     daemon.export_recorded_nfs_mounts();
-    let server = daemon
-        .listen(config.nfs_port, config.server)
-        .map_err(|e| e.message)?;
+    let server = daemon.listen(config.nfs_port, config.server)?;
     let port = server.local_addr().port();
     *daemon.server.lock() = Some(server);
     #[cfg(target_os = "linux")]
@@ -70,13 +74,13 @@ pub fn run(config: DaemonConfig, stop: Receiver<()>) -> Result<(), String> {
     daemon.forget_unclaimed();
 
     let hand_over_signal = crate::service::hand_over_signal()
-        .map_err(|e| format!("cannot install the SIGUSR1 handler: {e}"))?;
+        .map_err(|e| host_error(format_args!("cannot install the SIGUSR1 handler"), e))?;
     let handler = daemon.clone();
     crate::control::spawn(
         listener,
         Arc::new(move |r, p: &mut dyn FnMut(Progress)| handler.handle(r, p)),
     )
-    .map_err(|e| format!("cannot start the control thread: {e}"))?;
+    .map_err(|e| host_error(format_args!("cannot start the control thread"), e))?;
     let mut out = io::stdout().lock();
     let _ = writeln!(
         out,
@@ -130,8 +134,9 @@ impl Open {
     fn settled_writes(&self) -> Outcome<Vec<layerfs_vfs::FileId>> {
         #[cfg(target_os = "linux")]
         if let Some(m) = self.fuse.as_ref().filter(|m| m.is_serving()) {
-            m.flush()
-                .map_err(|e| format!("cannot flush {}: {e}", m.mountpoint().display()))?;
+            m.flush().map_err(|e| {
+                host_error(format_args!("cannot flush {}", m.mountpoint().display()), e)
+            })?;
             return Ok(m.written_directly());
         }
         Ok(Vec::new())
@@ -194,17 +199,16 @@ fn in_use(message: impl Into<String>) -> ControlError {
     ControlError::new(ErrorKind::InUse, message)
 }
 
-/// A host failure, `context: error`, with the kind its errno says.
-fn host_error(context: impl std::fmt::Display, e: io::Error) -> ControlError {
-    ControlError::new(io_kind(&e), format!("{context}: {e}"))
+/// A host or filesystem failure, `context: error`, with the kind its
+/// error says.
+fn host_error(context: impl std::fmt::Display, e: impl Into<ControlError>) -> ControlError {
+    let e: ControlError = e.into();
+    ControlError::new(e.kind, format!("{context}: {}", e.message))
 }
 
-fn io_kind(e: &io::Error) -> ErrorKind {
-    match e.kind() {
-        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded => ErrorKind::NoSpace,
-        io::ErrorKind::PermissionDenied => ErrorKind::Denied,
-        _ => ErrorKind::Failed,
-    }
+/// A failure of the store or the host that no errno names.
+fn failed(message: impl Into<String>) -> ControlError {
+    ControlError::new(ErrorKind::Failed, message)
 }
 
 fn now() -> u64 {
@@ -326,7 +330,7 @@ impl Daemon {
     /// Listens on the store's port (a new one the first time), waiting a
     /// little for it if a dead daemon's connections still hold it.
     fn listen(&self, asked: Option<u16>, config: ServerConfig) -> Outcome<ServerHandle> {
-        let kept = self.catalog.nfs_port().map_err(|e| e.to_string())?;
+        let kept = self.catalog.nfs_port()?;
         let port = asked.or(kept).unwrap_or(0);
         if let (Some(asked), Some(kept)) = (asked, kept) {
             if asked != kept {
@@ -347,18 +351,20 @@ impl Daemon {
                     std::thread::sleep(Duration::from_millis(200));
                 }
                 Err(e) => {
-                    return Err(format!(
-                        "{e}: the store's NFS port {} is taken by another program",
-                        addr.port()
-                    )
-                    .into())
+                    let port = addr.port();
+                    let e = ControlError::from(e);
+                    return Err(ControlError::new(
+                        e.kind,
+                        format!(
+                            "{}: the store's NFS port {port} is taken by another program",
+                            e.message
+                        ),
+                    ));
                 }
             }
         };
         if kept != Some(server.local_addr().port()) {
-            self.catalog
-                .set_nfs_port(server.local_addr().port())
-                .map_err(|e| e.to_string())?;
+            self.catalog.set_nfs_port(server.local_addr().port())?;
         }
         Ok(server)
     }
@@ -372,8 +378,7 @@ impl Daemon {
 
     fn record(&self, name: &str) -> Outcome<WorkspaceRecord> {
         self.catalog
-            .workspace(name)
-            .map_err(|e| e.to_string())?
+            .workspace(name)?
             .ok_or_else(|| not_found(format!("no workspace {name:?}: see `layerfs ls`")))
     }
 
@@ -391,12 +396,12 @@ impl Daemon {
     fn open_with(&self, open: &mut Option<Open>, name: &str, limit: Option<u64>) -> Outcome<()> {
         self.attach_lazy_layers_of(name)?;
         let workspace = Workspace::open(&self.workspace_dir(name))
-            .map_err(|e| format!("cannot open workspace {name}: {e}"))?;
+            .map_err(|e| host_error(format_args!("cannot open workspace {name}"), e))?;
         if limit.is_some() {
             workspace
                 .fs()
                 .set_size_limit(limit)
-                .map_err(|e| format!("cannot limit workspace {name}: {e}"))?;
+                .map_err(|e| host_error(format_args!("cannot limit workspace {name}"), e))?;
         }
         *open = Some(Open {
             workspace,
@@ -424,7 +429,7 @@ impl Daemon {
         self.exports
             .add(export)
             .map(|_| ())
-            .map_err(|e| ControlError::from(e.to_string()))
+            .map_err(|e| failed(e.to_string()))
     }
 
     /// Before the server listens: every workspace recorded as mounted over
@@ -467,7 +472,7 @@ impl Daemon {
             let result = match mount.door {
                 Door::Nfs if mounting::is_mountpoint(&mount.path) => Ok(()),
                 Door::Nfs => mounting::mount_nfs(self.port(), &format!("/{name}"), &mount.path)
-                    .map_err(|e| ControlError::new(io_kind(&e), e.to_string())),
+                    .map_err(ControlError::from),
                 Door::Fuse => self.mount_fuse(&mut open, &name, &mount.path),
             };
             match result {
@@ -501,7 +506,7 @@ impl Daemon {
         let fs = o.workspace.fs();
         let mounted = match self.take_over(name, path, fs.clone(), &options) {
             Some(mounted) => mounted,
-            None => layerfs_fuse::mount(fs, path, &options).map_err(|e| e.to_string())?,
+            None => layerfs_fuse::mount(fs, path, &options)?,
         };
         self.keep(name, &mounted);
         o.fuse = Some(mounted);

@@ -7,10 +7,13 @@ use std::path::{Path, PathBuf};
 /// The store used when none is given: the user's data directory
 /// (`$XDG_DATA_HOME/layerfs`, `~/.local/share/layerfs`, or
 /// `~/Library/Application Support/layerfs` on macOS).
-pub fn default_store() -> Result<PathBuf, String> {
-    dirs::data_dir()
-        .map(|d| d.join("layerfs"))
-        .ok_or_else(|| "no data directory (HOME unset?): give --store DIR".to_string())
+pub fn default_store() -> io::Result<PathBuf> {
+    dirs::data_dir().map(|d| d.join("layerfs")).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            "no data directory (HOME unset?): give --store DIR",
+        )
+    })
 }
 
 /// The control socket of the daemon serving `store` (an absolute path): in

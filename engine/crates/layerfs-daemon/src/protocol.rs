@@ -339,16 +339,29 @@ impl std::fmt::Display for ControlError {
 
 impl std::error::Error for ControlError {}
 
-/// A failure with only a message is the store's or the host's.
-impl From<String> for ControlError {
-    fn from(message: String) -> ControlError {
-        ControlError::new(ErrorKind::Failed, message)
+/// A host or store failure, with the kind its errno says.
+impl From<std::io::Error> for ControlError {
+    fn from(e: std::io::Error) -> ControlError {
+        use std::io::ErrorKind as Io;
+        let kind = match e.kind() {
+            Io::StorageFull | Io::QuotaExceeded => ErrorKind::NoSpace,
+            Io::PermissionDenied => ErrorKind::Denied,
+            _ => ErrorKind::Failed,
+        };
+        ControlError::new(kind, e.to_string())
     }
 }
 
-impl From<&str> for ControlError {
-    fn from(message: &str) -> ControlError {
-        ControlError::new(ErrorKind::Failed, message)
+/// A filesystem's failure, with the kind its error says.
+impl From<layerfs_vfs::Error> for ControlError {
+    fn from(e: layerfs_vfs::Error) -> ControlError {
+        use layerfs_vfs::Error as Fs;
+        let kind = match e {
+            Fs::NoSpc | Fs::DQuot => ErrorKind::NoSpace,
+            Fs::Perm | Fs::Access => ErrorKind::Denied,
+            _ => ErrorKind::Failed,
+        };
+        ControlError::new(kind, e.to_string())
     }
 }
 

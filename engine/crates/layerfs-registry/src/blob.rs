@@ -69,15 +69,16 @@ impl BlobFormat {
 }
 
 impl std::str::FromStr for BlobFormat {
-    type Err = String;
+    type Err = crate::Error;
 
-    fn from_str(name: &str) -> Result<BlobFormat, String> {
+    fn from_str(name: &str) -> Result<BlobFormat, crate::Error> {
         match name {
             "gzip" => Ok(BlobFormat::Gzip),
             "estargz" => Ok(BlobFormat::Estargz),
             "zstd:chunked" => Ok(BlobFormat::ZstdChunked),
-            other => Err(format!(
-                "{other:?}: a layer format is gzip, estargz or zstd:chunked"
+            other => Err(crate::Error::new(
+                crate::ErrorKind::Invalid,
+                format!("{other:?}: a layer format is gzip, estargz or zstd:chunked"),
             )),
         }
     }
@@ -439,8 +440,9 @@ mod tests {
 
     #[test]
     fn a_format_is_named_as_the_command_line_names_it() {
-        assert_eq!("zstd:chunked".parse(), Ok(BlobFormat::ZstdChunked));
-        assert_eq!("estargz".parse(), Ok(BlobFormat::Estargz));
-        assert!("zstd".parse::<BlobFormat>().is_err());
+        assert_eq!("zstd:chunked".parse().ok(), Some(BlobFormat::ZstdChunked));
+        assert_eq!("estargz".parse().ok(), Some(BlobFormat::Estargz));
+        let refused = "zstd".parse::<BlobFormat>().unwrap_err();
+        assert_eq!(refused.kind, crate::ErrorKind::Invalid);
     }
 }

@@ -4,7 +4,7 @@
 use layerfs_layers::LayerId;
 use layerfs_registry::{BlobInfo, PullOptions, PushLayer, Transport};
 
-use super::{in_use, invalid, not_found, now, Daemon, Outcome};
+use super::{failed, in_use, invalid, not_found, now, Daemon, Outcome};
 use crate::catalog::ImageRecord;
 use crate::protocol::{
     ControlError, ErrorKind, ImageInfo, PartProgress, Progress, PushInfo, RegistryOptions,
@@ -64,9 +64,7 @@ impl Daemon {
                 repository: Some(pulled.repository.clone()),
                 annotations: l.annotations.clone(),
             };
-            self.catalog
-                .add_layer_blob(l.layer.as_str(), &blob)
-                .map_err(|e| e.to_string())?;
+            self.catalog.add_layer_blob(l.layer.as_str(), &blob)?;
         }
         for l in pulled.layers.iter().filter(|l| l.lazy) {
             self.attach_lazy(&l.layer)?;
@@ -79,14 +77,11 @@ impl Daemon {
         let _layers = self.layer_changes.lock();
         // A layer removed while the pull ran is not in the image.
         if let Some(gone) = record.layers.iter().find(|l| self.store.layer(l).is_none()) {
-            return Err(format!(
+            return Err(failed(format!(
                 "cannot pull {reference}: layer {gone} was removed meanwhile: pull again"
-            )
-            .into());
+            )));
         }
-        self.catalog
-            .put_image(&pulled.reference, &record)
-            .map_err(|e| e.to_string())?;
+        self.catalog.put_image(&pulled.reference, &record)?;
         let mut info = self.image_info(&pulled.reference, &record, pulled.fetched);
         if options.lazy {
             info.whole = pulled
@@ -115,7 +110,7 @@ impl Daemon {
         let mut layers = Vec::new();
         let mut image = None;
         for (i, source) in sources.iter().enumerate() {
-            match self.catalog.workspace(source).map_err(|e| e.to_string())? {
+            match self.catalog.workspace(source)? {
                 Some(record) => {
                     if i == 0 {
                         image = record.image.clone();
@@ -140,15 +135,8 @@ impl Daemon {
         for layer in &layers {
             to_push.push(PushLayer {
                 dir: self.store.layer_dir(layer),
-                known: self
-                    .catalog
-                    .layer_blobs(layer.as_str())
-                    .map_err(|e| e.to_string())?,
-                comment: self
-                    .catalog
-                    .note(layer.as_str())
-                    .map_err(|e| e.to_string())?
-                    .message,
+                known: self.catalog.layer_blobs(layer.as_str())?,
+                comment: self.catalog.note(layer.as_str())?.message,
             });
         }
         let base = self.base_of(&layers, image.as_deref())?;
@@ -156,7 +144,9 @@ impl Daemon {
         let staging = self.root.join("staging");
         let format = match layer_format {
             None => layerfs_registry::BlobFormat::default(),
-            Some(name) => name.parse().map_err(invalid)?,
+            Some(name) => name
+                .parse()
+                .map_err(|e: layerfs_registry::Error| invalid(e.message))?,
         };
         let pushed = layerfs_registry::push(
             reference,
@@ -169,9 +159,7 @@ impl Daemon {
         )
         .map_err(|e| registry_error(format_args!("cannot push {reference}"), e))?;
         for (layer, (blob, _)) in layers.iter().zip(&pushed.layers) {
-            self.catalog
-                .add_layer_blob(layer.as_str(), blob)
-                .map_err(|e| e.to_string())?;
+            self.catalog.add_layer_blob(layer.as_str(), blob)?;
         }
         Ok(PushInfo {
             reference: pushed.reference,
@@ -191,7 +179,7 @@ impl Daemon {
         layers: &[LayerId],
         image: Option<&str>,
     ) -> Outcome<Option<layerfs_registry::Base>> {
-        let images = self.catalog.images().map_err(|e| e.to_string())?;
+        let images = self.catalog.images()?;
         let begins = |image: &ImageRecord| {
             image.layers.len() <= layers.len()
                 && image
@@ -242,7 +230,7 @@ impl Daemon {
     }
 
     pub(super) fn image_ls(&self) -> Outcome<Vec<ImageInfo>> {
-        let images = self.catalog.images().map_err(|e| e.to_string())?;
+        let images = self.catalog.images()?;
         Ok(images
             .iter()
             .map(|(r, record)| self.image_info(r, record, 0))
@@ -254,9 +242,7 @@ impl Daemon {
     pub(super) fn image_rm(&self, reference: &str) -> Outcome<String> {
         let full = self.image_name(reference)?;
         let _layers = self.layer_changes.lock();
-        self.catalog
-            .remove_image(&full)
-            .map_err(|e| e.to_string())?;
+        self.catalog.remove_image(&full)?;
         Ok(full)
     }
 
@@ -264,7 +250,7 @@ impl Daemon {
     /// wrote it (`debian` for `docker.io/library/debian:latest`).
     fn image_name(&self, reference: &str) -> Outcome<String> {
         let full = layerfs_registry::normalize(reference).map_err(|e| invalid(e.message))?;
-        match self.catalog.image(&full).map_err(|e| e.to_string())? {
+        match self.catalog.image(&full)? {
             Some(_) => Ok(full),
             None => Err(not_found(format!(
                 "no image {full}: see `layerfs image ls`"
@@ -283,7 +269,7 @@ impl Daemon {
         let Ok(full) = layerfs_registry::normalize(reference) else {
             return Ok(None);
         };
-        if let Some(image) = self.catalog.image(&full).map_err(|e| e.to_string())? {
+        if let Some(image) = self.catalog.image(&full)? {
             // The platform asked for, where one is: another's image is
             // pulled again for it, as podman does.
             let platform = match &registry.platform {
@@ -300,7 +286,7 @@ impl Daemon {
 
     /// The images using `layer`.
     pub(super) fn images_using(&self, layer: &LayerId) -> Outcome<Vec<String>> {
-        let images = self.catalog.images().map_err(|e| e.to_string())?;
+        let images = self.catalog.images()?;
         Ok(images
             .into_iter()
             .filter(|(_, image)| image.layers.iter().any(|l| l == layer.as_str()))

@@ -10,7 +10,7 @@ use std::time::Duration;
 use layerfs_layers::lazy::LazyLayer;
 use layerfs_layers::LayerId;
 
-use super::{Daemon, Outcome};
+use super::{failed, host_error, Daemon, Outcome};
 
 /// The blob bytes one completion request asks for.
 const BATCH: u64 = 8 << 20;
@@ -40,7 +40,7 @@ impl Daemon {
     /// with one that cannot be attached is not opened.
     pub(super) fn attach_lazy_layers_of(&self, name: &str) -> Outcome<()> {
         let stack = layerfs_layers::Workspace::stack_of(&self.workspace_dir(name))
-            .map_err(|e| format!("cannot read workspace {name}'s stack: {e}"))?;
+            .map_err(|e| host_error(format_args!("cannot read workspace {name}'s stack"), e))?;
         for dir in &stack[..stack.len().saturating_sub(1)] {
             let Some(id) = dir
                 .file_name()
@@ -50,9 +50,11 @@ impl Daemon {
             };
             if self.store.is_lazy(&id) && layerfs_layers::lazy::attached(&id).is_none() {
                 let layer = self.attach_lazy(&id).map_err(|e| {
-                    format!(
-                        "cannot open workspace {name}: its lazy layer {id} cannot be attached: {}",
-                        e.message
+                    host_error(
+                        format_args!(
+                            "cannot open workspace {name}: its lazy layer {id} cannot be attached"
+                        ),
+                        e,
                     )
                 })?;
                 self.start_completion(&layer);
@@ -63,7 +65,7 @@ impl Daemon {
 
     /// Attaches lazy layer `id` with a fetcher for its registry.
     pub(super) fn attach_lazy(&self, id: &LayerId) -> Outcome<Arc<LazyLayer>> {
-        let source = self.store.lazy_source(id).map_err(|e| e.to_string())?;
+        let source = self.store.lazy_source(id)?;
         let ca_file = std::env::var_os("LAYERFS_REGISTRY_CA").map(Into::into);
         let fetch = match layerfs_registry::lazy::fetcher(&source, ca_file) {
             Ok(fetch) => Some(fetch),
@@ -73,10 +75,7 @@ impl Daemon {
                 None
             }
         };
-        let layer = self
-            .store
-            .attach_lazy(id, fetch)
-            .map_err(|e| e.to_string())?;
+        let layer = self.store.attach_lazy(id, fetch)?;
         Ok(layer)
     }
 
@@ -96,7 +95,7 @@ impl Daemon {
     pub(super) fn set_on_read(&self, layers: &[LayerId], on_read: bool) -> Outcome<()> {
         for id in layers {
             if let Some(layer) = layerfs_layers::lazy::attached(id) {
-                layer.set_on_read(on_read).map_err(|e| e.to_string())?;
+                layer.set_on_read(on_read)?;
                 self.start_completion(&layer);
             }
         }
@@ -112,9 +111,9 @@ impl Daemon {
                 let never = AtomicBool::new(false);
                 if !layer
                     .complete(BATCH, &never)
-                    .map_err(|e| format!("cannot complete lazy layer {id}: {e}"))?
+                    .map_err(|e| host_error(format_args!("cannot complete lazy layer {id}"), e))?
                 {
-                    return Err(format!("lazy layer {id} was removed meanwhile").into());
+                    return Err(failed(format!("lazy layer {id} was removed meanwhile")));
                 }
             }
         }

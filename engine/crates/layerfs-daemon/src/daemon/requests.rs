@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use layerfs_layers::{remove_tree, ChangeKind, LayerId, Workspace};
 
 use super::{
-    check_name, default_door, host_error, in_use, invalid, not_found, now, Daemon, Open, Outcome,
+    check_name, default_door, failed, host_error, in_use, invalid, not_found, now, Daemon, Open,
+    Outcome,
 };
 use crate::catalog::{Door, LayerNote, MountRecord, WorkspaceRecord};
 use crate::mounting;
@@ -97,25 +98,22 @@ impl Daemon {
                 progress(Progress::of(done, total))
             })
             .map_err(|e| host_error(format_args!("cannot import {}", source.display()), e))?;
-        let note = self.catalog.note(id.as_str()).map_err(|e| e.to_string())?;
+        let note = self.catalog.note(id.as_str())?;
         if note == LayerNote::default() {
             let note = LayerNote {
                 created: now(),
                 ..LayerNote::default()
             };
-            self.catalog
-                .put_note(id.as_str(), &note)
-                .map_err(|e| e.to_string())?;
+            self.catalog.put_note(id.as_str(), &note)?;
         }
         self.layer_info(&id)
     }
 
     fn layer_info(&self, id: &LayerId) -> Outcome<LayerInfo> {
-        let note = self.catalog.note(id.as_str()).map_err(|e| e.to_string())?;
+        let note = self.catalog.note(id.as_str())?;
         let used_by = self
             .catalog
-            .workspaces()
-            .map_err(|e| e.to_string())?
+            .workspaces()?
             .into_iter()
             .filter(|(_, r)| r.layers.iter().any(|l| l == id.as_str()))
             .map(|(n, _)| n)
@@ -130,7 +128,7 @@ impl Daemon {
     }
 
     fn layer_ls(&self) -> Outcome<Vec<LayerInfo>> {
-        let ids = self.store.layers().map_err(|e| e.to_string())?;
+        let ids = self.store.layers()?;
         ids.iter().map(|id| self.layer_info(id)).collect()
     }
 
@@ -140,7 +138,7 @@ impl Daemon {
         if let Some(layer) = self.store.layer(id) {
             return Ok(layer);
         }
-        let ids = self.store.layers().map_err(|e| e.to_string())?;
+        let ids = self.store.layers()?;
         let matching: Vec<_> = ids
             .into_iter()
             .filter(|l| id.len() >= 4 && l.as_str().starts_with(id))
@@ -196,12 +194,7 @@ impl Daemon {
         // pull is long, and runs beside other requests.
         let mut images = HashMap::new();
         for source in from {
-            let known = self
-                .catalog
-                .workspace(source)
-                .map_err(|e| e.to_string())?
-                .is_some()
-                || looks_like_layer_id(source);
+            let known = self.catalog.workspace(source)?.is_some() || looks_like_layer_id(source);
             if !known {
                 if let Some(layers) = self.image_layers(source, registry, progress)? {
                     images.insert(source.clone(), layers);
@@ -210,12 +203,7 @@ impl Daemon {
         }
         let mut slot = self.open.hold(name);
         let _layers = self.layer_changes.lock();
-        if self
-            .catalog
-            .workspace(name)
-            .map_err(|e| e.to_string())?
-            .is_some()
-        {
+        if self.catalog.workspace(name)?.is_some() {
             return Err(ControlError::new(
                 ErrorKind::Exists,
                 format!("workspace {name} already exists"),
@@ -225,7 +213,7 @@ impl Daemon {
         let mut parent = None;
         let mut image = None;
         for (i, source) in from.iter().enumerate() {
-            match self.catalog.workspace(source).map_err(|e| e.to_string())? {
+            match self.catalog.workspace(source)? {
                 Some(record) => {
                     for id in &record.layers {
                         layers.push(self.find_layer(id)?);
@@ -285,7 +273,7 @@ impl Daemon {
         }
         if let Err(e) = self.catalog.put_workspace(name, &record) {
             undo(&mut slot, &record);
-            return Err(e.to_string().into());
+            return Err(e.into());
         }
         Ok(self.info(name, &record))
     }
@@ -294,13 +282,12 @@ impl Daemon {
     fn new_export_id(&self) -> Outcome<u64> {
         let taken: Vec<u64> = self
             .catalog
-            .workspaces()
-            .map_err(|e| e.to_string())?
+            .workspaces()?
             .iter()
             .map(|(_, r)| r.export_id)
             .collect();
         loop {
-            let id = getrandom::u64().map_err(|e| format!("no randomness: {e}"))?;
+            let id = getrandom::u64().map_err(|e| failed(format!("no randomness: {e}")))?;
             if id != 0 && !taken.contains(&id) {
                 return Ok(id);
             }
@@ -317,9 +304,7 @@ impl Daemon {
             )));
         }
         record.mount = Some(self.attach(&mut open, name, &record, path, door)?);
-        self.catalog
-            .put_workspace(name, &record)
-            .map_err(|e| e.to_string())?;
+        self.catalog.put_workspace(name, &record)?;
         drop(open);
         Ok(self.info(name, &record))
     }
@@ -352,7 +337,7 @@ impl Daemon {
                 self.add_export(name, record, &o.workspace)?;
                 if let Err(e) = mounting::mount_nfs(self.port(), &format!("/{name}"), path) {
                     self.exports.remove(record.export_id);
-                    return Err(ControlError::new(super::io_kind(&e), e.to_string()));
+                    return Err(e.into());
                 }
             }
             Door::Fuse => self.mount_fuse(open, name, path)?,
@@ -367,13 +352,12 @@ impl Daemon {
 
     /// Finds a workspace by name, or by the path it is mounted on.
     fn named_or_mounted_at(&self, target: &str) -> Outcome<(String, WorkspaceRecord)> {
-        if let Some(record) = self.catalog.workspace(target).map_err(|e| e.to_string())? {
+        if let Some(record) = self.catalog.workspace(target)? {
             return Ok((target.to_string(), record));
         }
         let path = Path::new(target);
         self.catalog
-            .workspaces()
-            .map_err(|e| e.to_string())?
+            .workspaces()?
             .into_iter()
             .find(|(_, r)| r.mount.as_ref().is_some_and(|m| m.path == path))
             .ok_or_else(|| {
@@ -394,9 +378,7 @@ impl Daemon {
         }
         self.take_down(&mut open, &name, &record)?;
         record.mount = None;
-        self.catalog
-            .put_workspace(&name, &record)
-            .map_err(|e| e.to_string())?;
+        self.catalog.put_workspace(&name, &record)?;
         drop(open);
         Ok(self.info(&name, &record))
     }
@@ -414,8 +396,9 @@ impl Daemon {
         match mount.door {
             Door::Nfs => {
                 if mounting::is_mountpoint(&mount.path) {
-                    mounting::unmount_nfs(&mount.path)
-                        .map_err(|e| format!("cannot unmount {}: {e}", mount.path.display()))?;
+                    mounting::unmount_nfs(&mount.path).map_err(|e| {
+                        host_error(format_args!("cannot unmount {}", mount.path.display()), e)
+                    })?;
                 }
                 self.exports.remove(record.export_id);
             }
@@ -424,9 +407,9 @@ impl Daemon {
                 if let Some(mounted) = open.as_mut().and_then(|o| o.fuse.take()) {
                     // The keeper's copy would keep the session alive.
                     self.forget_kept(name);
-                    mounted
-                        .unmount()
-                        .map_err(|e| format!("cannot unmount {}: {e}", mount.path.display()))?;
+                    mounted.unmount().map_err(|e| {
+                        host_error(format_args!("cannot unmount {}", mount.path.display()), e)
+                    })?;
                 }
             }
         }
@@ -463,17 +446,13 @@ impl Daemon {
                 )
             })?;
         record.layers.push(layer.to_string());
-        self.catalog
-            .put_workspace(name, &record)
-            .map_err(|e| e.to_string())?;
+        self.catalog.put_workspace(name, &record)?;
         let note = LayerNote {
             message,
             workspace: Some(name.to_string()),
             created: now(),
         };
-        self.catalog
-            .put_note(layer.as_str(), &note)
-            .map_err(|e| e.to_string())?;
+        self.catalog.put_note(layer.as_str(), &note)?;
         if record.mount.is_none() {
             *open = None;
         }
@@ -491,12 +470,10 @@ impl Daemon {
             o.workspace
                 .fs()
                 .set_size_limit(size)
-                .map_err(|e| format!("cannot limit {name}: {e}"))?;
+                .map_err(|e| host_error(format_args!("cannot limit {name}"), e))?;
         }
         record.size_limit = size;
-        self.catalog
-            .put_workspace(name, &record)
-            .map_err(|e| e.to_string())?;
+        self.catalog.put_workspace(name, &record)?;
         drop(open);
         Ok(self.info(name, &record))
     }
@@ -510,7 +487,7 @@ impl Daemon {
             .workspace
             .fs()
             .diff()
-            .map_err(|e| format!("cannot read the changes of {name}: {e}"))?;
+            .map_err(|e| host_error(format_args!("cannot read the changes of {name}"), e))?;
         if record.mount.is_none() {
             *open = None;
         }
@@ -547,7 +524,7 @@ impl Daemon {
             .workspace
             .fs()
             .reset(&paths)
-            .map_err(|e| format!("cannot reset {name}: {e}"))?;
+            .map_err(|e| host_error(format_args!("cannot reset {name}"), e))?;
         #[cfg(target_os = "linux")]
         if let Some(m) = &o.fuse {
             m.invalidate(&done.names, &done.files);
@@ -595,7 +572,7 @@ impl Daemon {
     }
 
     fn ls(&self) -> Outcome<Vec<WorkspaceInfo>> {
-        let all = self.catalog.workspaces().map_err(|e| e.to_string())?;
+        let all = self.catalog.workspaces()?;
         Ok(all.iter().map(|(n, r)| self.info(n, r)).collect())
     }
 
@@ -604,8 +581,7 @@ impl Daemon {
         let record = self.record(name)?;
         let children: Vec<String> = self
             .catalog
-            .workspaces()
-            .map_err(|e| e.to_string())?
+            .workspaces()?
             .into_iter()
             .filter(|(_, r)| r.parent.as_deref() == Some(name))
             .map(|(n, _)| n)
@@ -628,17 +604,21 @@ impl Daemon {
         *open = None;
         // Forgotten first, removed second: a crash between leaves a
         // directory the next start removes.
-        self.catalog
-            .remove_workspace(name)
-            .map_err(|e| e.to_string())?;
-        remove_tree(&self.workspace_dir(name))
-            .map_err(|e| format!("cannot remove {}: {e}", self.workspace_dir(name).display()))?;
+        self.catalog.remove_workspace(name)?;
+        remove_tree(&self.workspace_dir(name)).map_err(|e| {
+            host_error(
+                format_args!("cannot remove {}", self.workspace_dir(name).display()),
+                e,
+            )
+        })?;
         Ok(name.to_string())
     }
 
     fn stats(&self) -> Outcome<Stats> {
         let server = self.server.lock();
-        let server = server.as_ref().ok_or("the NFS server is not running")?;
+        let server = server
+            .as_ref()
+            .ok_or_else(|| failed("the NFS server is not running"))?;
         let t = server.stats();
         Ok(Stats {
             nfs: server.local_addr().to_string(),

@@ -50,8 +50,8 @@ impl Uses {
 impl Daemon {
     fn uses(&self) -> Outcome<Uses> {
         Ok(Uses {
-            workspaces: self.catalog.workspaces().map_err(|e| e.to_string())?,
-            images: self.catalog.images().map_err(|e| e.to_string())?,
+            workspaces: self.catalog.workspaces()?,
+            images: self.catalog.images()?,
         })
     }
 
@@ -59,7 +59,7 @@ impl Daemon {
     pub(super) fn space(&self) -> Outcome<Space> {
         let _layers = self.layer_changes.lock();
         let uses = self.uses()?;
-        let layers = self.store.layers().map_err(|e| e.to_string())?;
+        let layers = self.store.layers()?;
         let mut seen = HashSet::new();
         let mut bytes_of: HashMap<&str, u64> = HashMap::new();
         for layer in &layers {
@@ -135,14 +135,12 @@ impl Daemon {
                 }
                 // Forgotten first: a crash before its layers go leaves
                 // them to the next `layer prune`.
-                self.catalog
-                    .remove_image(reference)
-                    .map_err(|e| e.to_string())?;
+                self.catalog.remove_image(reference)?;
                 pruned.images.push(reference.clone());
                 candidates.extend(image.layers.iter().cloned());
             }
         } else {
-            let layers = self.store.layers().map_err(|e| e.to_string())?;
+            let layers = self.store.layers()?;
             candidates.extend(layers.iter().map(LayerId::to_string));
         }
         let kept = uses.layers_in_use(|r, _| !pruned.images.iter().any(|p| p == r));

@@ -14,6 +14,8 @@ use std::io::{Read, Seek, Write};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crate::protocol::{ControlError, ErrorKind};
+
 /// How long a daemon that took the lock waits for the last holder's
 /// process to end: it had let go and was exiting, which takes
 /// milliseconds.
@@ -21,7 +23,7 @@ const EXIT_WAIT: Duration = Duration::from_secs(10);
 
 /// Takes the store's lock (waiting up to `wait` for a holder to let go),
 /// or says which daemon holds it.
-pub(super) fn lock_store(root: &Path, wait: Duration) -> Result<File, String> {
+pub(super) fn lock_store(root: &Path, wait: Duration) -> Result<File, ControlError> {
     let path = root.join("daemon.lock");
     let mut file = std::fs::OpenOptions::new()
         .read(true)
@@ -30,9 +32,14 @@ pub(super) fn lock_store(root: &Path, wait: Duration) -> Result<File, String> {
         .truncate(false)
         .open(&path)
         .map_err(|e| {
-            format!(
-                "cannot open {}: {e} (is the store writable?)",
-                path.display()
+            let e = ControlError::from(e);
+            ControlError::new(
+                e.kind,
+                format!(
+                    "cannot open {}: {} (is the store writable?)",
+                    path.display(),
+                    e.message
+                ),
             )
         })?;
     let deadline = Instant::now() + wait;
@@ -50,11 +57,17 @@ pub(super) fn lock_store(root: &Path, wait: Duration) -> Result<File, String> {
     if let Err(e) = locked {
         let holder = holder.map_or("unknown".into(), |pid| pid.to_string());
         return Err(match e {
-            rustix::io::Errno::WOULDBLOCK => format!(
-                "another layerfs daemon (pid {holder}) serves {}: use it, or stop it first",
-                root.display()
+            rustix::io::Errno::WOULDBLOCK => ControlError::new(
+                ErrorKind::InUse,
+                format!(
+                    "another layerfs daemon (pid {holder}) serves {}: use it, or stop it first",
+                    root.display()
+                ),
             ),
-            e => format!("cannot lock {}: {e}", path.display()),
+            e => super::host_error(
+                format_args!("cannot lock {}", path.display()),
+                std::io::Error::from(e),
+            ),
         });
     }
     if let Some(pid) = holder.filter(|&pid| pid != std::process::id()) {
@@ -143,9 +156,10 @@ mod tests {
         );
         let err = lock_store(store.path(), Duration::from_millis(50)).unwrap_err();
         assert!(
-            err.contains(&format!("pid {}", std::process::id())),
+            err.message.contains(&format!("pid {}", std::process::id())),
             "{err}"
         );
+        assert_eq!(err.kind, ErrorKind::InUse, "another daemon holds it");
     }
 
     /// Runs `sleep` under the name of the running test program, which
