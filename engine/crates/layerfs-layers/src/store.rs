@@ -21,6 +21,7 @@ use crate::stack::UNSTABLE_INODES;
 
 mod from_dir;
 mod from_tar;
+mod from_toc;
 mod sparse;
 mod writer;
 
@@ -146,50 +147,11 @@ impl Store {
         entries: &[crate::lazy::Entry],
         source: &crate::lazy::Source,
     ) -> io::Result<LayerId> {
-        use crate::lazy::EntryKind;
         let staged = self.staging_dir()?;
-        let built = (|| {
-            let mut layer = LayerWriter::new(&staged)?;
-            for entry in entries {
-                let meta = writer::Meta {
-                    mode: entry.mode,
-                    uid: entry.uid,
-                    gid: entry.gid,
-                    atime: None,
-                    mtime: entry.mtime,
-                    xattrs: entry.xattrs.clone(),
-                };
-                let mut inline: &[u8];
-                let body = match &entry.kind {
-                    EntryKind::Inline(data) => {
-                        inline = data;
-                        writer::Body::File(&mut inline)
-                    }
-                    EntryKind::Dir => writer::Body::Dir,
-                    EntryKind::File { size, content, .. } => writer::Body::Lazy {
-                        size: *size,
-                        content: *content,
-                    },
-                    EntryKind::Symlink(target) => writer::Body::Symlink(target),
-                    EntryKind::HardLink(target) => writer::Body::HardLink(target),
-                    EntryKind::Fifo => writer::Body::Fifo,
-                    EntryKind::CharDevice(rdev) => writer::Body::CharDevice(*rdev),
-                    EntryKind::BlockDevice(rdev) => writer::Body::BlockDevice(*rdev),
-                };
-                layer.put(&entry.path, body, &meta).map_err(|e| match e {
-                    writer::Refused::Outside => io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!("{}: {OUTSIDE}", entry.path.display()),
-                    ),
-                    writer::Refused::Cannot(e) => {
-                        io::Error::new(e.kind(), format!("{}: {e}", entry.path.display()))
-                    }
-                })?;
-            }
+        let built = from_toc::write(&staged, entries).and_then(|known| {
             let files = crate::lazy::files_in(&staged, entries)?;
-            let known = layer.finish()?;
-            Ok::<_, io::Error>((files, known))
-        })();
+            Ok((files, known))
+        });
         let (files, known) = match built {
             Ok(built) => built,
             Err(e) => {

@@ -417,3 +417,74 @@ fn a_whiteout_under_a_path_the_table_made_a_file_is_dropped_as_in_a_full_pull() 
     let d2f = std::fs::symlink_metadata(store.layer_dir(&id).join("data/d2f")).unwrap();
     assert!(d2f.is_file());
 }
+
+/// A table big enough to be written side by side: the same tree, to the
+/// byte, as the one written in order and as the same files imported whole
+/// (the layer's name is its tree's digest), directories the table does not
+/// list made too, hard links made once what they name is there.
+#[test]
+fn a_large_table_written_side_by_side_makes_the_tree_it_would_in_order() {
+    let t = tempfile::tempdir().unwrap();
+    let mut files = Vec::new();
+    for d in 0..60 {
+        for f in 0..90 {
+            files.push((format!("top/d{d}/sub/f{f}"), content(f * 7 % 300, d as u8)));
+        }
+    }
+    let names: Vec<(&str, Vec<u8>)> = files.iter().map(|(p, c)| (p.as_str(), c.clone())).collect();
+    let mut img = image(&names, 4096);
+    // "data" is there; "top" and "top/dN" are not listed, "top/dN/sub" is.
+    for d in 0..60 {
+        img.entries.push(dir(&format!("top/d{d}/sub")));
+    }
+    let link = |path: &str, kind: EntryKind| Entry {
+        path: PathBuf::from(path),
+        kind,
+        mode: 0o777,
+        uid: 0,
+        gid: 0,
+        mtime: None,
+        xattrs: Vec::new(),
+    };
+    img.entries.push(link(
+        "top/d0/to-f1",
+        EntryKind::Symlink(PathBuf::from("sub/f1")),
+    ));
+    img.entries.push(link(
+        "top/d1/again",
+        EntryKind::HardLink(PathBuf::from("top/d0/sub/f2")),
+    ));
+    assert!(img.entries.len() > 4096, "past the side-by-side threshold");
+    let store = Store::open(&t.path().join("store")).unwrap();
+    let id = store.import_lazy(&img.entries, &source(&img.blob)).unwrap();
+
+    // The same table with one path twice is written in order, the later
+    // entry winning: the same tree, since both are the same file.
+    let mut twice = img.entries.clone();
+    twice.push(twice[1].clone());
+    let in_order = Store::open(&t.path().join("in-order")).unwrap();
+    assert_eq!(
+        in_order.import_lazy(&twice, &source(&img.blob)).unwrap(),
+        id
+    );
+
+    let whole = t.path().join("whole");
+    std::fs::create_dir_all(whole.join("data")).unwrap();
+    for (path, bytes) in &files {
+        let path = whole.join(path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, bytes).unwrap();
+        let mut perms = std::fs::metadata(&path).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o444);
+        std::fs::set_permissions(&path, perms).unwrap();
+    }
+    std::os::unix::fs::symlink("sub/f1", whole.join("top/d0/to-f1")).unwrap();
+    std::fs::hard_link(whole.join("top/d0/sub/f2"), whole.join("top/d1/again")).unwrap();
+    let full = Store::open(&t.path().join("full")).unwrap();
+    assert_eq!(full.import_dir(&whole).unwrap(), id);
+    let layer = store.layer_dir(&id);
+    let a = std::fs::metadata(layer.join("top/d0/sub/f2")).unwrap();
+    let b = std::fs::metadata(layer.join("top/d1/again")).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!((a.ino(), a.nlink()), (b.ino(), 2), "one file, two names");
+}

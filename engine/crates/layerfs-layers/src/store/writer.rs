@@ -276,6 +276,28 @@ impl LayerWriter {
     /// Sets the deferred directory modes and times, then makes everything
     /// written durable with one sync of the staging filesystem. Returns what
     /// was written of each regular file, by inode number.
+    /// Makes the directories above `path` that are missing, as a later
+    /// [`Self::put`] of it would.
+    pub fn make_parents(&mut self, path: &Path) -> Result<(), Refused> {
+        let names = names_of(path)?;
+        if let Some((_, parents)) = names.split_last() {
+            let parent = self.parent(parents, true)?;
+            self.keep_parent(parent);
+        }
+        Ok(())
+    }
+
+    /// What was written of each regular file, by inode, for another writer
+    /// of the same layer to [`Self::absorb`]: nothing is finished here.
+    pub fn into_files(self) -> FxHashMap<u64, Known> {
+        self.files
+    }
+
+    /// Takes in what another writer of the same layer wrote.
+    pub fn absorb(&mut self, files: FxHashMap<u64, Known>) {
+        self.files.extend(files);
+    }
+
     pub fn finish(mut self) -> io::Result<FxHashMap<u64, Known>> {
         self.last_parent = None;
         for (path, meta) in std::mem::take(&mut self.dirs) {

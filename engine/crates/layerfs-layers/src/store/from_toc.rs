@@ -1,0 +1,171 @@
+//! A lazy layer's tree from its table of contents: every entry made, each
+//! regular file at its size and all holes.
+//!
+//! Most of a ready lazy pull's time is here (tens of thousands of files
+//! created), so where the entries cannot touch each other's paths they are
+//! written side by side: first every directory, in order; then the other
+//! entries, split between threads; then the hard links, in order, once
+//! what they name exists. Where a path comes twice, or an entry lies under
+//! one that is not a directory, the table is written in order on one
+//! thread, as a tar is, and the later entry wins.
+
+use std::collections::HashSet;
+use std::io;
+use std::path::{Component, Path};
+
+use rustc_hash::FxHashMap;
+
+use super::writer::{Body, LayerWriter, Meta, Refused};
+use crate::digest::Known;
+use crate::lazy::{Entry, EntryKind};
+
+/// Entries below this many are written on one thread: threads cost more
+/// than they save.
+const SIDE_BY_SIDE_FROM: usize = 4096;
+
+/// Writes `entries` into the staging directory `staged`; what was written
+/// of each regular file, by inode number.
+pub(super) fn write(staged: &Path, entries: &[Entry]) -> io::Result<FxHashMap<u64, Known>> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
+    let mut layer = LayerWriter::new(staged)?;
+    if threads < 2 || entries.len() < SIDE_BY_SIDE_FROM || !independent(entries) {
+        for entry in entries {
+            put(&mut layer, entry)?;
+        }
+        return layer.finish();
+    }
+    let (dirs, rest): (Vec<&Entry>, Vec<&Entry>) = entries
+        .iter()
+        .partition(|e| matches!(e.kind, EntryKind::Dir));
+    let (links, files): (Vec<&Entry>, Vec<&Entry>) = rest
+        .into_iter()
+        .partition(|e| matches!(e.kind, EntryKind::HardLink(_)));
+    for entry in &dirs {
+        put(&mut layer, entry)?;
+    }
+    // Directories the table does not list are made here, not by two
+    // threads at once.
+    for entry in &files {
+        layer
+            .make_parents(&entry.path)
+            .map_err(|e| refused(entry, e))?;
+    }
+    let share = files.len().div_ceil(threads);
+    let written = std::thread::scope(|scope| {
+        let workers: Vec<_> = files
+            .chunks(share)
+            .map(|part| {
+                scope.spawn(move || {
+                    let mut worker = LayerWriter::new(staged)?;
+                    for entry in part {
+                        put(&mut worker, entry)?;
+                    }
+                    Ok::<_, io::Error>(worker.into_files())
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| {
+                w.join()
+                    .unwrap_or_else(|_| Err(io::Error::other("a writer panicked")))
+            })
+            .collect::<io::Result<Vec<_>>>()
+    })?;
+    for files in written {
+        layer.absorb(files);
+    }
+    for entry in &links {
+        put(&mut layer, entry)?;
+    }
+    layer.finish()
+}
+
+/// Whether no two entries touch the same path: each path once, and none
+/// under a path an entry makes something other than a directory.
+fn independent(entries: &[Entry]) -> bool {
+    let mut paths = HashSet::with_capacity(entries.len());
+    let mut not_dirs = HashSet::new();
+    for entry in entries {
+        let Some(key) = key(&entry.path) else {
+            return false;
+        };
+        if !matches!(entry.kind, EntryKind::Dir) {
+            not_dirs.insert(key.clone());
+        }
+        if !paths.insert(key) {
+            return false;
+        }
+    }
+    entries.iter().all(|entry| {
+        let key = key(&entry.path).unwrap_or_default();
+        let mut ancestors = key
+            .iter()
+            .enumerate()
+            .filter(|&(_, &b)| b == b'/')
+            .map(|(i, _)| &key[..i]);
+        ancestors.all(|a| !not_dirs.contains(a))
+    })
+}
+
+/// A path's names joined by `/`, as every spelling of it gives them; None
+/// for one that leaves the layer (the writer refuses it in order).
+fn key(path: &Path) -> Option<Vec<u8>> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut key = Vec::new();
+    for c in path.components() {
+        match c {
+            Component::Normal(name) => {
+                if !key.is_empty() {
+                    key.push(b'/');
+                }
+                key.extend_from_slice(name.as_bytes());
+            }
+            Component::CurDir | Component::RootDir => {}
+            _ => return None,
+        }
+    }
+    Some(key)
+}
+
+/// Writes one entry of the table.
+fn put(layer: &mut LayerWriter, entry: &Entry) -> io::Result<()> {
+    let meta = Meta {
+        mode: entry.mode,
+        uid: entry.uid,
+        gid: entry.gid,
+        atime: None,
+        mtime: entry.mtime,
+        xattrs: entry.xattrs.clone(),
+    };
+    let mut inline: &[u8];
+    let body = match &entry.kind {
+        EntryKind::Inline(data) => {
+            inline = data;
+            Body::File(&mut inline)
+        }
+        EntryKind::Dir => Body::Dir,
+        EntryKind::File { size, content, .. } => Body::Lazy {
+            size: *size,
+            content: *content,
+        },
+        EntryKind::Symlink(target) => Body::Symlink(target),
+        EntryKind::HardLink(target) => Body::HardLink(target),
+        EntryKind::Fifo => Body::Fifo,
+        EntryKind::CharDevice(rdev) => Body::CharDevice(*rdev),
+        EntryKind::BlockDevice(rdev) => Body::BlockDevice(*rdev),
+    };
+    layer
+        .put(&entry.path, body, &meta)
+        .map_err(|e| refused(entry, e))
+}
+
+fn refused(entry: &Entry, e: Refused) -> io::Error {
+    match e {
+        Refused::Outside => io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{}: {}", entry.path.display(), super::OUTSIDE),
+        ),
+        Refused::Cannot(e) => io::Error::new(e.kind(), format!("{}: {e}", entry.path.display())),
+    }
+}
