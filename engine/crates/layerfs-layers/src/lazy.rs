@@ -36,7 +36,7 @@ mod tree;
 pub use attached::attached;
 pub(crate) use attached::{attach, before_read, detach};
 pub use layer::LazyLayer;
-pub(crate) use tree::files_in;
+pub(crate) use tree::{files_in, utf8_path};
 
 /// `len` bytes at `at` in a file, which the source finds at `start..end` of
 /// its blob (compressed: the fetcher decompresses), checked by `digest`

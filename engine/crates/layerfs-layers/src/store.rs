@@ -148,10 +148,7 @@ impl Store {
         source: &crate::lazy::Source,
     ) -> io::Result<LayerId> {
         let staged = self.staging_dir()?;
-        let built = from_toc::write(&staged, entries).and_then(|known| {
-            let files = crate::lazy::files_in(&staged, entries)?;
-            Ok((files, known))
-        });
+        let built = from_toc::write(&staged, entries).map(|made| (made.lazy, made.known));
         let (files, known) = match built {
             Ok(built) => built,
             Err(e) => {

@@ -487,4 +487,12 @@ fn a_large_table_written_side_by_side_makes_the_tree_it_would_in_order() {
     let b = std::fs::metadata(layer.join("top/d1/again")).unwrap();
     use std::os::unix::fs::MetadataExt;
     assert_eq!((a.ino(), a.nlink()), (b.ino(), 2), "one file, two names");
+
+    // Every file's data is still to come, and comes when read.
+    let all: u64 = files.iter().map(|(_, c)| c.len() as u64).sum();
+    let lazy = store.attach_lazy(&id, Some(img.blob.clone())).unwrap();
+    assert_eq!(lazy.bytes(), (0, all));
+    let fs = StackFs::open_in_upper(&[layer], &t.path().join("upper")).unwrap();
+    let (path, want) = &files[5 * 90 + 11];
+    assert_eq!(&read(&fs, path, 0, 1000).unwrap(), want);
 }

@@ -93,6 +93,12 @@ impl Dirs {
     }
 }
 
+/// `path` as the index keeps it: UTF-8, or refused.
+pub(crate) fn utf8_path(path: &Path) -> io::Result<&str> {
+    std::str::from_utf8(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::other(format!("{}: a name that is not UTF-8", path.display())))
+}
+
 /// The lazy files of a tree just written: each regular file once (the last
 /// entry of a path wins, as it did in the tree; a second name of a file is
 /// not a second file), dropping those no longer there.
@@ -104,13 +110,7 @@ pub(crate) fn files_in(root: &Path, entries: &[Entry]) -> io::Result<Vec<LazyFil
         let EntryKind::File { pieces, size, .. } = &entry.kind else {
             continue;
         };
-        let path = entry.path.as_os_str().as_bytes();
-        let path = std::str::from_utf8(path).map_err(|_| {
-            io::Error::other(format!(
-                "{}: a name that is not UTF-8",
-                entry.path.display()
-            ))
-        })?;
+        let path = utf8_path(&entry.path)?;
         let Ok(stat) = dirs.stat(path) else {
             continue;
         };

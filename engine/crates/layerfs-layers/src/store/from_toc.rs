@@ -17,23 +17,56 @@ use rustc_hash::FxHashMap;
 
 use super::writer::{Body, LayerWriter, Meta, Refused};
 use crate::digest::Known;
-use crate::lazy::{Entry, EntryKind};
+use crate::lazy::{Entry, EntryKind, LazyFile};
 
 /// Entries below this many are written on one thread: threads cost more
 /// than they save.
 const SIDE_BY_SIDE_FROM: usize = 4096;
 
-/// Writes `entries` into the staging directory `staged`; what was written
-/// of each regular file, by inode number.
-pub(super) fn write(staged: &Path, entries: &[Entry]) -> io::Result<FxHashMap<u64, Known>> {
+/// What a table of contents made: what was written of each regular file
+/// (by inode number), and the files whose data is still to come.
+pub(super) struct Made {
+    pub known: FxHashMap<u64, Known>,
+    pub lazy: Vec<LazyFile>,
+}
+
+/// Writes `entries` into the staging directory `staged`.
+pub(super) fn write(staged: &Path, entries: &[Entry]) -> io::Result<Made> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
-    let mut layer = LayerWriter::new(staged)?;
     if threads < 2 || entries.len() < SIDE_BY_SIDE_FROM || !independent(entries) {
+        let mut layer = LayerWriter::new(staged)?;
         for entry in entries {
             put(&mut layer, entry)?;
         }
-        return layer.finish();
+        let known = layer.finish()?;
+        // Later entries may have replaced earlier ones: the tree says which
+        // files are there.
+        let lazy = crate::lazy::files_in(staged, entries)?;
+        return Ok(Made { known, lazy });
     }
+    let known = side_by_side(staged, entries, threads)?;
+    // Each path once, nothing under a file: every file of the table is there.
+    let mut lazy = Vec::new();
+    for entry in entries {
+        if let EntryKind::File { pieces, .. } = &entry.kind {
+            if !pieces.is_empty() {
+                lazy.push(LazyFile {
+                    path: crate::lazy::utf8_path(&entry.path)?.to_owned(),
+                    pieces: pieces.clone(),
+                });
+            }
+        }
+    }
+    Ok(Made { known, lazy })
+}
+
+/// Writes `entries`, which [`independent`] allows, on `threads` threads.
+fn side_by_side(
+    staged: &Path,
+    entries: &[Entry],
+    threads: usize,
+) -> io::Result<FxHashMap<u64, Known>> {
+    let mut layer = LayerWriter::new(staged)?;
     let (dirs, rest): (Vec<&Entry>, Vec<&Entry>) = entries
         .iter()
         .partition(|e| matches!(e.kind, EntryKind::Dir));
