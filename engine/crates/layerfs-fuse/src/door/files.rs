@@ -1,0 +1,189 @@
+//! Files and data: OPEN, CREATE, READ, WRITE and RELEASE as the rings
+//! answer them themselves, and fuser's session through the same code.
+
+use super::passthrough::PASSTHROUGH_FLAGS;
+use super::*;
+
+impl Door {
+    pub(crate) fn open_as(&self, who: Who, ino: INodeNo, flags: OpenFlags, reply: impl OpenAnswer) {
+        let caller = self.caller_of(who);
+        let id = self.id(ino);
+        // A file with no name left is opened again through /proc/PID/fd.
+        let attr = match self.or_held(id, false, self.fs.getattr(id), |file| held_attr(id, file)) {
+            Ok(a) => a,
+            Err(e) => return reply.error(errno(e)),
+        };
+        let wants = open_wants(flags);
+        if !permits(&attr, &caller, wants) {
+            return reply.error(Errno::EACCES);
+        }
+        let held = self.held(attr.fileid, wants.contains(Perm::WRITE));
+        let kept = held.as_ref().map(|h| h.file.clone());
+        // Writes through passthrough reach the host file without the door:
+        // the copy-up this open made is made durable now, as such writes
+        // promise.
+        if wants.contains(Perm::WRITE) && flags.0 & libc::O_DSYNC != 0 {
+            if let Err(e) = self.fs.commit(attr.fileid) {
+                return reply.error(errno(e));
+            }
+        }
+        self.opens.open(
+            attr.fileid,
+            held,
+            reply,
+            |_| self.backing(&caller, &attr, kept.as_ref(), wants.contains(Perm::WRITE)),
+            |reply, way| match way {
+                Way::Cached => reply.opened_as(CACHED, self.open_flags(), None),
+                Way::Passthrough(b) => reply.opened_as(PASSTHROUGH, PASSTHROUGH_FLAGS, Some(b)),
+            },
+        );
+    }
+
+    pub(crate) fn read_as(&self, ino: INodeNo, offset: u64, size: u32, reply: impl DataAnswer) {
+        let id = self.id(ino);
+        READ_BUF.with_borrow_mut(|buf| {
+            buf.clear();
+            let read = self
+                .fs
+                .read(&Caller::root(), id, offset, size as usize, buf);
+            let read = self.or_held(id, false, read, |file| {
+                buf.clear();
+                hostdir::read(file, hostdir::host_attr(file)?, offset, size as usize, buf)
+            });
+            match read {
+                Ok(_) => reply.data(buf),
+                Err(e) => reply.error(errno(e)),
+            }
+        })
+    }
+
+    /// Reads into `dst` straight from the host file the filesystem names
+    /// for `ino` (one copy, as a READ through fuser makes); None where it
+    /// names none, for [`Door::read_as`].
+    pub(crate) fn read_into(
+        &self,
+        ino: INodeNo,
+        offset: u64,
+        dst: &mut [u8],
+    ) -> Option<Result<usize, Errno>> {
+        let source =
+            self.fs
+                .host_files()?
+                .read_source(&Caller::root(), self.id(ino), offset, dst.len());
+        let source = match source {
+            Ok(Some(source)) => source,
+            // Stale (a file open with no name left): read_as reads the
+            // file its opens hold.
+            Ok(None) | Err(_) => return None,
+        };
+        let mut done = 0;
+        while done < source.len {
+            let at = source.offset + done as u64;
+            match rustix::io::pread(&*source.file, &mut dst[done..source.len], at) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Some(Err(errno(Error::from(std::io::Error::from(e))))),
+            }
+        }
+        Some(Ok(done))
+    }
+
+    pub(crate) fn write_as(
+        &self,
+        ino: INodeNo,
+        offset: u64,
+        data: &[u8],
+        write_flags: WriteFlags,
+        flags: OpenFlags,
+        reply: impl WriteAnswer,
+    ) {
+        let id = self.id(ino);
+        // Usually done already, by the SETATTR before it; not where the
+        // kernel took the file for one without either bit. Its cached mode
+        // is then wrong: it forgets it (only the attributes: the writer
+        // holds the pages this write is from).
+        if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
+            match self.drop_privilege(id) {
+                Ok(false) => {}
+                Ok(true) => {
+                    if let Some(notifier) = self.notifier.get() {
+                        let _ = notifier.inval_inode(ino, -1, 0);
+                    }
+                }
+                Err(e) => return reply.error(errno(e)),
+            }
+        }
+        let stable = if flags.0 & (libc::O_SYNC | libc::O_DSYNC) != 0 {
+            Stability::FileSync
+        } else {
+            Stability::Unstable
+        };
+        let written = self
+            .fs
+            .write(&Caller::root(), id, offset, data, stable)
+            .map(drop);
+        match self.or_held(id, true, written, |file| {
+            hostdir::write_at(file, offset, data, stable)
+        }) {
+            Ok(()) => reply.written(data.len() as u32),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    pub(crate) fn release_as(&self, ino: INodeNo, fh: FileHandle, reply: impl EmptyAnswer) {
+        // Answered first: the release is counted once it is (see
+        // [`crate::open_table`]).
+        reply.ok();
+        self.opens.release(self.id(ino), fh);
+    }
+
+    pub(crate) fn create_as(
+        &self,
+        who: Who,
+        parent: INodeNo,
+        name: &[u8],
+        mode: u32,
+        flags: i32,
+        reply: impl CreateAnswer,
+    ) {
+        let set = with_mode(mode);
+        let exclusive = flags & libc::O_EXCL != 0;
+        let how = if exclusive {
+            Create::Guarded(set)
+        } else {
+            Create::Unchecked(set)
+        };
+        let caller = self.caller_of(who);
+        let attr = match self.fs.create(&caller, self.id(parent), name, how) {
+            Ok((attr, _)) => attr,
+            Err(e) => return reply.error(errno(e)),
+        };
+        // A file just made has no capability: the kernel's question before
+        // its first write is answered without asking the host.
+        if exclusive {
+            self.no_caps.found_none(self.inos.ino(attr.fileid));
+        }
+        let (ttl, fattr, generation) = (
+            self.caching.ttl(),
+            self.inos.attr(&attr),
+            Generation(attr.generation),
+        );
+        let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let held = self.held(attr.fileid, write);
+        let kept = held.as_ref().map(|h| h.file.clone());
+        self.opens.open(
+            attr.fileid,
+            held,
+            reply,
+            |_| self.backing(&caller, &attr, kept.as_ref(), write),
+            |reply, way| {
+                let (fh, flags, backing) = match way {
+                    Way::Cached => (CACHED, self.open_flags(), None),
+                    Way::Passthrough(b) => (PASSTHROUGH, PASSTHROUGH_FLAGS, Some(b)),
+                };
+                reply.created_as(&ttl, &fattr, generation, fh, flags, backing)
+            },
+        );
+    }
+}

@@ -1,0 +1,109 @@
+//! Passthrough and backing: which opens the kernel may read and write
+//! through a host file registered with it, and the privilege a user's
+//! door lets go of to hold one.
+
+use super::*;
+
+/// Open flags beside FOPEN_PASSTHROUGH: the kernel writes the host file
+/// itself, so a close has nothing to flush through the door.
+pub(super) const PASSTHROUGH_FLAGS: FopenFlags = FopenFlags::FOPEN_NOFLUSH;
+
+impl Door {
+    /// Registers the host file of the file `attr` describes with the
+    /// kernel, where the filesystem has one and handing it out is safe:
+    /// `kept`, the file this open holds, where the filesystem says it is
+    /// that host file (the door checked the open itself).
+    pub(super) fn backing(
+        &self,
+        caller: &Caller,
+        attr: &Attr,
+        kept: Option<&Arc<OwnedFd>>,
+        write: bool,
+    ) -> Option<Backing> {
+        // A write to a file with setuid or setgid comes to the door, which
+        // clears them as the kernel asks (see [`crate::privilege`]).
+        if !self.passthrough || attr.kind != FileKind::Regular || attr.mode & 0o6000 != 0 {
+            return None;
+        }
+        let device = self.device.get()?;
+        let files = self.fs.host_files()?;
+        let fd = match kept {
+            Some(fd) if files.kept_is_host_file(attr.fileid, fd, write) => fd.clone(),
+            _ => files.host_file(caller, attr.fileid, write).ok()??,
+        };
+        let registered = match self.caching {
+            Caching::Shared => privilege::without_fsetid(|| Backing::register(device, fd.as_fd())),
+            Caching::Exclusive => Backing::register(device, fd.as_fd()),
+        };
+        match registered {
+            Ok(backing) => Some(backing),
+            Err(e) => {
+                tracing::debug!("no passthrough for file {}: {e}", attr.fileid);
+                None
+            }
+        }
+    }
+
+    /// Clears setuid, and setgid with group execute, of file `id`, as a
+    /// write by a caller without `CAP_FSETID` does before it writes; says
+    /// whether there were any.
+    pub(super) fn drop_privilege(&self, id: FileId) -> layerfs_vfs::Result<bool> {
+        let attr = self.or_held(id, false, self.fs.getattr(id), |file| held_attr(id, file))?;
+        let Some(mode) = hostdir::mode_without_privilege(&attr) else {
+            return Ok(false);
+        };
+        let set = SetAttr {
+            mode: Some(mode),
+            ..SetAttr::default()
+        };
+        let changed = self.fs.setattr(&Caller::root(), id, &set, None).map(drop);
+        self.or_held(id, true, changed, |file| {
+            Ok(rustix::fs::fchmod(file, hostdir::permissions(mode))?)
+        })?;
+        Ok(true)
+    }
+
+    /// What an open of `id` (for writing with `write`) holds until its
+    /// release (see [`crate::opens`]). The open goes on without it where
+    /// the filesystem cannot give it: a write to come then meets the same
+    /// failure (a copy-up into a full upper, say) and reports it.
+    pub(super) fn held(&self, id: FileId, write: bool) -> Option<Held> {
+        match self.fs.host_files()?.file_to_keep(id, write) {
+            Ok(file) => file.map(|file| Held { file, write }),
+            Err(e) => {
+                tracing::debug!("file {id} is opened without holding its host file: {e}");
+                None
+            }
+        }
+    }
+
+    /// `result`, unless it is `Stale` for a file still open: the file lost
+    /// its last name while a process held it, and `on_held` answers from the
+    /// host file its opens hold, as a local filesystem would. A change
+    /// (`write`) needs a file taken for writing.
+    pub(super) fn or_held<T>(
+        &self,
+        id: FileId,
+        write: bool,
+        result: layerfs_vfs::Result<T>,
+        on_held: impl FnOnce(BorrowedFd<'_>) -> layerfs_vfs::Result<T>,
+    ) -> layerfs_vfs::Result<T> {
+        match result {
+            Err(Error::Stale) => match self.opens.held(id).filter(|h| h.write || !write) {
+                Some(held) => on_held(held.file.as_fd()),
+                None => Err(Error::Stale),
+            },
+            other => other,
+        }
+    }
+
+    /// How the kernel may cache an open file's pages.
+    pub(super) fn open_flags(&self) -> FopenFlags {
+        match self.caching {
+            // Nothing changes a file behind the door: pages cached by an
+            // earlier open are still the file's.
+            Caching::Exclusive => FopenFlags::FOPEN_KEEP_CACHE,
+            Caching::Shared => FopenFlags::empty(),
+        }
+    }
+}
