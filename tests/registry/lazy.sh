@@ -475,5 +475,11 @@ cd - >/dev/null
 skopeo copy -q --dest-tls-verify=false "oci:$t/plain:v1" "docker://$reg/lazy/plain:v1"
 out=$("$layerfs" pull "$reg/lazy/plain:v1" --insecure-registry "$reg" 2>&1)
 [[ $out == *"downloaded whole, with no table of contents to pull lazily: sha256:"* ]] || fail "the pull of a gzip image said: $out"
+# create --from, pulling as it makes the workspace, says so too.
+"$layerfs" image rm "$reg/lazy/plain:v1" >/dev/null
+"$layerfs" layer prune >/dev/null
+out=$("$layerfs" create w-plain --from "$reg/lazy/plain:v1" --insecure-registry "$reg" 2>&1)
+[[ $out == *"downloaded whole, with no table of contents to pull lazily: sha256:"* ]] ||
+	fail "create --from of a gzip image said: $out"
 fi
 echo "lazy pulls through $door: all checks passed"

@@ -167,12 +167,7 @@ pub fn local_share(local: Option<(u64, u64)>) -> String {
 /// What a pull made lazily, and what it could not: on stderr, so the
 /// line a script reads on stdout stays one.
 fn say_lazy(image: &ImageInfo) {
-    if !image.whole.is_empty() {
-        eprintln!(
-            "downloaded whole, with no table of contents to pull lazily: {}",
-            image.whole.join(", ")
-        );
-    }
+    say_whole(&image.whole);
     if let Some((local, all)) = image.local {
         if local < all {
             eprintln!(
@@ -181,6 +176,17 @@ fn say_lazy(image: &ImageInfo) {
                 human(all)
             );
         }
+    }
+}
+
+/// The blobs a pull downloaded whole, having no table of contents: never
+/// a silent fallback from a lazy pull.
+pub fn say_whole(blobs: &[String]) {
+    if !blobs.is_empty() {
+        eprintln!(
+            "downloaded whole, with no table of contents to pull lazily: {}",
+            blobs.join(", ")
+        );
     }
 }
 

@@ -366,6 +366,7 @@ impl Client {
             door: args.door.door(),
         };
         if let Some(w) = self.call::<WorkspaceInfo>(request)? {
+            crate::images::say_whole(&w.whole);
             let n = w.layers.len();
             println!(
                 "created {} over {n} layer{}",

@@ -444,6 +444,10 @@ pub struct WorkspaceInfo {
     /// in all.
     #[serde(default)]
     pub local: Option<(u64, u64)>,
+    /// The blobs the pull this request made downloaded whole, having no
+    /// table of contents to pull them lazily.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub whole: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

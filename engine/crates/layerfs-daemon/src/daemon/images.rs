@@ -265,7 +265,7 @@ impl Daemon {
         reference: &str,
         registry: &RegistryOptions,
         progress: &mut dyn FnMut(Progress),
-    ) -> Outcome<Option<Vec<String>>> {
+    ) -> Outcome<Option<ImageLayers>> {
         let Ok(full) = layerfs_registry::normalize(reference) else {
             return Ok(None);
         };
@@ -278,10 +278,17 @@ impl Daemon {
                 None => true,
             };
             if platform && image.layers.iter().all(|l| self.store.layer(l).is_some()) {
-                return Ok(Some(image.layers));
+                return Ok(Some(ImageLayers {
+                    layers: image.layers,
+                    whole: Vec::new(),
+                }));
             }
         }
-        Ok(Some(self.pull(reference, registry, progress)?.layers))
+        let pulled = self.pull(reference, registry, progress)?;
+        Ok(Some(ImageLayers {
+            layers: pulled.layers,
+            whole: pulled.whole,
+        }))
     }
 
     /// The images using `layer`.
@@ -293,6 +300,13 @@ impl Daemon {
             .map(|(reference, _)| reference)
             .collect())
     }
+}
+
+/// An image's layers, and the blobs pulling it just now downloaded whole
+/// (no table of contents).
+pub(super) struct ImageLayers {
+    pub layers: Vec<String>,
+    pub whole: Vec<String>,
 }
 
 /// A registry's error as the control protocol's: `context: message`.

@@ -193,11 +193,13 @@ impl Daemon {
         // Images first, and pulled if missing, before any lock is taken: a
         // pull is long, and runs beside other requests.
         let mut images = HashMap::new();
+        let mut whole = Vec::new();
         for source in from {
             let known = self.catalog.workspace(source)?.is_some() || looks_like_layer_id(source);
             if !known {
-                if let Some(layers) = self.image_layers(source, registry, progress)? {
-                    images.insert(source.clone(), layers);
+                if let Some(image) = self.image_layers(source, registry, progress)? {
+                    whole.extend(image.whole);
+                    images.insert(source.clone(), image.layers);
                 }
             }
         }
@@ -275,7 +277,10 @@ impl Daemon {
             undo(&mut slot, &record);
             return Err(e.into());
         }
-        Ok(self.info(name, &record))
+        Ok(WorkspaceInfo {
+            whole,
+            ..self.info(name, &record)
+        })
     }
 
     /// A random export id no workspace of the store has.
@@ -555,6 +560,7 @@ impl Daemon {
             size_limit: record.size_limit,
             size_used: self.size_used(name, record),
             local: self.lazy_bytes(&record.layers),
+            whole: Vec::new(),
         }
     }
 
