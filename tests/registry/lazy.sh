@@ -17,7 +17,8 @@
 # kept; a registry gone fails a read after LAYERFS_LAZY_WAIT and the next
 # read after it is back works; a daemon killed -9 during completion
 # resumes it after a restart without fetching again what it had; a push of
-# a workspace over a lazy image completes it first; `push --format estargz`
+# a workspace over a lazy image completes it first, unless the registry has
+# its blobs (then they are mounted, and it stays lazy); `push --format estargz`
 # and `--format zstd:chunked` make images umoci unpacks and that are pulled
 # lazily; a bearer token (from tokens.py) that runs out while a workspace
 # lives is renewed with the credentials the daemon keeps, which it never
@@ -321,6 +322,25 @@ skopeo copy -q --src-tls-verify=false "docker://$reg/lazy/pushed:v1" "oci:$t/pus
 umoci unpack --image "$t/pushed:v1" "$t/pushed" >/dev/null
 "$here/tree.py" "$t/pushed/rootfs" >"$t/pushed.got"
 diff -u "$t/estargz.want" "$t/pushed.got" || fail "the pushed image differs from the lazy one"
+
+step "a push whose blobs the registry has already mounts them: the lazy layer stays lazy"
+mkdir -p "$t/own4/m"
+for i in $(seq 8); do head -c 400000 /dev/urandom >"$t/own4/m/f$i"; done
+"$here/estargz.py" "$t/own4" "$t/es-mnt" v1 --chunk 200000
+skopeo copy -q --preserve-digests --dest-tls-verify=false "oci:$t/es-mnt:v1" "docker://$reg/lazy/mnt:v1"
+"$layerfs" pull "$reg/lazy/mnt:v1" --insecure-registry "$reg" --on-read >/dev/null
+"$layerfs" create w-mnt --from "$reg/lazy/mnt:v1" >/dev/null
+size=$(blob_size es-mnt)
+before=$(sent)
+out=$("$layerfs" push w-mnt "$reg/other/mnt:v1" --insecure-registry "$reg" --format estargz)
+got=$(($(sent) - before))
+echo "   a push of an untouched lazy image of $size bytes to another repository: $out; $got bytes sent to layerfs"
+[[ $out == *"(1 layers, 0 uploaded)" ]] || fail "the push uploaded what the registry has: $out"
+((got * 20 < size)) || fail "the push fetched the lazy layer: $got bytes for a blob of $size"
+"$layerfs" image ls | grep -q "^$reg/lazy/mnt:v1 .* 0%$" || fail "the push completed the lazy layer: $("$layerfs" image ls)"
+skopeo copy -q --src-tls-verify=false "docker://$reg/other/mnt:v1" "oci:$t/other-mnt:v1"
+umoci unpack --image "$t/other-mnt:v1" "$t/other-mnt" >/dev/null
+cmp "$t/other-mnt/rootfs/m/f5" "$t/own4/m/f5" || fail "the image pushed by mount reads wrong"
 
 step "push --format estargz makes a lazy image: umoci unpacks it, and it is pulled lazily"
 # A commit of new files over the lazy image: its layer is written as eStargz

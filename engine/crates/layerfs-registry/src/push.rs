@@ -41,7 +41,11 @@ pub struct Pushed {
 
 /// Pushes `layers` (bottom first) as the image `reference`, over `base`
 /// where they are an image's layers and more; blobs are made in `format`
-/// in `staging`. `progress` is told (layers done, layers).
+/// in `staging`. `progress` is told (layers done, layers). `make_whole` is
+/// asked to bring in all of layer `i`'s files before they are read for an
+/// upload (a lazy layer's): a layer whose blob the registry has already is
+/// not read, so not asked for.
+#[allow(clippy::too_many_arguments)]
 pub fn push(
     reference: &str,
     layers: &[PushLayer],
@@ -50,6 +54,7 @@ pub fn push(
     staging: &Path,
     transport: &Transport,
     progress: &mut dyn FnMut(u64, u64),
+    make_whole: &mut dyn FnMut(usize) -> std::io::Result<()>,
 ) -> Result<Pushed, Error> {
     let session = Session::open(reference, transport)?;
     let Session {
@@ -77,7 +82,15 @@ pub fn push(
             .map_err(failed)?;
         let entry = match found {
             Some(blob) => (blob, false),
-            None => (upload_layer(&session, &layer.dir, format, staging)?, true),
+            None => {
+                make_whole(i).map_err(|e| {
+                    Error::new(
+                        ErrorKind::Store,
+                        format!("cannot bring in {}: {e}", layer.dir.display()),
+                    )
+                })?;
+                (upload_layer(&session, &layer.dir, format, staging)?, true)
+            }
         };
         pushed.push((
             BlobInfo {

@@ -129,8 +129,6 @@ impl Daemon {
                 None => layers.push(self.find_layer(source)?),
             }
         }
-        // A push reads each layer's files: lazy ones are completed first.
-        self.complete_layers(&layers)?;
         let mut to_push = Vec::new();
         for layer in &layers {
             to_push.push(PushLayer {
@@ -156,6 +154,13 @@ impl Daemon {
             &staging,
             &transport,
             &mut |done, total| progress(Progress::of(done, total)),
+            // A layer uploaded is read whole: a lazy one is completed first.
+            // One the registry has already is mounted or reused, and stays
+            // lazy.
+            &mut |i| {
+                self.complete_layers(&layers[i..=i])
+                    .map_err(|e| std::io::Error::other(e.message))
+            },
         )
         .map_err(|e| registry_error(format_args!("cannot push {reference}"), e))?;
         for (layer, (blob, _)) in layers.iter().zip(&pushed.layers) {
