@@ -23,7 +23,7 @@ pub use blob::{write_layer_blob, BlobFormat, BlobInfo, LAYER_GZIP};
 pub use error::{Error, ErrorKind};
 pub use manifest::platform_matches;
 pub use pull::{pull, LayerProgress, Pulled, PulledLayer};
-pub use push::{push, Base, PushLayer, Pushed};
+pub use push::{push, Base, PushLayer, Pushed, Uploads};
 pub use reference::normalize;
 
 use std::path::PathBuf;

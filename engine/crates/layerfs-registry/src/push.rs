@@ -39,23 +39,33 @@ pub struct Pushed {
     pub layers: Vec<(BlobInfo, bool)>,
 }
 
+/// How a push writes the blobs of the layers the registry lacks.
+pub struct Uploads<'a> {
+    pub format: BlobFormat,
+    /// Where blobs are made before they are sent.
+    pub staging: &'a Path,
+    /// Brings in all of layer `i`'s files before they are read (a lazy
+    /// layer's): a layer whose blob the registry has already is not read,
+    /// so not asked for.
+    pub make_whole: &'a mut dyn FnMut(usize) -> std::io::Result<()>,
+}
+
 /// Pushes `layers` (bottom first) as the image `reference`, over `base`
-/// where they are an image's layers and more; blobs are made in `format`
-/// in `staging`. `progress` is told (layers done, layers). `make_whole` is
-/// asked to bring in all of layer `i`'s files before they are read for an
-/// upload (a lazy layer's): a layer whose blob the registry has already is
-/// not read, so not asked for.
-#[allow(clippy::too_many_arguments)]
+/// where they are an image's layers and more; blobs the registry lacks are
+/// made as `uploads` says. `progress` is told (layers done, layers).
 pub fn push(
     reference: &str,
     layers: &[PushLayer],
     base: Option<&Base>,
-    format: BlobFormat,
-    staging: &Path,
+    uploads: Uploads<'_>,
     transport: &Transport,
     progress: &mut dyn FnMut(u64, u64),
-    make_whole: &mut dyn FnMut(usize) -> std::io::Result<()>,
 ) -> Result<Pushed, Error> {
+    let Uploads {
+        format,
+        staging,
+        make_whole,
+    } = uploads;
     let session = Session::open(reference, transport)?;
     let Session {
         client,

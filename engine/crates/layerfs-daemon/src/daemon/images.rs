@@ -146,21 +146,24 @@ impl Daemon {
                 .parse()
                 .map_err(|e: layerfs_registry::Error| invalid(e.message))?,
         };
+        // A layer uploaded is read whole: a lazy one is completed first. One
+        // the registry has already is mounted or reused, and stays lazy.
+        let mut make_whole = |i: usize| {
+            self.complete_layers(&layers[i..=i])
+                .map_err(|e| std::io::Error::other(e.message))
+        };
+        let uploads = layerfs_registry::Uploads {
+            format,
+            staging: &staging,
+            make_whole: &mut make_whole,
+        };
         let pushed = layerfs_registry::push(
             reference,
             &to_push,
             base.as_ref(),
-            format,
-            &staging,
+            uploads,
             &transport,
             &mut |done, total| progress(Progress::of(done, total)),
-            // A layer uploaded is read whole: a lazy one is completed first.
-            // One the registry has already is mounted or reused, and stays
-            // lazy.
-            &mut |i| {
-                self.complete_layers(&layers[i..=i])
-                    .map_err(|e| std::io::Error::other(e.message))
-            },
         )
         .map_err(|e| registry_error(format_args!("cannot push {reference}"), e))?;
         for (layer, (blob, _)) in layers.iter().zip(&pushed.layers) {
