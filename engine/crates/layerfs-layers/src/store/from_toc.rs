@@ -130,8 +130,7 @@ fn independent(entries: &[Entry]) -> bool {
             return false;
         }
     }
-    entries.iter().all(|entry| {
-        let key = key(&entry.path).unwrap_or_default();
+    paths.iter().all(|key: &Vec<u8>| {
         let mut ancestors = key
             .iter()
             .enumerate()
@@ -200,5 +199,52 @@ fn refused(entry: &Entry, e: Refused) -> io::Error {
             format!("{}: {}", entry.path.display(), super::OUTSIDE),
         ),
         Refused::Cannot(e) => io::Error::new(e.kind(), format!("{}: {e}", entry.path.display())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn entry(path: &str, kind: EntryKind) -> Entry {
+        Entry {
+            path: PathBuf::from(path),
+            kind,
+            mode: 0o644,
+            uid: 0,
+            gid: 0,
+            mtime: None,
+            xattrs: Vec::new(),
+        }
+    }
+
+    fn file(path: &str) -> Entry {
+        let empty = EntryKind::File {
+            size: 0,
+            content: [0; 32],
+            pieces: Vec::new(),
+        };
+        entry(path, empty)
+    }
+
+    #[test]
+    fn only_tables_whose_paths_cannot_collide_are_written_side_by_side() {
+        let dir = |p: &str| entry(p, EntryKind::Dir);
+        assert!(independent(&[
+            dir("a"),
+            file("a/b"),
+            file("./c"),
+            dir("d/e")
+        ]));
+        // The same path twice, however spelled: the later one wins, in order.
+        assert!(!independent(&[file("a/b"), file("./a/b")]));
+        assert!(!independent(&[dir("a"), dir("a/")]));
+        // Something under a file, a symlink or a whiteout's target file.
+        assert!(!independent(&[file("a"), file("a/.wh.b")]));
+        let link = entry("l", EntryKind::Symlink(PathBuf::from("/etc")));
+        assert!(!independent(&[link, file("l/x")]));
+        // A path that leaves the layer is left for the writer to refuse.
+        assert!(!independent(&[file("../x")]));
     }
 }
