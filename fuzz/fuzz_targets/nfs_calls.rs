@@ -67,9 +67,10 @@ fuzz_target!(|input: (u8, bool, &[u8])| {
     let xid = 0xC0FF_EE00 | u32::from(selector);
     let peer: Option<IpAddr> = Some("127.0.0.1".parse().unwrap());
     let record = call(xid, prog, proc, &args);
-    // As the server does: one route, the placement, the call.
+    // As the server does: one route (the envelope and the arguments
+    // decoded), the placement, the call.
     let routed = s.dispatcher.route(&record);
-    let _ = s.dispatcher.placement(&routed, &record);
+    let _ = routed.placement();
     let outcome = s.dispatcher.answer(&routed, &record, peer);
     let call_back = matches!(outcome, Outcome::ReplyThen(_));
     match outcome {

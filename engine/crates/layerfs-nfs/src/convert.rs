@@ -1,10 +1,9 @@
 //! Between the filesystem's types and NFSv3's wire types.
 
 use layerfs_rpc::xdr::Append;
-use layerfs_vfs::{Attr, Change, FileKind, SetAttr, SetTime, Timestamp};
+use layerfs_vfs::{Attr, Change, FileKind, Timestamp};
 use nfs3_types::nfs3::{
-    fattr3, ftype3, nfstime3, post_op_attr, pre_op_attr, sattr3, set_atime, set_mtime, specdata3,
-    wcc_attr, wcc_data, Nfs3Option,
+    fattr3, ftype3, nfstime3, post_op_attr, pre_op_attr, specdata3, wcc_attr, wcc_data, Nfs3Option,
 };
 
 /// NFSv3 times are unsigned 32-bit seconds: earlier clamps to the epoch,
@@ -13,13 +12,6 @@ pub fn time(t: Timestamp) -> nfstime3 {
     nfstime3 {
         seconds: t.secs.clamp(0, i64::from(u32::MAX)) as u32,
         nseconds: if t.secs < 0 { 0 } else { t.nanos },
-    }
-}
-
-pub fn from_time(t: nfstime3) -> Timestamp {
-    Timestamp {
-        secs: i64::from(t.seconds),
-        nanos: t.nseconds.min(999_999_999),
     }
 }
 
@@ -109,32 +101,6 @@ pub fn wcc_after(after: Option<&Attr>, fsid: u64) -> wcc_data {
     }
 }
 
-pub fn set_attr(s: &sattr3) -> SetAttr {
-    let opt = |o: &Nfs3Option<u32>| match o {
-        Nfs3Option::Some(v) => Some(*v),
-        Nfs3Option::None => None,
-    };
-    SetAttr {
-        mode: opt(&s.mode),
-        uid: opt(&s.uid),
-        gid: opt(&s.gid),
-        size: match s.size {
-            Nfs3Option::Some(v) => Some(v),
-            Nfs3Option::None => None,
-        },
-        atime: match s.atime {
-            set_atime::DONT_CHANGE => SetTime::Keep,
-            set_atime::SET_TO_SERVER_TIME => SetTime::ServerNow,
-            set_atime::SET_TO_CLIENT_TIME(t) => SetTime::Client(from_time(t)),
-        },
-        mtime: match s.mtime {
-            set_mtime::DONT_CHANGE => SetTime::Keep,
-            set_mtime::SET_TO_SERVER_TIME => SetTime::ServerNow,
-            set_mtime::SET_TO_CLIENT_TIME(t) => SetTime::Client(from_time(t)),
-        },
-    }
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -157,7 +123,10 @@ pub(crate) mod tests {
             secs: 1_790_000_000,
             nanos: 123,
         };
-        assert_eq!(from_time(time(now)), now);
+        assert_eq!(
+            (time(now).seconds, time(now).nseconds),
+            (1_790_000_000, 123)
+        );
     }
 
     /// Attributes whose every field is far from zero, with times before

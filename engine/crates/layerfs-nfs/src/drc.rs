@@ -4,7 +4,9 @@
 //!
 //! Keyed on the client's address without the port (clients retransmit after
 //! reconnecting from a new port), the xid, the procedure, the caller's uid
-//! and gid, and the whole arguments: their length and a hash of every byte.
+//! and gid, the file the call's first handle names (as its one decode
+//! found it), and the whole arguments: their length and a hash of every
+//! byte.
 //! The Linux server checksums only the first 256 bytes; on loopback every
 //! client process shares one address and xids coincide, so two WRITEs of
 //! different data at the same offset of one file would match there and the
@@ -31,6 +33,9 @@ use std::net::IpAddr;
 use twox_hash::XxHash3_64;
 
 use layerfs_rpc::{Call, Credentials};
+use layerfs_vfs::FileId;
+
+use crate::handle::FileHandle;
 
 /// Arguments at least this long are hashed after the reply has left: the
 /// hash of 64 KiB takes a few microseconds, of 1 MiB about 45.
@@ -46,11 +51,14 @@ struct Key {
     /// The caller's uid and gid (AUTH_SYS), not its stamp, which the Linux
     /// client renews on a retransmission.
     caller: Option<(u32, u32)>,
+    /// The export and file of the call's first handle, when it checked:
+    /// calls on other files never share an entry, whatever their bytes.
+    file: Option<(u64, FileId)>,
     args_len: usize,
 }
 
 impl Key {
-    fn of(call: &Call<'_>) -> Key {
+    fn of(call: &Call<'_>, file: Option<FileHandle>) -> Key {
         let caller = match call.cred {
             Credentials::Sys(sys) => Some((sys.uid, sys.gid)),
             Credentials::None => None,
@@ -61,6 +69,7 @@ impl Key {
             vers: call.vers,
             proc: call.proc,
             caller,
+            file: file.map(|f| (f.export, f.fileid)),
             args_len: call.args.len(),
         }
     }
@@ -198,9 +207,10 @@ impl ReplyCache {
         }
     }
 
-    /// Looks the call of program `prog` up: a retransmission, or a call to run.
-    pub fn begin(&self, prog: u32, call: &Call<'_>) -> Begun<'_> {
-        let key = Key::of(call);
+    /// Looks the call of program `prog` on `file` up: a retransmission, or
+    /// a call to run.
+    pub fn begin(&self, prog: u32, call: &Call<'_>, file: Option<FileHandle>) -> Begun<'_> {
+        let key = Key::of(call, file);
         if call.args.len() >= HASHED_AFTER_REPLY {
             let mut entries = self.entries.lock();
             if !entries.calls.contains_key(&key) {
@@ -237,8 +247,8 @@ impl ReplyCache {
 
     /// Hashes the arguments of a call whose [`Running::finish`] said they
     /// were still to be, once its reply has left.
-    pub fn hash_after_reply(&self, prog: u32, call: &Call<'_>) {
-        let key = Key::of(call);
+    pub fn hash_after_reply(&self, prog: u32, call: &Call<'_>, file: Option<FileHandle>) {
+        let key = Key::of(call, file);
         let sum = checksum(prog, call);
         let mut entries = self.entries.lock();
         // Only one entry of a key can be unhashed: it was made alone.
@@ -285,7 +295,7 @@ mod tests {
             call(1, "127.0.0.2", b"args", &cred),
             call(1, "127.0.0.1", b"argz", &cred),
         ] {
-            assert!(matches!(cache.begin(NFS, &other), Begun::Run(_)));
+            assert!(matches!(cache.begin(NFS, &other, None), Begun::Run(_)));
         }
     }
 
@@ -321,7 +331,7 @@ mod tests {
         let cred = Credentials::None;
         let first = call(1, "127.0.0.1", b"args", &cred);
         let running = runs(&cache, &first);
-        assert!(matches!(cache.begin(NFS, &first), Begun::InProgress));
+        assert!(matches!(cache.begin(NFS, &first, None), Begun::InProgress));
         // The call panics (or is refused): its entry goes with it.
         let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let _running = running;
@@ -329,7 +339,7 @@ mod tests {
         }));
         assert!(unwound.is_err());
         assert!(
-            matches!(cache.begin(NFS, &first), Begun::Run(_)),
+            matches!(cache.begin(NFS, &first, None), Begun::Run(_)),
             "runs afresh"
         );
     }
@@ -346,7 +356,7 @@ mod tests {
         // it runs, as a call of its own, hashed before it runs.
         let later = runs(&cache, &first).finish(b"r".to_vec());
         assert!(!later);
-        cache.hash_after_reply(NFS, &first);
+        cache.hash_after_reply(NFS, &first, None);
         assert_eq!(replay(&cache, &first), Some(b"r".to_vec()));
 
         let mut other = args.clone();
@@ -369,16 +379,50 @@ mod tests {
         let first = call(1, "127.0.0.1", &args, &cred);
         drop(runs(&cache, &first));
         assert!(
-            matches!(cache.begin(NFS, &first), Begun::Run(_)),
+            matches!(cache.begin(NFS, &first, None), Begun::Run(_)),
             "runs afresh"
         );
+    }
+
+    #[test]
+    fn calls_on_other_files_never_share_an_entry() {
+        let cache = ReplyCache::new(8);
+        let cred = Credentials::None;
+        let file = |fileid| {
+            Some(FileHandle {
+                export: 1,
+                fileid,
+                generation: 0,
+            })
+        };
+        let args = vec![7u8; HASHED_AFTER_REPLY];
+        let first = call(1, "127.0.0.1", &args, &cred);
+        let Begun::Run(running) = cache.begin(NFS, &first, file(10)) else {
+            panic!("a new call")
+        };
+        assert!(running.finish(b"r".to_vec()), "hashed after its reply");
+        // Another file's WRITE whose xid and length coincide (the bytes
+        // are kept alike here): it runs, and it too is hashed only after
+        // its reply; keyed on the bytes alone, it would wait for its hash.
+        let Begun::Run(running) = cache.begin(NFS, &first, file(11)) else {
+            panic!("another file's call ran as a retransmission")
+        };
+        assert!(running.finish(b"s".to_vec()), "hashed after its reply");
+        cache.hash_after_reply(NFS, &first, file(10));
+        cache.hash_after_reply(NFS, &first, file(11));
+        for (fileid, results) in [(10, b"r"), (11, b"s")] {
+            match cache.begin(NFS, &first, file(fileid)) {
+                Begun::Replay(got) => assert_eq!(got, results, "file {fileid}"),
+                other => panic!("file {fileid}: {other:?}"),
+            }
+        }
     }
 
     const NFS: u32 = 100_003;
 
     /// The call, begun as a new one.
     fn runs<'c>(cache: &'c ReplyCache, call: &Call<'_>) -> Running<'c> {
-        match cache.begin(NFS, call) {
+        match cache.begin(NFS, call, None) {
             Begun::Run(running) => running,
             other => panic!("expected to run: {other:?}"),
         }
@@ -387,13 +431,13 @@ mod tests {
     /// Runs the call to its end, its arguments hashed after its reply.
     fn run(cache: &ReplyCache, call: &Call<'_>, results: &[u8]) {
         if runs(cache, call).finish(results.to_vec()) {
-            cache.hash_after_reply(NFS, call);
+            cache.hash_after_reply(NFS, call, None);
         }
     }
 
     /// The results a retransmission gets; `None` if it would run.
     fn replay(cache: &ReplyCache, call: &Call<'_>) -> Option<Vec<u8>> {
-        match cache.begin(NFS, call) {
+        match cache.begin(NFS, call, None) {
             Begun::Replay(results) => Some(results),
             _ => None,
         }

@@ -12,7 +12,7 @@ use crate::Error;
 use nfs3_types::nfs3::nfs_fh3;
 use nfs3_types::xdr_codec::Opaque;
 
-use crate::handle::{FileHandle, HandleKey, SignedHandles};
+use crate::handle::{Checked, FileHandle, HandleKey, SignedHandles};
 
 /// One exported filesystem.
 pub struct Export {
@@ -89,15 +89,15 @@ impl Export {
     /// it needs itself, under its own lock.
     pub fn on<T>(
         &self,
-        fh: &(impl HandleBytes + ?Sized),
+        fh: Checked,
         op: impl FnOnce(FileId) -> layerfs_vfs::Result<T>,
     ) -> Result<T, Error> {
         Ok(op(self.id_of(fh)?)?)
     }
 
     /// The file a handle names, checked to still be the one it was made for.
-    pub fn id_of(&self, fh: &(impl HandleBytes + ?Sized)) -> Result<FileId, Error> {
-        let h = FileHandle::decode(fh.handle_bytes(), self.id, &self.key)?;
+    pub fn id_of(&self, fh: Checked) -> Result<FileId, Error> {
+        let h = fh?;
         self.fs.still_names(h.fileid, h.generation)?;
         Ok(h.fileid)
     }
@@ -108,10 +108,10 @@ impl Export {
     /// the file's attributes if the handle still names it.
     pub fn on_read<T>(
         &self,
-        fh: &(impl HandleBytes + ?Sized),
+        fh: Checked,
         op: impl FnOnce(FileId) -> layerfs_vfs::Result<(T, Attr)>,
     ) -> Result<(T, Attr), (Error, Option<Attr>)> {
-        let h = FileHandle::decode(fh.handle_bytes(), self.id, &self.key).map_err(|e| (e, None))?;
+        let h = fh.map_err(|e| (e, None))?;
         match op(h.fileid) {
             Ok((found, attr)) if attr.generation == h.generation => Ok((found, attr)),
             // The id now names another file: what `op` did was on that one.
@@ -124,10 +124,23 @@ impl Export {
         }
     }
 
-    pub fn resolve(&self, fh: &(impl HandleBytes + ?Sized)) -> Result<(FileId, Attr), Error> {
-        let h = FileHandle::decode(fh.handle_bytes(), self.id, &self.key)?;
+    /// The file a handle names and its attributes.
+    pub fn resolve(&self, fh: Checked) -> Result<(FileId, Attr), Error> {
+        let h = fh?;
         let attr = self.fs.check_generation(h.fileid, h.generation)?;
         Ok((h.fileid, attr))
+    }
+
+    /// Decodes a handle of this export from a call's arguments and checks
+    /// its MAC.
+    pub fn check(&self, bytes: &[u8]) -> Checked {
+        FileHandle::decode(bytes, self.id, &self.key)
+    }
+
+    /// The attributes of the file `fh` names, if it still does: what a
+    /// failure reply tells of it.
+    pub fn attr_after(&self, fh: Checked) -> Option<Attr> {
+        self.resolve(fh).ok().map(|(_, attr)| attr)
     }
 }
 
@@ -150,24 +163,6 @@ impl Export {
             },
             Credentials::None => Caller::nobody(),
         }
-    }
-}
-
-/// A file handle as a client sent it: decoded into an `nfs_fh3`, or
-/// borrowed from the record (the quick procedures' arguments).
-pub trait HandleBytes {
-    fn handle_bytes(&self) -> &[u8];
-}
-
-impl HandleBytes for nfs_fh3 {
-    fn handle_bytes(&self) -> &[u8] {
-        self.data.as_ref()
-    }
-}
-
-impl HandleBytes for [u8] {
-    fn handle_bytes(&self) -> &[u8] {
-        self
     }
 }
 
@@ -232,6 +227,12 @@ impl Exports {
         Some(all.swap_remove(at))
     }
 
+    /// Whether `export` is still served: one found when a call was decoded
+    /// may have been removed before the call runs.
+    pub fn serves(&self, export: &Arc<Export>) -> bool {
+        self.all.read().iter().any(|e| Arc::ptr_eq(e, export))
+    }
+
     pub fn get(&self, id: u64) -> Option<Arc<Export>> {
         self.all.read().iter().find(|e| e.id == id).cloned()
     }
@@ -241,10 +242,9 @@ impl Exports {
     }
 
     /// The export of a call's first handle (every NFS procedure's arguments
-    /// but NULL's start with one): none, a malformed or a forged handle is
+    /// but NULL's start with one): a malformed or a forged handle is
     /// BADHANDLE, one of ours for an export no longer served is STALE.
-    pub fn of_handle(&self, bytes: Option<&[u8]>) -> Result<Arc<Export>, Error> {
-        let bytes = bytes.ok_or(Error::BadHandle)?;
+    pub fn of_handle(&self, bytes: &[u8]) -> Result<Arc<Export>, Error> {
         let handle = FileHandle::unchecked(bytes)?;
         match self.get(handle.export) {
             Some(export) => Ok(export),
@@ -253,34 +253,6 @@ impl Exports {
             }
             None => Err(Error::BadHandle),
         }
-    }
-
-    /// Whether a call on `handle` (with `entry`, on that entry of the
-    /// directory) finishes without long work: a walk to find its file (for
-    /// a handle from before a restart) or, where the call may `change` it,
-    /// a copy-up. A bad handle is answered at once; the MAC is checked when
-    /// the call runs.
-    pub fn is_at_hand(&self, handle: &[u8], entry: Option<&[u8]>, change: bool) -> bool {
-        let Ok(handle) = FileHandle::unchecked(handle) else {
-            return true;
-        };
-        match self.get(handle.export) {
-            Some(export) => {
-                export.fs.hints().knows(handle.fileid)
-                    && !(change && export.fs.hints().may_copy_up(handle.fileid, entry))
-            }
-            None => true,
-        }
-    }
-
-    /// Whether a listing of the directory `handle` names is at hand
-    /// ([`layerfs_vfs::Hints::lists_at_hand`]); a bad handle is answered at once.
-    pub fn lists_at_hand(&self, handle: &[u8], with_attrs: bool) -> bool {
-        let Ok(handle) = FileHandle::unchecked(handle) else {
-            return true;
-        };
-        self.get(handle.export)
-            .is_none_or(|export| export.fs.hints().lists_at_hand(handle.fileid, with_attrs))
     }
 
     /// The export a MNT path names and the rest of the path below it: the

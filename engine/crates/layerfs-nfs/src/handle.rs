@@ -127,6 +127,11 @@ thread_local! {
         const { std::cell::Cell::new(None) };
 }
 
+/// A handle from a call's arguments, decoded and its MAC checked once,
+/// when the call was decoded: the file it names, or why it names none
+/// (BADHANDLE, STALE).
+pub type Checked = Result<FileHandle, Error>;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FileHandle {
     pub export: u64,

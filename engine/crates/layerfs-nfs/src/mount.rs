@@ -4,7 +4,7 @@ use parking_lot::Mutex;
 use std::sync::Arc;
 
 use layerfs_rpc::xdr::Cursor;
-use layerfs_rpc::{Call, Credentials, Program, Refusal, ReplyBuf};
+use layerfs_rpc::{Call, Credentials, DecodedArgs, Program, Refusal, ReplyBuf};
 use nfs3_types::mount::{
     dirpath, export_node, fhandle3, mountbody, mountres3, mountres3_ok, mountstat3, name,
 };
@@ -142,7 +142,12 @@ impl Program for MountProgram {
         Proc::name(proc)
     }
 
-    fn call(&self, call: &Call<'_>, reply: &mut ReplyBuf) -> Result<(), Refusal> {
+    fn call(
+        &self,
+        call: &Call<'_>,
+        _args: &DecodedArgs,
+        reply: &mut ReplyBuf,
+    ) -> Result<(), Refusal> {
         let client = call.peer.map(|p| p.to_string()).unwrap_or_default();
         match Proc::from_number(call.proc).ok_or(Refusal::ProcUnavail)? {
             Proc::Null => Ok(()),

@@ -4,23 +4,25 @@ use std::sync::{Arc, LazyLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::access::granted;
-use layerfs_rpc::{xdr, Call, Credentials, FileTail, Placement, Program, Refusal, ReplyBuf};
-use layerfs_vfs::{Attr, Caller, Change, Create, FileId, FileKind, Stability};
+use layerfs_rpc::{
+    xdr, Call, Credentials, Decoded, DecodedArgs, FileTail, Placement, Program, Refusal, ReplyBuf,
+};
+use layerfs_vfs::{Attr, Caller, Change, Create, FileId, FileKind, SetAttr, Stability, Timestamp};
 use nfs3_types::nfs3::*;
-use nfs3_types::xdr_codec::{Opaque, Pack, Unpack};
+use nfs3_types::xdr_codec::{Opaque, Pack};
 
-use crate::convert::{fattr, from_time, post_op, set_attr, wcc, wcc_after};
+use crate::convert::{fattr, post_op, wcc, wcc_after};
 use crate::drc::{Begun, ReplyCache};
 use crate::error::{status, Error};
 use crate::export::{Export, Exports};
+use crate::handle::Checked;
 use crate::{NFS_PROGRAM, NFS_VERSION};
 
-mod arg_lengths;
 mod args;
 mod listing;
 mod procedures;
 
-use args::WriteArgs;
+use args::{Args, DirOp, Node, Span};
 use procedures::Proc;
 
 /// Largest READ and WRITE; the Linux client uses it as rsize and wsize.
@@ -56,27 +58,60 @@ impl NfsProgram {
         }
     }
 
-    /// Runs a call on the export its handle names.
-    fn run(&self, call: &Call<'_>, reply: &mut ReplyBuf) -> Result<(), Refusal> {
-        let Some(proc) = Proc::from_number(call.proc) else {
-            return Err(Refusal::ProcUnavail);
+    /// Which thread runs a call: what the procedure table says, where the
+    /// filesystem finds every handle's file without walking the tree for it
+    /// and copies nothing up; a SETATTR that sets a size only when the
+    /// connection is idle (a truncation frees pages in time that grows with
+    /// the file); a WRITE only when it asks for no fsync; a listing only
+    /// when the filesystem has it at hand (a directory listed lately: no
+    /// host call per entry, where a cold one could read thousands of
+    /// inodes from disk). A call whose handle is bad is answered at once.
+    fn placement(&self, proc: Proc, a: &CallArgs, bytes: &[u8]) -> Placement {
+        let runs = match a.args {
+            Args::Setattr { set, .. } if set.size.is_some() => Placement::ReaderWhenIdle,
+            Args::Write {
+                stable: Stability::Unstable,
+                data,
+                ..
+            } if data.len() <= MAX_TRANSFER as usize => proc.runs(),
+            Args::Write { .. } => Placement::Worker,
+            _ => proc.runs(),
         };
-        if proc == Proc::Null {
-            return Ok(());
+        let Ok(export) = &a.export else {
+            return Placement::Reader;
+        };
+        if runs == Placement::Worker {
+            return runs;
         }
-        let walk = arg_lengths::walk(proc.lengths(), call.args);
-        if !walk.fits {
-            return Err(Refusal::GarbageArgs);
-        }
-        match self.exports.of_handle(walk.first_handle()) {
-            Ok(export) => Served {
-                export: &export,
-                write_verf: self.write_verf,
-            }
-            .run(proc, call, reply),
-            Err(e) => fail_without_attributes(proc, e, reply),
+        let hints = export.fs.hints();
+        let lists = match a.args {
+            Args::Readdir { .. } => Some(false),
+            Args::Readdirplus { .. } => Some(true),
+            _ => None,
+        };
+        let at_hand = a.args.handles().into_iter().flatten().all(|h| {
+            let Ok(fh) = h.handle else {
+                return true;
+            };
+            let entry = h.entry.map(|name| name.of(bytes));
+            hints.knows(fh.fileid)
+                && !(proc.copies_up() && hints.may_copy_up(fh.fileid, entry))
+                && lists.is_none_or(|with_attrs| hints.lists_at_hand(fh.fileid, with_attrs))
+        });
+        if at_hand {
+            runs
+        } else {
+            Placement::Worker
         }
     }
+}
+
+/// A call's arguments, decoded once by [`NfsProgram::decode`]: the export
+/// its first handle names and the procedure's arguments, each handle in
+/// them checked against that export.
+struct CallArgs {
+    export: Result<Arc<Export>, Error>,
+    args: Args,
 }
 
 /// A failure reply that carries no attributes: the status, then FALSE for
@@ -104,36 +139,63 @@ impl Served<'_> {
         self.export.fs.getattr(id).ok()
     }
 
-    fn run(&self, proc: Proc, call: &Call<'_>, reply: &mut ReplyBuf) -> Result<(), Refusal> {
+    fn run(&self, call: &Call<'_>, args: &Args, reply: &mut ReplyBuf) -> Result<(), Refusal> {
         let who = self.export.caller(call.cred);
-        let a = call.args;
-        match proc {
-            Proc::Null => Ok(()),
-            Proc::Getattr => self.getattr(args::handle(a)?, reply),
-            Proc::Setattr => self.setattr(&who, args(a)?, reply),
-            Proc::Lookup => self.lookup(&who, args::lookup(a)?, reply),
-            Proc::Access => self.access(&who, args::access(a)?, reply),
-            Proc::Readlink => self.readlink(&who, args::handle(a)?, reply),
-            Proc::Read => self.read(&who, args(a)?, reply),
-            Proc::Write => self.write(&who, WriteArgs::decode(a)?, reply),
-            Proc::Create => self.create(&who, args(a)?, reply),
-            Proc::Mkdir => self.mkdir(&who, args(a)?, reply),
-            Proc::Symlink => self.symlink(&who, args(a)?, reply),
-            Proc::Mknod => self.mknod(&who, args(a)?, reply),
-            Proc::Remove => self.remove(&who, args(a)?, reply, false),
-            Proc::Rmdir => self.remove(&who, args(a)?, reply, true),
-            Proc::Rename => self.rename(&who, args(a)?, reply),
-            Proc::Link => self.link(&who, args(a)?, reply),
-            Proc::Readdir => self.readdir(&who, args(a)?, reply),
-            Proc::Readdirplus => self.readdirplus(&who, args(a)?, reply),
-            Proc::Fsstat => self.fsstat(args(a)?, reply),
-            Proc::Fsinfo => self.fsinfo(args(a)?, reply),
-            Proc::Pathconf => self.pathconf(args(a)?, reply),
-            Proc::Commit => self.commit(args(a)?, reply),
+        let bytes = call.args;
+        let name = |s: Span| s.of(bytes);
+        match *args {
+            Args::Null => Ok(()),
+            Args::Getattr(fh) => self.getattr(fh, reply),
+            Args::Setattr { object, set, guard } => self.setattr(&who, (object, set, guard), reply),
+            Args::Lookup(at) => self.lookup(&who, (at.dir, name(at.name)), reply),
+            Args::Access { object, asked } => self.access(&who, (object, asked), reply),
+            Args::Readlink(fh) => self.readlink(&who, fh, reply),
+            Args::Read {
+                file,
+                offset,
+                count,
+            } => self.read(&who, (file, offset, count), reply),
+            Args::Write {
+                file,
+                offset,
+                stable,
+                data,
+            } => self.write(&who, (file, offset, stable, name(data)), reply),
+            Args::Create { at, how } => self.create(&who, (at, name(at.name)), how, reply),
+            Args::Mkdir { at, set } => self.mkdir(&who, (at, name(at.name)), set, reply),
+            Args::Symlink { at, set, target } => {
+                let target = name(target);
+                self.symlink(&who, (at, name(at.name)), set, target, reply)
+            }
+            Args::Mknod { at, node } => self.mknod(&who, (at, name(at.name)), node, reply),
+            Args::Remove(at) => self.remove(&who, (at, name(at.name)), reply, false),
+            Args::Rmdir(at) => self.remove(&who, (at, name(at.name)), reply, true),
+            Args::Rename { from, to } => {
+                let names = (name(from.name), name(to.name));
+                self.rename(&who, (from, to), names, reply)
+            }
+            Args::Link { file, at } => self.link(&who, file, (at, name(at.name)), reply),
+            Args::Readdir {
+                dir,
+                cookie,
+                verf,
+                count,
+            } => self.readdir(&who, (dir, (cookie, verf), count), reply),
+            Args::Readdirplus {
+                dir,
+                cookie,
+                verf,
+                dircount,
+                maxcount,
+            } => self.readdirplus(&who, (dir, (cookie, verf), (maxcount, dircount)), reply),
+            Args::Fsstat(fh) => self.fsstat(fh, reply),
+            Args::Fsinfo(fh) => self.fsinfo(fh, reply),
+            Args::Pathconf(fh) => self.pathconf(fh, reply),
+            Args::Commit { file, .. } => self.commit(file, reply),
         }
     }
 
-    fn getattr(&self, fh: &[u8], reply: &mut ReplyBuf) -> Result<(), Refusal> {
+    fn getattr(&self, fh: Checked, reply: &mut ReplyBuf) -> Result<(), Refusal> {
         let res: GETATTR3res = match self.export.resolve(fh) {
             Ok((_, attr)) => Nfs3Result::Ok(GETATTR3resok {
                 obj_attributes: fattr(&attr, self.fsid()),
@@ -143,22 +205,21 @@ impl Served<'_> {
         put(reply, &res)
     }
 
-    fn setattr(&self, who: &Caller, a: SETATTR3args, reply: &mut ReplyBuf) -> Result<(), Refusal> {
-        let guard = match a.guard {
-            Nfs3Option::Some(ctime) => Some(from_time(ctime)),
-            Nfs3Option::None => None,
-        };
-        let result = self.export.on(&a.object, |id| {
-            self.export
-                .fs
-                .setattr(who, id, &set_attr(&a.new_attributes), guard)
-        });
+    fn setattr(
+        &self,
+        who: &Caller,
+        (object, set, guard): (Checked, SetAttr, Option<Timestamp>),
+        reply: &mut ReplyBuf,
+    ) -> Result<(), Refusal> {
+        let result = self
+            .export
+            .on(object, |id| self.export.fs.setattr(who, id, &set, guard));
         let res: SETATTR3res = match result {
             Ok(change) => Nfs3Result::Ok(SETATTR3resok {
                 obj_wcc: wcc(&change, self.fsid()),
             }),
             Err(e) => {
-                let after = self.export.resolve(&a.object).ok().map(|(_, attr)| attr);
+                let after = self.export.attr_after(object);
                 Nfs3Result::Err((
                     status(e),
                     SETATTR3resfail {
@@ -173,7 +234,7 @@ impl Served<'_> {
     fn lookup(
         &self,
         who: &Caller,
-        (dir, name): (&[u8], &[u8]),
+        (dir, name): (Checked, &[u8]),
         reply: &mut ReplyBuf,
     ) -> Result<(), Refusal> {
         let fs = &self.export.fs;
@@ -196,7 +257,7 @@ impl Served<'_> {
     fn access(
         &self,
         who: &Caller,
-        (fh, asked): (&[u8], u32),
+        (fh, asked): (Checked, u32),
         reply: &mut ReplyBuf,
     ) -> Result<(), Refusal> {
         let res: ACCESS3res = match self.export.resolve(fh) {
@@ -214,7 +275,7 @@ impl Served<'_> {
         put(reply, &res)
     }
 
-    fn readlink(&self, who: &Caller, fh: &[u8], reply: &mut ReplyBuf) -> Result<(), Refusal> {
+    fn readlink(&self, who: &Caller, fh: Checked, reply: &mut ReplyBuf) -> Result<(), Refusal> {
         let result = self
             .export
             .resolve(fh)
@@ -238,16 +299,21 @@ impl Served<'_> {
     /// the kernel sends from the page cache. A small one reads the file
     /// straight into the reply: the header is reserved first and filled in
     /// once the data's length and the attributes are known.
-    fn read(&self, who: &Caller, a: READ3args, reply: &mut ReplyBuf) -> Result<(), Refusal> {
-        let count = a.count.min(MAX_TRANSFER) as usize;
-        let resolved = self.export.resolve(&a.file);
+    fn read(
+        &self,
+        who: &Caller,
+        (file, offset, count): (Checked, u64, u32),
+        reply: &mut ReplyBuf,
+    ) -> Result<(), Refusal> {
+        let count = count.min(MAX_TRANSFER) as usize;
+        let resolved = self.export.resolve(file);
         let (id, attr) = match resolved {
             Ok(found) => found,
             Err(e) => return put(reply, &read_fail(e, None, self.fsid())),
         };
         if count >= SEND_FILE_FROM {
             let source = match self.export.fs.host_files() {
-                Some(files) => files.read_source(who, id, a.offset, count),
+                Some(files) => files.read_source(who, id, offset, count),
                 None => Ok(None),
             };
             match source {
@@ -269,7 +335,7 @@ impl Served<'_> {
         reply.append_with(|body| body.resize(body.len() + *READ_HEADER_LEN, 0));
         let data_at = reply.body_len();
         reply.reserve(count + 4);
-        let read = reply.append_with(|body| self.export.fs.read(who, id, a.offset, count, body));
+        let read = reply.append_with(|body| self.export.fs.read(who, id, offset, count, body));
         match read {
             Ok((eof, attr)) => {
                 let n = reply.body_len() - data_at;
@@ -287,10 +353,14 @@ impl Served<'_> {
         }
     }
 
-    fn write(&self, who: &Caller, a: WriteArgs<'_>, reply: &mut ReplyBuf) -> Result<(), Refusal> {
-        let data = a.data;
-        let result = self.export.on(a.file, |id| {
-            self.export.fs.write(who, id, a.offset, data, a.stable)
+    fn write(
+        &self,
+        who: &Caller,
+        (file, offset, stable, data): (Checked, u64, Stability, &[u8]),
+        reply: &mut ReplyBuf,
+    ) -> Result<(), Refusal> {
+        let result = self.export.on(file, |id| {
+            self.export.fs.write(who, id, offset, data, stable)
         });
         let res: WRITE3res = match result {
             Ok((change, done)) => Nfs3Result::Ok(WRITE3resok {
@@ -304,7 +374,7 @@ impl Served<'_> {
                 verf: self.write_verf,
             }),
             Err(e) => {
-                let after = self.export.resolve(a.file).ok().map(|(_, attr)| attr);
+                let after = self.export.attr_after(file);
                 Nfs3Result::Err((
                     status(e),
                     WRITE3resfail {
@@ -320,7 +390,7 @@ impl Served<'_> {
     /// share one shape: new handle, its attributes, the directory's change.
     fn made(
         &self,
-        dir: &nfs_fh3,
+        dir: Checked,
         result: Result<(Attr, Change), Error>,
         reply: &mut ReplyBuf,
     ) -> Result<(), Refusal> {
@@ -336,8 +406,8 @@ impl Served<'_> {
     }
 
     /// A failed change to a directory: status and what the directory is now.
-    fn dir_fail(&self, e: Error, dir: &nfs_fh3, reply: &mut ReplyBuf) -> Result<(), Refusal> {
-        let after = self.export.resolve(dir).ok().map(|(_, attr)| attr);
+    fn dir_fail(&self, e: Error, dir: Checked, reply: &mut ReplyBuf) -> Result<(), Refusal> {
+        let after = self.export.attr_after(dir);
         put(reply, &status(e))?;
         put(reply, &wcc_after(after.as_ref(), self.fsid()))
     }
@@ -345,99 +415,69 @@ impl Served<'_> {
     fn create(
         &self,
         who: &Caller,
-        a: CREATE3args<'static>,
+        (at, name): (DirOp, &[u8]),
+        how: Create,
         reply: &mut ReplyBuf,
     ) -> Result<(), Refusal> {
-        let how = match &a.how {
-            createhow3::UNCHECKED(s) => Create::Unchecked(set_attr(s)),
-            createhow3::GUARDED(s) => Create::Guarded(set_attr(s)),
-            createhow3::EXCLUSIVE(v) => Create::Exclusive(v.0),
-        };
-        let result = self.export.on(&a.where_.dir, |dir| {
-            self.export.fs.create(who, dir, a.where_.name.as_ref(), how)
-        });
-        self.made(&a.where_.dir, result, reply)
+        let result = self
+            .export
+            .on(at.dir, |dir| self.export.fs.create(who, dir, name, how));
+        self.made(at.dir, result, reply)
     }
 
     fn mkdir(
         &self,
         who: &Caller,
-        a: MKDIR3args<'static>,
+        (at, name): (DirOp, &[u8]),
+        set: SetAttr,
         reply: &mut ReplyBuf,
     ) -> Result<(), Refusal> {
-        let result = self.export.on(&a.where_.dir, |dir| {
-            self.export
-                .fs
-                .mkdir(who, dir, a.where_.name.as_ref(), &set_attr(&a.attributes))
-        });
-        self.made(&a.where_.dir, result, reply)
+        let result = self
+            .export
+            .on(at.dir, |dir| self.export.fs.mkdir(who, dir, name, &set));
+        self.made(at.dir, result, reply)
     }
 
     fn symlink(
         &self,
         who: &Caller,
-        a: SYMLINK3args<'static>,
+        (at, name): (DirOp, &[u8]),
+        set: SetAttr,
+        target: &[u8],
         reply: &mut ReplyBuf,
     ) -> Result<(), Refusal> {
-        let result = self.export.on(&a.where_.dir, |dir| {
-            let set = set_attr(&a.symlink.symlink_attributes);
-            self.export.fs.symlink(
-                who,
-                dir,
-                a.where_.name.as_ref(),
-                a.symlink.symlink_data.as_ref(),
-                &set,
-            )
+        let result = self.export.on(at.dir, |dir| {
+            self.export.fs.symlink(who, dir, name, target, &set)
         });
-        self.made(&a.where_.dir, result, reply)
+        self.made(at.dir, result, reply)
     }
 
     fn mknod(
         &self,
         who: &Caller,
-        a: MKNOD3args<'static>,
+        (at, name): (DirOp, &[u8]),
+        node: Node,
         reply: &mut ReplyBuf,
     ) -> Result<(), Refusal> {
-        let (kind, rdev, set) = match &a.what {
-            mknoddata3::NF3CHR(d) => (
-                FileKind::CharDevice,
-                (d.spec.specdata1, d.spec.specdata2),
-                set_attr(&d.dev_attributes),
-            ),
-            mknoddata3::NF3BLK(d) => (
-                FileKind::BlockDevice,
-                (d.spec.specdata1, d.spec.specdata2),
-                set_attr(&d.dev_attributes),
-            ),
-            mknoddata3::NF3SOCK(s) => (FileKind::Socket, (0, 0), set_attr(s)),
-            mknoddata3::NF3FIFO(s) => (FileKind::Fifo, (0, 0), set_attr(s)),
-            mknoddata3::default => {
-                let after = self
-                    .export
-                    .resolve(&a.where_.dir)
-                    .ok()
-                    .map(|(_, attr)| attr);
-                put(reply, &nfsstat3::NFS3ERR_BADTYPE)?;
-                return put(reply, &wcc_after(after.as_ref(), self.fsid()));
-            }
+        let Some((kind, rdev, set)) = node else {
+            let after = self.export.attr_after(at.dir);
+            put(reply, &nfsstat3::NFS3ERR_BADTYPE)?;
+            return put(reply, &wcc_after(after.as_ref(), self.fsid()));
         };
-        let result = self.export.on(&a.where_.dir, |dir| {
-            self.export
-                .fs
-                .mknod(who, dir, a.where_.name.as_ref(), kind, rdev, &set)
+        let result = self.export.on(at.dir, |dir| {
+            self.export.fs.mknod(who, dir, name, kind, rdev, &set)
         });
-        self.made(&a.where_.dir, result, reply)
+        self.made(at.dir, result, reply)
     }
 
     fn remove(
         &self,
         who: &Caller,
-        a: REMOVE3args<'static>,
+        (at, name): (DirOp, &[u8]),
         reply: &mut ReplyBuf,
         dir_only: bool,
     ) -> Result<(), Refusal> {
-        let result = self.export.on(&a.object.dir, |dir| {
-            let name = a.object.name.as_ref();
+        let result = self.export.on(at.dir, |dir| {
             if dir_only {
                 self.export.fs.rmdir(who, dir, name)
             } else {
@@ -449,23 +489,21 @@ impl Served<'_> {
                 put(reply, &nfsstat3::NFS3_OK)?;
                 put(reply, &wcc(&change, self.fsid()))
             }
-            Err(e) => self.dir_fail(e, &a.object.dir, reply),
+            Err(e) => self.dir_fail(e, at.dir, reply),
         }
     }
 
     fn rename(
         &self,
         who: &Caller,
-        a: RENAME3args<'static, 'static>,
+        (from, to): (DirOp, DirOp),
+        (from_name, to_name): (&[u8], &[u8]),
         reply: &mut ReplyBuf,
     ) -> Result<(), Refusal> {
         let result = (|| -> Result<_, Error> {
-            let from = self.export.id_of(&a.from.dir)?;
-            let to = self.export.id_of(&a.to.dir)?;
-            Ok(self
-                .export
-                .fs
-                .rename(who, from, a.from.name.as_ref(), to, a.to.name.as_ref())?)
+            let from = self.export.id_of(from.dir)?;
+            let to = self.export.id_of(to.dir)?;
+            Ok(self.export.fs.rename(who, from, from_name, to, to_name)?)
         })();
         match result {
             Ok((from, to)) => {
@@ -474,8 +512,8 @@ impl Served<'_> {
                 put(reply, &wcc(&to, self.fsid()))
             }
             Err(e) => {
-                let from = self.export.resolve(&a.from.dir).ok().map(|(_, attr)| attr);
-                let to = self.export.resolve(&a.to.dir).ok().map(|(_, attr)| attr);
+                let from = self.export.attr_after(from.dir);
+                let to = self.export.attr_after(to.dir);
                 put(reply, &status(e))?;
                 put(reply, &wcc_after(from.as_ref(), self.fsid()))?;
                 put(reply, &wcc_after(to.as_ref(), self.fsid()))
@@ -486,13 +524,14 @@ impl Served<'_> {
     fn link(
         &self,
         who: &Caller,
-        a: LINK3args<'static>,
+        file: Checked,
+        (at, name): (DirOp, &[u8]),
         reply: &mut ReplyBuf,
     ) -> Result<(), Refusal> {
         let result = (|| -> Result<_, Error> {
-            let id = self.export.id_of(&a.file)?;
-            let dir = self.export.id_of(&a.link.dir)?;
-            Ok(self.export.fs.link(who, id, dir, a.link.name.as_ref())?)
+            let id = self.export.id_of(file)?;
+            let dir = self.export.id_of(at.dir)?;
+            Ok(self.export.fs.link(who, id, dir, name)?)
         })();
         match result {
             Ok((attr, change)) => put(
@@ -503,8 +542,8 @@ impl Served<'_> {
                 }),
             ),
             Err(e) => {
-                let file = self.export.resolve(&a.file).ok().map(|(_, attr)| attr);
-                let dir = self.export.resolve(&a.link.dir).ok().map(|(_, attr)| attr);
+                let file = self.export.attr_after(file);
+                let dir = self.export.attr_after(at.dir);
                 put(
                     reply,
                     &LINK3res::Err((
@@ -519,10 +558,10 @@ impl Served<'_> {
         }
     }
 
-    fn fsstat(&self, a: FSSTAT3args, reply: &mut ReplyBuf) -> Result<(), Refusal> {
+    fn fsstat(&self, root: Checked, reply: &mut ReplyBuf) -> Result<(), Refusal> {
         let result = self
             .export
-            .resolve(&a.fsroot)
+            .resolve(root)
             .and_then(|(id, attr)| Ok((self.export.fs.fsstat(id)?, attr)));
         let res: FSSTAT3res = match result {
             Ok((s, attr)) => Nfs3Result::Ok(FSSTAT3resok {
@@ -545,8 +584,8 @@ impl Served<'_> {
         put(reply, &res)
     }
 
-    fn fsinfo(&self, a: FSINFO3args, reply: &mut ReplyBuf) -> Result<(), Refusal> {
-        let res: FSINFO3res = match self.export.resolve(&a.fsroot) {
+    fn fsinfo(&self, root: Checked, reply: &mut ReplyBuf) -> Result<(), Refusal> {
+        let res: FSINFO3res = match self.export.resolve(root) {
             Ok((_, attr)) => Nfs3Result::Ok(FSINFO3resok {
                 obj_attributes: post_op(Some(&attr), self.fsid()),
                 rtmax: MAX_TRANSFER,
@@ -573,8 +612,8 @@ impl Served<'_> {
         put(reply, &res)
     }
 
-    fn pathconf(&self, a: PATHCONF3args, reply: &mut ReplyBuf) -> Result<(), Refusal> {
-        let res: PATHCONF3res = match self.export.resolve(&a.object) {
+    fn pathconf(&self, object: Checked, reply: &mut ReplyBuf) -> Result<(), Refusal> {
+        let res: PATHCONF3res = match self.export.resolve(object) {
             Ok((_, attr)) => Nfs3Result::Ok(PATHCONF3resok {
                 obj_attributes: post_op(Some(&attr), self.fsid()),
                 linkmax: 65_000,
@@ -594,8 +633,8 @@ impl Served<'_> {
         put(reply, &res)
     }
 
-    fn commit(&self, a: COMMIT3args, reply: &mut ReplyBuf) -> Result<(), Refusal> {
-        let result = self.export.on(&a.file, |id| self.export.fs.commit(id));
+    fn commit(&self, file: Checked, reply: &mut ReplyBuf) -> Result<(), Refusal> {
+        let result = self.export.on(file, |id| self.export.fs.commit(id));
         let res: COMMIT3res = match result {
             Ok(change) => Nfs3Result::Ok(COMMIT3resok {
                 file_wcc: wcc(&change, self.fsid()),
@@ -604,7 +643,7 @@ impl Served<'_> {
             Err(e) => {
                 let after = self
                     .export
-                    .resolve(&a.file)
+                    .resolve(file)
                     .ok()
                     .and_then(|(id, _)| self.attr_of(id));
                 Nfs3Result::Err((
@@ -626,14 +665,6 @@ fn read_fail(e: impl Into<Error>, attr: Option<&Attr>, fsid: u64) -> READ3res<'s
             file_attributes: post_op(attr, fsid),
         },
     ))
-}
-
-/// Procedures that change something: their retransmissions are answered
-/// from the reply cache.
-fn args<T: Unpack>(mut bytes: &[u8]) -> Result<T, Refusal> {
-    T::unpack(&mut bytes)
-        .map(|(v, _)| v)
-        .map_err(|_| Refusal::GarbageArgs)
 }
 
 pub(crate) fn put(out: &mut impl std::io::Write, value: &impl Pack) -> Result<(), Refusal> {
@@ -677,56 +708,59 @@ impl Program for NfsProgram {
         Proc::from_number(proc).map(Proc::name)
     }
 
-    /// What the procedure table says, where the filesystem finds every
-    /// handle's file without walking the tree for it and copies nothing up;
-    /// a SETATTR that sets a size only when the connection is idle (a
-    /// truncation frees pages in time that grows with the file); a WRITE
-    /// only when it asks for no fsync; a listing only
-    /// when the filesystem has it at hand (a directory listed lately: no
-    /// host call per entry, where a cold one could read thousands of
-    /// inodes from disk).
-    fn placement(&self, call: &Call<'_>) -> Placement {
-        let Some(p) = Proc::from_number(call.proc) else {
-            return Placement::Worker;
+    /// Decodes the arguments once: each handle checked, on the export the
+    /// first one names. A procedure that does not exist is PROC_UNAVAIL, and
+    /// every check is made for the caller a credential names: a call without
+    /// one gets no procedure but NULL.
+    fn decode(&self, call: &Call<'_>) -> Decoded {
+        let Some(proc) = Proc::from_number(call.proc) else {
+            return Decoded::refused(Refusal::ProcUnavail);
         };
-        let walk = arg_lengths::walk(p.lengths(), call.args);
-        if !walk.fits {
-            // Answered GARBAGE_ARGS at once.
-            return Placement::Reader;
+        if proc != Proc::Null && matches!(call.cred, Credentials::None) {
+            return Decoded::refused(Refusal::AuthTooWeak);
         }
-        let runs = match p {
-            Proc::Setattr if walk.sets_size => Placement::ReaderWhenIdle,
-            _ => p.runs(),
+        let mut export = None;
+        let mut check = |bytes: &[u8]| -> Checked {
+            let export = export.get_or_insert_with(|| self.exports.of_handle(bytes));
+            export.as_ref().map_err(|e| *e)?.check(bytes)
         };
-        if runs == Placement::Worker || (p == Proc::Write && !args::is_unstable(walk.rest)) {
-            return Placement::Worker;
-        }
-        let lists = match p {
-            Proc::Readdir => Some(false),
-            Proc::Readdirplus => Some(true),
-            _ => None,
+        let Some(args) = Args::decode(proc, call.args, &mut check) else {
+            return Decoded::refused(Refusal::GarbageArgs);
         };
-        let at_hand = walk.handles().all(|h| {
-            self.exports.is_at_hand(h.handle, h.entry, p.copies_up())
-                && lists.is_none_or(|with_attrs| self.exports.lists_at_hand(h.handle, with_attrs))
-        });
-        if at_hand {
-            runs
-        } else {
-            Placement::Worker
-        }
+        let decoded = CallArgs {
+            export: export.unwrap_or(Err(Error::BadHandle)),
+            args,
+        };
+        Decoded::new(self.placement(proc, &decoded, call.args), decoded)
     }
 
-    fn call(&self, call: &Call<'_>, reply: &mut ReplyBuf) -> Result<(), Refusal> {
-        // Every check is made for the caller a credential names: a call
-        // without one gets no procedure but NULL.
-        if call.proc != Proc::Null as u32 && matches!(call.cred, Credentials::None) {
-            return Err(Refusal::AuthTooWeak);
-        }
-        let Some(proc) = Proc::from_number(call.proc).filter(|p| p.changes()) else {
-            return self.run(call, reply);
+    fn call(
+        &self,
+        call: &Call<'_>,
+        args: &DecodedArgs,
+        reply: &mut ReplyBuf,
+    ) -> Result<(), Refusal> {
+        let a: &CallArgs = args.downcast_ref().ok_or(Refusal::SystemErr)?;
+        let proc = Proc::from_number(call.proc).ok_or(Refusal::ProcUnavail)?;
+        let export = match (&a.export, a.args) {
+            (_, Args::Null) => return Ok(()),
+            // Removed since the call was decoded: its handles are STALE.
+            (Ok(export), _) if !self.exports.serves(export) => {
+                let stale = Error::Fs(layerfs_vfs::Error::Stale);
+                return fail_without_attributes(proc, stale, reply);
+            }
+            (Ok(export), _) => export,
+            (Err(e), _) => return fail_without_attributes(proc, *e, reply),
         };
-        let running = match self.cache.begin(NFS_PROGRAM, call) {
+        let served = Served {
+            export,
+            write_verf: self.write_verf,
+        };
+        if !proc.changes() {
+            return served.run(call, &a.args, reply);
+        }
+        let file = a.args.first_file();
+        let running = match self.cache.begin(NFS_PROGRAM, call, file) {
             Begun::Replay(results) => {
                 tracing::debug!(
                     xid = call.xid,
@@ -748,7 +782,7 @@ impl Program for NfsProgram {
         };
         let start = reply.body_len();
         // Refused or panicking, `running` is dropped and forgets the call.
-        self.run(call, reply)?;
+        served.run(call, &a.args, reply)?;
         if running.finish(reply.body()[start..].to_vec()) {
             reply.call_back_after_sending();
         }
@@ -757,7 +791,10 @@ impl Program for NfsProgram {
 
     /// Hashes a large change's arguments for the reply cache, which the
     /// client did not wait for.
-    fn after_reply(&self, call: &Call<'_>) {
-        self.cache.hash_after_reply(NFS_PROGRAM, call);
+    fn after_reply(&self, call: &Call<'_>, args: &DecodedArgs) {
+        if let Some(a) = args.downcast_ref::<CallArgs>() {
+            self.cache
+                .hash_after_reply(NFS_PROGRAM, call, a.args.first_file());
+        }
     }
 }

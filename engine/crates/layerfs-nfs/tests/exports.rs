@@ -89,10 +89,18 @@ fn each_export_answers_its_own_handles() {
     assert_eq!(lookup_status(&d, 4, &root_b, b"only-in-b"), 0);
 
     // Removed, an export's handles are STALE, and the failure reply is
-    // whole: status, then FALSE for the directory's attributes.
-    exports.remove(11).unwrap();
+    // whole: status, then FALSE for the directory's attributes. A call
+    // decoded before the removal and run after it (queued for a worker)
+    // is STALE too.
     let mut args = xdr_opaque(&root_a);
     args.extend(xdr_opaque(b"only-in-a"));
+    let queued = call_record(5, NFS, 3, &args);
+    let routed = d.route(&queued);
+    exports.remove(11).unwrap();
+    let Outcome::Reply(frame) = d.answer(&routed, &queued, None) else {
+        panic!("dropped")
+    };
+    assert_eq!(words(&frame.bytes()[4 + 24..]), [NFS3ERR_STALE, 0]);
     let body = reply(&d, &call_record(5, NFS, 3, &args));
     assert_eq!(words(&body), [NFS3ERR_STALE, 0]);
     assert_eq!(lookup_status(&d, 6, &root_b, b"only-in-b"), 0);

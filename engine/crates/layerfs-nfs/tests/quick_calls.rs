@@ -54,7 +54,7 @@ fn a_call_on_a_handle_not_yet_known_goes_to_a_worker() {
     lookup.extend(xdr_opaque(b"f"));
     let file = handle_in(&d, &call_record(3, NFS, 3, &lookup));
     let getattr = |fh: &[u8]| call_record(4, NFS, 1, &xdr_opaque(fh));
-    let on = |record: &[u8]| d.placement(&d.route(record), record);
+    let on = |record: &[u8]| d.route(record).placement();
     assert_eq!(on(&call_record(5, NFS, 0, &[])), Placement::Reader, "NULL");
     assert_eq!(on(&getattr(&root)), Placement::Reader);
     assert_eq!(on(&getattr(&file)), Placement::Reader);
@@ -74,18 +74,25 @@ fn a_call_on_a_handle_not_yet_known_goes_to_a_worker() {
     assert_eq!(on(&rename(&dir, &root)), Placement::Reader);
     assert_eq!(on(&setattr(&file)), Placement::Reader, "chmod");
     assert_eq!(on(&truncate(&file)), Placement::ReaderWhenIdle);
+    // COMMIT3args: the file, an offset and a count.
+    let commit = [xdr_opaque(&file), vec![0; 12]].concat();
     assert_eq!(
-        on(&call_record(6, NFS, 21, &xdr_opaque(&file))),
+        on(&call_record(6, NFS, 21, &commit)),
         Placement::Worker,
         "COMMIT"
     );
     // A restart: the file's handle is unknown until a walk finds it.
     let d = dispatcher(export.path());
-    let on = |record: &[u8]| d.placement(&d.route(record), record);
+    let on = |record: &[u8]| d.route(record).placement();
     assert_eq!(on(&getattr(&root)), Placement::Reader);
     assert_eq!(on(&getattr(&file)), Placement::Worker);
     assert_eq!(
-        on(&call_record(7, NFS, 4, &xdr_opaque(&dir))),
+        on(&call_record(
+            7,
+            NFS,
+            4,
+            &[xdr_opaque(&dir), vec![0, 0, 0, 1]].concat()
+        )),
         Placement::Worker,
         "ACCESS"
     );
@@ -113,7 +120,7 @@ fn in_a_layered_workspace_only_changes_that_copy_nothing_up_run_on_the_reader() 
     let mut lookup = xdr_opaque(&root);
     lookup.extend(xdr_opaque(b"f"));
     let file = handle_in(&d, &call_record(2, NFS, 3, &lookup));
-    let on = |record: &[u8]| d.placement(&d.route(record), record);
+    let on = |record: &[u8]| d.route(record).placement();
     assert_eq!(on(&create(&root, b"g")), Placement::Reader);
     assert_eq!(
         on(&call_record(3, NFS, 12, &lookup)),
@@ -192,7 +199,7 @@ fn a_listing_runs_on_the_reader_only_when_kept() {
     std::thread::sleep(std::time::Duration::from_millis(120));
     let d = dispatcher(export.path());
     let root = handle_in(&d, &call_record(1, MOUNT, 1, &xdr_opaque(b"/")));
-    let on = |record: &[u8]| d.placement(&d.route(record), record);
+    let on = |record: &[u8]| d.route(record).placement();
     let peer: Option<IpAddr> = Some("127.0.0.1".parse().unwrap());
     for name in [&b"files"[..], b"dirs"] {
         let mut lookup = xdr_opaque(&root);
@@ -219,7 +226,7 @@ fn a_listing_runs_on_the_reader_only_when_kept() {
     let stack = layerfs_layers::StackFs::open_in_upper(&[lower.path().to_owned()], upper.path());
     let d = dispatcher_of(Arc::new(stack.unwrap()), upper.path());
     let root = handle_in(&d, &call_record(1, MOUNT, 1, &xdr_opaque(b"/")));
-    let on = |record: &[u8]| d.placement(&d.route(record), record);
+    let on = |record: &[u8]| d.route(record).placement();
     assert_eq!(on(&readdirplus(&root)), Placement::Worker, "not listed yet");
     let Outcome::Reply(_) = d.handle(&readdir(&root), peer) else {
         panic!("dropped")

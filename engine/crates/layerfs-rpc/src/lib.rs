@@ -22,7 +22,10 @@ mod timeouts;
 pub mod xdr;
 
 pub use envelope::{AuthSys, Credentials};
-pub use program::{Call, Dispatcher, Outcome, Placement, ProcedureStats, Program, Refusal, Routed};
+pub use program::{
+    Call, Decoded, DecodedArgs, Dispatcher, Outcome, Placement, ProcedureStats, Program, Refusal,
+    Routed,
+};
 pub use record::{Receive, Record, Records, READ_AHEAD, RECORD_LIMIT};
 pub use reply::{FileTail, Frame, ReplyBuf, ReplyWriter, Transmit};
 pub use server::{Admission, Server, ServerConfig, ServerHandle, TransportStats};

@@ -1,13 +1,15 @@
 //! RPC programs and the dispatcher that routes a record to one of them.
 //!
-//! A record's envelope is decoded once, by [`Dispatcher::route`]; the
+//! A record is decoded once, by [`Dispatcher::route`]: its envelope, and
+//! the call's arguments by their program ([`Program::decode`]). The
 //! [`Routed`] it gives is what the later steps of the call's life read: which
-//! thread runs it ([`Dispatcher::placement`]), the call itself
+//! thread runs it ([`Routed::placement`]), the call itself
 //! ([`Dispatcher::answer`]) and the work left for after its reply
 //! ([`Dispatcher::after_reply`]). [`Dispatcher::handle`] is the whole life
 //! of a call without the socket: bytes of one record in, the framed reply
 //! (or nothing) out.
 
+use std::any::Any;
 use std::net::IpAddr;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -64,24 +66,76 @@ pub trait Program: Send + Sync {
     fn versions(&self) -> (u32, u32);
     /// The procedure's name for logs and counters; `None` if it does not exist.
     fn procedure_name(&self, proc: u32) -> Option<&'static str>;
-    /// Which thread runs `call`, a call whose version is within
-    /// `versions()`. Asked on the connection's reader before the call runs;
-    /// `call.peer` is not set.
-    fn placement(&self, call: &Call<'_>) -> Placement {
-        if call.proc == 0 {
+    /// Decodes the arguments of `call`, a call whose version is within
+    /// `versions()`, once: on the connection's reader, before the call runs.
+    /// What it gives is handed to [`call`](Self::call) and
+    /// [`after_reply`](Self::after_reply) on whichever thread its placement
+    /// names; a refusal is answered at once. `call.peer` is not set. By
+    /// default NULL runs on the reader, anything else on a worker, and the
+    /// program decodes its arguments in `call`.
+    fn decode(&self, call: &Call<'_>) -> Decoded {
+        let placement = if call.proc == 0 {
             Placement::Reader
         } else {
             Placement::Worker
-        }
+        };
+        Decoded::new(placement, ())
     }
-    /// Runs a call whose version is within `versions()`, appending the
-    /// procedure's results to `reply` (which already holds the reply header).
-    fn call(&self, call: &Call<'_>, reply: &mut ReplyBuf) -> Result<(), Refusal>;
+    /// Runs a call whose version is within `versions()`, with what
+    /// [`decode`](Self::decode) made of its arguments, appending the
+    /// procedure's results to `reply` (which already holds the reply
+    /// header).
+    fn call(
+        &self,
+        call: &Call<'_>,
+        args: &DecodedArgs,
+        reply: &mut ReplyBuf,
+    ) -> Result<(), Refusal>;
     /// Finishes what a call left for after its reply had left (it asked with
     /// [`ReplyBuf::call_back_after_sending`]): called once, with the same
-    /// call, whether or not the reply could be sent.
-    fn after_reply(&self, call: &Call<'_>) {
-        let _ = call;
+    /// call and arguments, whether or not the reply could be sent.
+    fn after_reply(&self, call: &Call<'_>, args: &DecodedArgs) {
+        let _ = (call, args);
+    }
+}
+
+/// A program's arguments for one call, as its [`Program::decode`] made
+/// them: the program's own type, downcast by the program. They hold no
+/// borrow of the record (spans of the arguments, numbers, shared handles),
+/// so they go with it to a worker. `()`, for a program that decodes in
+/// [`Program::call`], is not allocated.
+pub type DecodedArgs = dyn Any + Send;
+
+/// What [`Program::decode`] made of a call: which thread runs it, and its
+/// arguments, or the refusal that answers it at once on the reader.
+pub struct Decoded {
+    placement: Placement,
+    args: Result<Box<DecodedArgs>, Refusal>,
+}
+
+impl Decoded {
+    pub fn new(placement: Placement, args: impl Any + Send) -> Decoded {
+        Decoded {
+            placement,
+            args: Ok(Box::new(args)),
+        }
+    }
+
+    /// A call answered with `refusal` at once, on the reader.
+    pub fn refused(refusal: Refusal) -> Decoded {
+        Decoded {
+            placement: Placement::Reader,
+            args: Err(refusal),
+        }
+    }
+}
+
+impl std::fmt::Debug for Decoded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Decoded")
+            .field("placement", &self.placement)
+            .field("refused", &self.args.as_ref().err())
+            .finish_non_exhaustive()
     }
 }
 
@@ -120,14 +174,33 @@ pub enum Outcome {
     Dropped,
 }
 
-/// A record whose envelope has been decoded: the call's header and the
-/// program it is for, or what the envelope alone answers. It does not
-/// borrow the record, so it travels with the record to a worker.
+/// A decoded record: the call's header, the program it is for and what
+/// that program made of its arguments, or what the envelope alone answers.
+/// It does not borrow the record, so it travels with the record to a
+/// worker.
 #[derive(Debug)]
 pub struct Routed {
     envelope: Envelope,
     /// The index of the call's program among the dispatcher's.
     program: Option<usize>,
+    /// The program's decode, for a call it serves (its version within the
+    /// program's).
+    decoded: Option<Decoded>,
+}
+
+impl Routed {
+    /// Which thread runs the call (see [`Program::decode`]). Records that
+    /// are not calls a program serves, and calls refused when decoded, are
+    /// answered on the reader: from the envelope, or with the refusal.
+    pub fn placement(&self) -> Placement {
+        match &self.decoded {
+            Some(Decoded {
+                placement,
+                args: Ok(_),
+            }) => *placement,
+            _ => Placement::Reader,
+        }
+    }
 }
 
 /// Calls answered, per program and procedure.
@@ -178,8 +251,8 @@ impl Dispatcher {
         }
     }
 
-    /// Decodes the envelope of `record`: the one decode its call's life
-    /// reads from.
+    /// Decodes `record`: its envelope, and the call's arguments by the
+    /// program it is for. The one decode its call's life reads from.
     pub fn route(&self, record: &[u8]) -> Routed {
         let envelope = envelope::decode_call(record);
         let program = match &envelope {
@@ -189,7 +262,22 @@ impl Dispatcher {
                 .position(|e| e.program.number() == header.prog),
             _ => None,
         };
-        Routed { envelope, program }
+        let mut routed = Routed {
+            envelope,
+            program,
+            decoded: None,
+        };
+        if let Some((entry, call)) = self.served(&routed, record, None) {
+            // A bug in a decoder costs one call, as one in a procedure does.
+            let decoded = panic::catch_unwind(AssertUnwindSafe(|| entry.program.decode(&call)))
+                .unwrap_or_else(|_| {
+                    let name = entry.program.procedure_name(call.proc).unwrap_or("?");
+                    tracing::error!(xid = call.xid, proc = name, "decode panicked");
+                    Decoded::refused(Refusal::SystemErr)
+                });
+            routed.decoded = Some(decoded);
+        }
+        routed
     }
 
     /// The call in `routed` as its program sees it, when it is one the
@@ -208,16 +296,6 @@ impl Dispatcher {
         (low..=high)
             .contains(&header.vers)
             .then(|| (entry, Call::of(header, record, peer)))
-    }
-
-    /// Which thread runs the call `routed` from `record` (see
-    /// [`Program::placement`]). Records that are not calls a program
-    /// serves run on the reader: they are answered from the envelope alone.
-    pub fn placement(&self, routed: &Routed, record: &[u8]) -> Placement {
-        match self.served(routed, record, None) {
-            Some((entry, call)) => entry.program.placement(&call),
-            None => Placement::Reader,
-        }
     }
 
     /// Answers one record received from `peer`: [`route`](Self::route)
@@ -256,7 +334,12 @@ impl Dispatcher {
         let Some((entry, call)) = self.served(routed, record, peer) else {
             return;
         };
-        let done = panic::catch_unwind(AssertUnwindSafe(|| entry.program.after_reply(&call)));
+        let Some(Ok(args)) = routed.decoded.as_ref().map(|d| &d.args) else {
+            return;
+        };
+        let done = panic::catch_unwind(AssertUnwindSafe(|| {
+            entry.program.after_reply(&call, args.as_ref())
+        }));
         if done.is_err() {
             let name = entry.program.procedure_name(call.proc).unwrap_or("?");
             tracing::error!(xid = call.xid, proc = name, "after_reply panicked");
@@ -292,13 +375,19 @@ impl Dispatcher {
         // A bug in a procedure must cost one call, not the worker thread and
         // with it the connection's window slot: it is answered SYSTEM_ERR.
         let started = Instant::now();
-        let outcome =
-            panic::catch_unwind(AssertUnwindSafe(|| entry.program.call(&call, &mut reply)))
-                .unwrap_or_else(|_| {
-                    let name = entry.program.procedure_name(header.proc).unwrap_or("?");
-                    tracing::error!(xid, proc = name, "procedure panicked; answered SYSTEM_ERR");
-                    Err(Refusal::SystemErr)
-                });
+        let outcome = match routed.decoded.as_ref().map(|d| &d.args) {
+            Some(Ok(args)) => panic::catch_unwind(AssertUnwindSafe(|| {
+                entry.program.call(&call, args.as_ref(), &mut reply)
+            }))
+            .unwrap_or_else(|_| {
+                let name = entry.program.procedure_name(header.proc).unwrap_or("?");
+                tracing::error!(xid, proc = name, "procedure panicked; answered SYSTEM_ERR");
+                Err(Refusal::SystemErr)
+            }),
+            Some(Err(refused)) => Err(*refused),
+            // Every call a program serves was decoded by `route`.
+            None => Err(Refusal::SystemErr),
+        };
         entry.latency[slot].record(started.elapsed());
         match outcome {
             Ok(()) => Some(reply),
@@ -378,5 +467,99 @@ impl Dispatcher {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::Arc;
+
+    /// Program 7: procedure 1's arguments are refused when decoded, 2's
+    /// decoder panics, 3's decoder reads a word that its call echoes.
+    struct Decoding {
+        calls: Arc<AtomicUsize>,
+    }
+
+    impl Program for Decoding {
+        fn number(&self) -> u32 {
+            7
+        }
+
+        fn versions(&self) -> (u32, u32) {
+            (1, 1)
+        }
+
+        fn procedure_name(&self, _: u32) -> Option<&'static str> {
+            Some("P")
+        }
+
+        fn decode(&self, call: &Call<'_>) -> Decoded {
+            match call.proc {
+                1 => Decoded::refused(Refusal::GarbageArgs),
+                2 => panic!("a bug in a decoder"),
+                _ => match crate::xdr::Cursor::new(call.args).u32() {
+                    Some(word) => Decoded::new(Placement::Worker, word),
+                    None => Decoded::refused(Refusal::GarbageArgs),
+                },
+            }
+        }
+
+        fn call(
+            &self,
+            _: &Call<'_>,
+            args: &DecodedArgs,
+            reply: &mut ReplyBuf,
+        ) -> Result<(), Refusal> {
+            self.calls.fetch_add(1, Relaxed);
+            let word: &u32 = args.downcast_ref().ok_or(Refusal::SystemErr)?;
+            reply.extend_from_slice(&word.to_be_bytes());
+            Ok(())
+        }
+    }
+
+    fn record(proc: u32, args: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for w in [9, 0, 2, 7, 1, proc, 0, 0, 0, 0] {
+            out.extend_from_slice(&u32::to_be_bytes(w));
+        }
+        out.extend_from_slice(args);
+        out
+    }
+
+    /// The reply's accept_stat and what follows it.
+    fn answer(d: &Dispatcher, record: &[u8]) -> (u32, Vec<u8>) {
+        let Outcome::Reply(frame) = d.handle(record, None) else {
+            panic!("no reply")
+        };
+        let body = &frame.bytes()[4 + 20..];
+        let stat = u32::from_be_bytes(body[..4].try_into().unwrap());
+        (stat, body[4..].to_vec())
+    }
+
+    #[test]
+    fn the_call_gets_what_its_decode_made_and_a_refusal_is_answered_at_once() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let program = Decoding {
+            calls: calls.clone(),
+        };
+        let d = Dispatcher::new(vec![Box::new(program)]);
+        let routed = d.route(&record(3, &[0, 0, 0, 42]));
+        assert_eq!(routed.placement(), Placement::Worker);
+        assert_eq!(
+            answer(&d, &record(3, &[0, 0, 0, 42])),
+            (0, vec![0, 0, 0, 42])
+        );
+        // GARBAGE_ARGS (4), on the reader, without the call.
+        let routed = d.route(&record(1, &[]));
+        assert_eq!(routed.placement(), Placement::Reader);
+        assert_eq!(answer(&d, &record(1, &[])), (4, vec![]));
+        assert_eq!(answer(&d, &record(3, &[0, 0])), (4, vec![]));
+        // A panicking decoder: SYSTEM_ERR (5), and the dispatcher goes on.
+        assert_eq!(answer(&d, &record(2, &[])), (5, vec![]));
+        assert_eq!(answer(&d, &record(3, &[0, 0, 0, 7])), (0, vec![0, 0, 0, 7]));
+        assert_eq!(d.rejected(), 3);
+        assert_eq!(calls.load(Relaxed), 2, "the refused calls never ran");
     }
 }

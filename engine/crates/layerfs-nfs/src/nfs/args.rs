@@ -1,192 +1,415 @@
-//! Arguments decoded in place, borrowing handles, names and WRITE's payload
-//! from the record: `nfs3_types` copies each into a buffer of its own, an
-//! allocation or more per call that the quick procedures and WRITE skip.
+//! Every NFSv3 procedure's arguments (RFC 1813 §3.3), decoded once, when
+//! the call is placed on the connection's reader: the call, on whichever
+//! thread runs it, and the reply cache read what was decoded here.
+//!
+//! Each length is checked against the bytes that follow it before anything
+//! is taken, and nothing is copied or allocated: names, a WRITE's data and a
+//! symlink's target are kept as [`Span`]s of the arguments, so the decode
+//! borrows nothing from the record and travels with it to a worker. Each
+//! handle is decoded and its MAC checked here, once ([`Checked`]). Trailing
+//! bytes after the last field are ignored, as `nfs3_types` did. Hand-written
+//! over the XDR cursor rather than `nfs3_types`, whose decoder copies every
+//! handle and name into a buffer of its own and allocates what a length
+//! claims before reading it (a 6-byte LINK claiming a 4 GiB name, found by
+//! the `nfs_calls` fuzz target).
 
 use layerfs_rpc::xdr::Cursor;
-use layerfs_rpc::Refusal;
-use layerfs_vfs::Stability;
+use layerfs_vfs::{Create, FileKind, SetAttr, SetTime, Stability, Timestamp};
 use nfs3_types::nfs3::NFS3_FHSIZE;
 
-/// WRITE3args with the handle and the data borrowed from the record:
-/// `nfs3_types` would copy both (the payload up to 1 MiB) into buffers of
-/// their own first.
-pub struct WriteArgs<'a> {
-    pub file: &'a [u8],
-    pub offset: u64,
-    pub stable: Stability,
-    pub data: &'a [u8],
+use super::procedures::Proc;
+use crate::error::Error;
+use crate::handle::FileHandle;
+
+/// A handle from a call's arguments, decoded and its MAC checked: the file
+/// it names, or why it names none (BADHANDLE, STALE), answered when the
+/// call runs.
+pub type Checked = Result<FileHandle, Error>;
+
+/// Where a name, a path or data lies in a call's arguments.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Span {
+    at: u32,
+    len: u32,
 }
 
-impl<'a> WriteArgs<'a> {
-    pub fn decode(args: &'a [u8]) -> Result<WriteArgs<'a>, Refusal> {
-        Self::read(&mut Cursor::new(args)).ok_or(Refusal::GarbageArgs)
+impl Span {
+    /// The bytes of `args`, the arguments this span was decoded from.
+    pub fn of(self, args: &[u8]) -> &[u8] {
+        let (at, len) = (self.at as usize, self.len as usize);
+        args.get(at..at + len).unwrap_or_default()
     }
 
-    fn read(r: &mut Cursor<'a>) -> Option<WriteArgs<'a>> {
-        let file = r.opaque(NFS3_FHSIZE)?;
-        let offset = r.u64()?;
-        let count = r.u32()? as usize;
-        let stable = match r.u32()? {
-            0 => Stability::Unstable,
-            1 => Stability::DataSync,
-            2 => Stability::FileSync,
-            _ => return None,
+    pub fn len(self) -> usize {
+        self.len as usize
+    }
+}
+
+/// `diropargs3`: a directory and a name in it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DirOp {
+    pub dir: Checked,
+    pub name: Span,
+}
+
+/// What a MKNOD makes: the kind, its device numbers and attributes; `None`
+/// for a type MKNOD does not make (regular file, directory, symlink),
+/// answered BADTYPE.
+pub type Node = Option<(FileKind, (u32, u32), SetAttr)>;
+
+/// One call's arguments, by procedure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Args {
+    Null,
+    Getattr(Checked),
+    Setattr {
+        object: Checked,
+        set: SetAttr,
+        guard: Option<Timestamp>,
+    },
+    Lookup(DirOp),
+    Access {
+        object: Checked,
+        asked: u32,
+    },
+    Readlink(Checked),
+    Read {
+        file: Checked,
+        offset: u64,
+        count: u32,
+    },
+    Write {
+        file: Checked,
+        offset: u64,
+        stable: Stability,
+        /// `count` bytes, or as many as were sent if fewer.
+        data: Span,
+    },
+    Create {
+        at: DirOp,
+        how: Create,
+    },
+    Mkdir {
+        at: DirOp,
+        set: SetAttr,
+    },
+    Symlink {
+        at: DirOp,
+        set: SetAttr,
+        target: Span,
+    },
+    Mknod {
+        at: DirOp,
+        node: Node,
+    },
+    Remove(DirOp),
+    Rmdir(DirOp),
+    Rename {
+        from: DirOp,
+        to: DirOp,
+    },
+    Link {
+        file: Checked,
+        at: DirOp,
+    },
+    Readdir {
+        dir: Checked,
+        cookie: u64,
+        verf: [u8; 8],
+        count: u32,
+    },
+    Readdirplus {
+        dir: Checked,
+        cookie: u64,
+        verf: [u8; 8],
+        /// The most bytes of names and cookies, and of the whole reply.
+        dircount: u32,
+        maxcount: u32,
+    },
+    Fsstat(Checked),
+    Fsinfo(Checked),
+    Pathconf(Checked),
+    Commit {
+        file: Checked,
+        offset: u64,
+        count: u32,
+    },
+}
+
+/// A handle as it may appear in the arguments: the handle, and the name
+/// after it where the two make a `diropargs3`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HandleArg {
+    pub handle: Checked,
+    pub entry: Option<Span>,
+}
+
+impl Args {
+    /// Decodes `proc`'s arguments; `check` decodes each handle, in order,
+    /// and checks its MAC. `None`: malformed, answered GARBAGE_ARGS.
+    pub fn decode(
+        proc: Proc,
+        args: &[u8],
+        check: &mut impl FnMut(&[u8]) -> Checked,
+    ) -> Option<Args> {
+        let mut r = Reader {
+            cursor: Cursor::new(args),
+            check,
         };
-        // The data's padding may be missing from the end of the record.
-        let len = r.u32()? as usize;
-        let data = r.take(len)?;
-        Some(WriteArgs {
-            file,
-            offset,
-            stable,
-            data: &data[..count.min(len)],
+        let r = &mut r;
+        Some(match proc {
+            Proc::Null => Args::Null,
+            Proc::Getattr => Args::Getattr(r.handle()?),
+            Proc::Setattr => Args::Setattr {
+                object: r.handle()?,
+                set: r.sattr()?,
+                guard: if r.bool()? { Some(r.time()?) } else { None },
+            },
+            Proc::Lookup => Args::Lookup(r.dirop()?),
+            Proc::Access => Args::Access {
+                object: r.handle()?,
+                asked: r.u32()?,
+            },
+            Proc::Readlink => Args::Readlink(r.handle()?),
+            Proc::Read => Args::Read {
+                file: r.handle()?,
+                offset: r.u64()?,
+                count: r.u32()?,
+            },
+            Proc::Write => {
+                let file = r.handle()?;
+                let offset = r.u64()?;
+                let count = r.u32()?;
+                let stable = match r.u32()? {
+                    0 => Stability::Unstable,
+                    1 => Stability::DataSync,
+                    2 => Stability::FileSync,
+                    _ => return None,
+                };
+                // Its padding may be missing from the end of the record.
+                let mut data = r.span_unpadded()?;
+                data.len = data.len.min(count);
+                Args::Write {
+                    file,
+                    offset,
+                    stable,
+                    data,
+                }
+            }
+            Proc::Create => Args::Create {
+                at: r.dirop()?,
+                how: match r.u32()? {
+                    0 => Create::Unchecked(r.sattr()?),
+                    1 => Create::Guarded(r.sattr()?),
+                    2 => Create::Exclusive(r.cursor.take(8)?.try_into().ok()?),
+                    _ => return None,
+                },
+            },
+            Proc::Mkdir => Args::Mkdir {
+                at: r.dirop()?,
+                set: r.sattr()?,
+            },
+            Proc::Symlink => Args::Symlink {
+                at: r.dirop()?,
+                set: r.sattr()?,
+                target: r.span()?,
+            },
+            Proc::Mknod => Args::Mknod {
+                at: r.dirop()?,
+                node: r.node()?,
+            },
+            Proc::Remove => Args::Remove(r.dirop()?),
+            Proc::Rmdir => Args::Rmdir(r.dirop()?),
+            Proc::Rename => Args::Rename {
+                from: r.dirop()?,
+                to: r.dirop()?,
+            },
+            Proc::Link => Args::Link {
+                file: r.handle()?,
+                at: r.dirop()?,
+            },
+            Proc::Readdir => Args::Readdir {
+                dir: r.handle()?,
+                cookie: r.u64()?,
+                verf: r.cursor.take(8)?.try_into().ok()?,
+                count: r.u32()?,
+            },
+            Proc::Readdirplus => Args::Readdirplus {
+                dir: r.handle()?,
+                cookie: r.u64()?,
+                verf: r.cursor.take(8)?.try_into().ok()?,
+                dircount: r.u32()?,
+                maxcount: r.u32()?,
+            },
+            Proc::Fsstat => Args::Fsstat(r.handle()?),
+            Proc::Fsinfo => Args::Fsinfo(r.handle()?),
+            Proc::Pathconf => Args::Pathconf(r.handle()?),
+            Proc::Commit => Args::Commit {
+                file: r.handle()?,
+                offset: r.u64()?,
+                count: r.u32()?,
+            },
         })
     }
+
+    /// The handles, in order, each with the name after it in a
+    /// `diropargs3`: what the call's placement asks the filesystem about.
+    pub fn handles(&self) -> [Option<HandleArg>; 2] {
+        let plain = |handle: Checked| {
+            Some(HandleArg {
+                handle,
+                entry: None,
+            })
+        };
+        let dirop = |d: &DirOp| {
+            Some(HandleArg {
+                handle: d.dir,
+                entry: Some(d.name),
+            })
+        };
+        match self {
+            Args::Null => [None, None],
+            Args::Getattr(h)
+            | Args::Readlink(h)
+            | Args::Fsstat(h)
+            | Args::Fsinfo(h)
+            | Args::Pathconf(h)
+            | Args::Setattr { object: h, .. }
+            | Args::Access { object: h, .. }
+            | Args::Read { file: h, .. }
+            | Args::Write { file: h, .. }
+            | Args::Readdir { dir: h, .. }
+            | Args::Readdirplus { dir: h, .. }
+            | Args::Commit { file: h, .. } => [plain(*h), None],
+            Args::Lookup(at)
+            | Args::Remove(at)
+            | Args::Rmdir(at)
+            | Args::Create { at, .. }
+            | Args::Mkdir { at, .. }
+            | Args::Symlink { at, .. }
+            | Args::Mknod { at, .. } => [dirop(at), None],
+            Args::Rename { from, to } => [dirop(from), dirop(to)],
+            Args::Link { file, at } => [plain(*file), dirop(at)],
+        }
+    }
+
+    /// The file the call is on: its first handle's, when that one checked.
+    pub fn first_file(&self) -> Option<FileHandle> {
+        self.handles()[0].and_then(|h| h.handle.ok())
+    }
 }
 
-/// The handle that GETATTR's and READLINK's arguments are.
-pub fn handle(args: &[u8]) -> Result<&[u8], Refusal> {
-    Cursor::new(args)
-        .opaque(NFS3_FHSIZE)
-        .ok_or(Refusal::GarbageArgs)
+/// The cursor over the arguments and the handle check.
+struct Reader<'a, 'c, C> {
+    cursor: Cursor<'a>,
+    check: &'c mut C,
 }
 
-/// LOOKUP3args: the directory's handle and the name.
-pub fn lookup(args: &[u8]) -> Result<(&[u8], &[u8]), Refusal> {
-    let mut r = Cursor::new(args);
-    let dir = r.opaque(NFS3_FHSIZE).ok_or(Refusal::GarbageArgs)?;
-    let name = r.opaque(usize::MAX).ok_or(Refusal::GarbageArgs)?;
-    Ok((dir, name))
-}
+impl<C: FnMut(&[u8]) -> Checked> Reader<'_, '_, C> {
+    fn u32(&mut self) -> Option<u32> {
+        self.cursor.u32()
+    }
 
-/// ACCESS3args: the handle and the access bits asked about.
-pub fn access(args: &[u8]) -> Result<(&[u8], u32), Refusal> {
-    let mut r = Cursor::new(args);
-    let fh = r.opaque(NFS3_FHSIZE).ok_or(Refusal::GarbageArgs)?;
-    let asked = r.u32().ok_or(Refusal::GarbageArgs)?;
-    Ok((fh, asked))
-}
+    fn u64(&mut self) -> Option<u64> {
+        self.cursor.u64()
+    }
 
-/// Whether WRITE3args, read from past their handle, ask for an UNSTABLE
-/// WRITE of at most [`MAX_TRANSFER`](crate::nfs::MAX_TRANSFER) bytes: a
-/// copy into the page cache, with no fsync to wait for.
-pub fn is_unstable(after_handle: &[u8]) -> bool {
-    let mut r = Cursor::new(after_handle);
-    let head = r.u64().and_then(|_| Some((r.u32()?, r.u32()?)));
-    matches!(head, Some((count, 0)) if count <= crate::nfs::MAX_TRANSFER)
+    /// An XDR bool: 0 or 1, nothing else.
+    fn bool(&mut self) -> Option<bool> {
+        match self.u32()? {
+            0 => Some(false),
+            1 => Some(true),
+            _ => None,
+        }
+    }
+
+    /// `nfs_fh3`: at most 64 bytes, decoded and checked.
+    fn handle(&mut self) -> Option<Checked> {
+        let bytes = self.cursor.opaque(NFS3_FHSIZE)?;
+        Some((self.check)(bytes))
+    }
+
+    /// A name, a path or data, of any length the record holds: a name past
+    /// the protocol's limits gets its status (NAMETOOLONG) when the call
+    /// runs, not GARBAGE_ARGS.
+    fn span(&mut self) -> Option<Span> {
+        let span = self.span_unpadded()?;
+        self.cursor.take(layerfs_rpc::xdr::padding(span.len()))?;
+        Some(span)
+    }
+
+    /// [`span`](Self::span) without its padding.
+    fn span_unpadded(&mut self) -> Option<Span> {
+        let len = self.u32()?;
+        let at = u32::try_from(self.cursor.position()).ok()?;
+        self.cursor.take(len as usize)?;
+        Some(Span { at, len })
+    }
+
+    fn dirop(&mut self) -> Option<DirOp> {
+        Some(DirOp {
+            dir: self.handle()?,
+            name: self.span()?,
+        })
+    }
+
+    fn time(&mut self) -> Option<Timestamp> {
+        Some(Timestamp {
+            secs: i64::from(self.u32()?),
+            nanos: self.u32()?.min(999_999_999),
+        })
+    }
+
+    fn set_time(&mut self) -> Option<SetTime> {
+        Some(match self.u32()? {
+            0 => SetTime::Keep,
+            1 => SetTime::ServerNow,
+            2 => SetTime::Client(self.time()?),
+            _ => return None,
+        })
+    }
+
+    fn optional_u32(&mut self) -> Option<Option<u32>> {
+        Some(if self.bool()? {
+            Some(self.u32()?)
+        } else {
+            None
+        })
+    }
+
+    /// `sattr3`.
+    fn sattr(&mut self) -> Option<SetAttr> {
+        Some(SetAttr {
+            mode: self.optional_u32()?,
+            uid: self.optional_u32()?,
+            gid: self.optional_u32()?,
+            size: if self.bool()? {
+                Some(self.u64()?)
+            } else {
+                None
+            },
+            atime: self.set_time()?,
+            mtime: self.set_time()?,
+        })
+    }
+
+    /// `mknoddata3`.
+    fn node(&mut self) -> Option<Node> {
+        let device = |r: &mut Self, kind| {
+            let set = r.sattr()?;
+            Some(Some((kind, (r.u32()?, r.u32()?), set)))
+        };
+        match self.u32()? {
+            // NF3REG, NF3DIR, NF3LNK
+            1 | 2 | 5 => Some(None),
+            3 => device(self, FileKind::BlockDevice),
+            4 => device(self, FileKind::CharDevice),
+            6 => Some(Some((FileKind::Socket, (0, 0), self.sattr()?))),
+            7 => Some(Some((FileKind::Fifo, (0, 0), self.sattr()?))),
+            _ => None,
+        }
+    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use nfs3_types::nfs3::nfs_fh3;
-    use nfs3_types::nfs3::{stable_how, WRITE3args};
-    use nfs3_types::xdr_codec::Opaque;
-    use nfs3_types::xdr_codec::Pack;
-
-    fn packed(args: &WRITE3args<'_>) -> Vec<u8> {
-        let mut out = Vec::new();
-        args.pack(&mut out).unwrap();
-        out
-    }
-
-    fn sample(data: &[u8]) -> WRITE3args<'_> {
-        WRITE3args {
-            file: nfs_fh3 {
-                data: Opaque::owned(vec![7; 25]),
-            },
-            offset: 0x1_0000_0002,
-            count: data.len() as u32,
-            stable: stable_how::DATA_SYNC,
-            data: Opaque::borrowed(data),
-        }
-    }
-
-    #[test]
-    fn write_args_borrow_the_payload() {
-        let bytes = packed(&sample(b"payload!x"));
-        let a = WriteArgs::decode(&bytes).unwrap();
-        assert_eq!(a.file, &[7; 25]);
-        assert_eq!((a.offset, a.stable), (0x1_0000_0002, Stability::DataSync));
-        assert_eq!(a.data, b"payload!x");
-        let at = bytes.len() - 12;
-        assert!(
-            std::ptr::eq(a.data.as_ptr(), bytes[at..].as_ptr()),
-            "not copied"
-        );
-    }
-
-    #[test]
-    fn the_quick_procedures_arguments_borrow_their_handles_and_names() {
-        use nfs3_types::nfs3::{diropargs3, filename3, ACCESS3args, LOOKUP3args};
-        let fh = nfs_fh3 {
-            data: Opaque::owned(vec![7; 41]),
-        };
-        let mut bytes = Vec::new();
-        let what = diropargs3 {
-            dir: fh.clone(),
-            name: filename3(Opaque::borrowed(b"name")),
-        };
-        LOOKUP3args { what }.pack(&mut bytes).unwrap();
-        let (dir, name) = lookup(&bytes).unwrap();
-        assert_eq!((dir, name), (&[7; 41][..], &b"name"[..]));
-        assert!(
-            std::ptr::eq(dir.as_ptr(), bytes[4..].as_ptr()),
-            "not copied"
-        );
-        for cut in [0, 3, 44, bytes.len() - 5] {
-            assert!(lookup(&bytes[..cut]).is_err(), "cut at {cut}");
-        }
-        let mut bytes = Vec::new();
-        ACCESS3args {
-            object: fh.clone(),
-            access: 0x1f,
-        }
-        .pack(&mut bytes)
-        .unwrap();
-        assert_eq!(access(&bytes).unwrap(), (&[7; 41][..], 0x1f));
-        assert!(access(&bytes[..bytes.len() - 1]).is_err());
-        assert_eq!(handle(&bytes).unwrap(), &[7; 41][..]);
-        let mut long = bytes;
-        long[..4].copy_from_slice(&65u32.to_be_bytes());
-        assert!(handle(&long).is_err(), "past NFSv3's 64 bytes");
-    }
-
-    #[test]
-    fn only_unstable_writes_within_the_transfer_size_are_told_unstable() {
-        use crate::nfs::arg_lengths::{walk, Field};
-        let is_unstable = |args: &[u8]| is_unstable(walk(&[Field::Handle], args).rest);
-        let most = crate::nfs::MAX_TRANSFER as usize;
-        let data = vec![0; most + 1];
-        let mut a = sample(&data[..most]);
-        assert!(!is_unstable(&packed(&a)), "DATA_SYNC");
-        a.stable = stable_how::UNSTABLE;
-        assert!(is_unstable(&packed(&a)));
-        assert!(!is_unstable(&packed(&a)[..40]), "cut before its stability");
-        a.data = Opaque::borrowed(&data);
-        a.count = data.len() as u32;
-        assert!(!is_unstable(&packed(&a)), "past the size");
-    }
-
-    #[test]
-    fn malformed_write_args_are_garbage() {
-        let good = packed(&sample(b"data"));
-        for cut in [0, 3, 20, good.len() - 5] {
-            assert!(WriteArgs::decode(&good[..cut]).is_err(), "cut at {cut}");
-        }
-        let mut long_fh = good.clone();
-        long_fh[..4].copy_from_slice(&65u32.to_be_bytes());
-        assert!(WriteArgs::decode(&long_fh).is_err());
-        let mut huge = good.clone();
-        let len_at = good.len() - 8;
-        huge[len_at..len_at + 4].copy_from_slice(&u32::MAX.to_be_bytes());
-        assert!(
-            WriteArgs::decode(&huge).is_err(),
-            "a length past the record"
-        );
-        let mut bad_stable = good;
-        let stable_at = len_at - 4;
-        bad_stable[stable_at..stable_at + 4].copy_from_slice(&3u32.to_be_bytes());
-        assert!(WriteArgs::decode(&bad_stable).is_err());
-    }
-}
+mod tests;

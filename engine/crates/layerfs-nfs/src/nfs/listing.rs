@@ -13,7 +13,7 @@ use nfs3_types::nfs3::*;
 use super::{put, Served};
 use crate::convert::{append_post_op, post_op};
 use crate::error::{status, Error};
-use crate::handle::LEN as HANDLE_LEN;
+use crate::handle::{Checked, LEN as HANDLE_LEN};
 
 /// What follows a list's last entry: the end-of-list marker and eof, two
 /// XDR booleans.
@@ -26,8 +26,8 @@ impl Served<'_> {
     fn page(
         &self,
         who: &Caller,
-        dir: &nfs_fh3,
-        (cookie, verf): (u64, &cookieverf3),
+        dir: Checked,
+        (cookie, verf): (u64, [u8; 8]),
         max: usize,
         with_attrs: bool,
     ) -> Result<(DirPage, cookieverf3), (Error, Option<Attr>)> {
@@ -40,7 +40,7 @@ impl Served<'_> {
         // Stable per directory and across restarts: cookies are name
         // hashes, valid as long as the directory is the same one.
         let ours = cookieverf3((attr.fileid ^ attr.generation).to_be_bytes());
-        if cookie != 0 && verf.0 != [0; 8] && *verf != ours {
+        if cookie != 0 && verf != [0; 8] && verf != ours.0 {
             return Err((Error::BadCookie, Some(attr)));
         }
         Ok((page, ours))
@@ -49,7 +49,7 @@ impl Served<'_> {
     pub(super) fn readdir(
         &self,
         who: &Caller,
-        a: READDIR3args,
+        (dir, at, budget): (Checked, (u64, [u8; 8]), u32),
         reply: &mut ReplyBuf,
     ) -> Result<(), Refusal> {
         let fail = |e: Error, attr: Option<&Attr>, reply: &mut ReplyBuf| {
@@ -63,10 +63,9 @@ impl Served<'_> {
                 )),
             )
         };
-        let budget = a.count as usize;
+        let budget = budget as usize;
         let most = budget / SIZES.smallest(SIZES.plain) + 2;
-        let at = (a.cookie, &a.cookieverf);
-        let (page, verf) = match self.page(who, &a.dir, at, most, false) {
+        let (page, verf) = match self.page(who, dir, at, most, false) {
             Ok(found) => found,
             Err((e, attr)) => return fail(e, attr.as_ref(), reply),
         };
@@ -84,7 +83,7 @@ impl Served<'_> {
     pub(super) fn readdirplus(
         &self,
         who: &Caller,
-        a: READDIRPLUS3args,
+        (dir, at, budgets): (Checked, (u64, [u8; 8]), (u32, u32)),
         reply: &mut ReplyBuf,
     ) -> Result<(), Refusal> {
         let fail = |e: Error, attr: Option<&Attr>, reply: &mut ReplyBuf| {
@@ -98,15 +97,14 @@ impl Served<'_> {
                 )),
             )
         };
-        let budgets = (a.maxcount as usize, a.dircount as usize);
+        let budgets = (budgets.0 as usize, budgets.1 as usize);
         // Ask the filesystem (and its stat calls) for no more entries than
         // the smallest would fill.
         let most = (budgets.0 / SIZES.smallest(SIZES.plus)).min(match budgets.1 {
             0 => usize::MAX,
             dir => dir / SIZES.smallest(SIZES.dir_info),
         }) + 2;
-        let at = (a.cookie, &a.cookieverf);
-        let (page, verf) = match self.page(who, &a.dir, at, most, true) {
+        let (page, verf) = match self.page(who, dir, at, most, true) {
             Ok(found) => found,
             Err((e, attr)) => return fail(e, attr.as_ref(), reply),
         };

@@ -3,7 +3,7 @@
 
 /// Declares [`Proc`] from the table: one row per procedure.
 macro_rules! procedures {
-    ($($proc:ident = $number:literal, $name:literal, changes: $changes:literal, runs: $runs:ident, copies_up: $copies_up:literal, fail: $fail:literal, lengths: [$($field:ident),*];)*) => {
+    ($($proc:ident = $number:literal, $name:literal, changes: $changes:literal, runs: $runs:ident, copies_up: $copies_up:literal, fail: $fail:literal;)*) => {
         /// An NFSv3 procedure.
         #[derive(Clone, Copy, Debug, PartialEq, Eq)]
         pub enum Proc {
@@ -50,16 +50,6 @@ macro_rules! procedures {
                 }
             }
 
-            /// The arguments' fields up to the last one with a length, and
-            /// SETATTR's attributes (whether they set a size decides where
-            /// it runs), for [`super::arg_lengths::walk`].
-            pub fn lengths(self) -> &'static [super::arg_lengths::Field] {
-                use super::arg_lengths::Field::*;
-                match self {
-                    $(Proc::$proc => &[$($field),*],)*
-                }
-            }
-
             /// The optional attributes (`post_op_attr`, and two per
             /// `wcc_data`) in the procedure's failure reply.
             pub fn optional_attributes_on_failure(self) -> usize {
@@ -72,28 +62,28 @@ macro_rules! procedures {
 }
 
 procedures! {
-    Null = 0, "NULL", changes: false, runs: Reader, copies_up: false, fail: 0, lengths: [];
-    Getattr = 1, "GETATTR", changes: false, runs: Reader, copies_up: false, fail: 0, lengths: [Handle];
-    Setattr = 2, "SETATTR", changes: true, runs: Reader, copies_up: true, fail: 2, lengths: [Handle, Sattr];
-    Lookup = 3, "LOOKUP", changes: false, runs: Reader, copies_up: false, fail: 1, lengths: [Handle, Bytes];
-    Access = 4, "ACCESS", changes: false, runs: Reader, copies_up: false, fail: 1, lengths: [Handle];
-    Readlink = 5, "READLINK", changes: false, runs: Reader, copies_up: false, fail: 1, lengths: [Handle];
-    Read = 6, "READ", changes: false, runs: Worker, copies_up: false, fail: 1, lengths: [Handle];
-    Write = 7, "WRITE", changes: true, runs: ReaderWhenIdle, copies_up: true, fail: 2, lengths: [Handle];
-    Create = 8, "CREATE", changes: true, runs: Reader, copies_up: false, fail: 2, lengths: [Handle, Bytes];
-    Mkdir = 9, "MKDIR", changes: true, runs: Reader, copies_up: false, fail: 2, lengths: [Handle, Bytes];
-    Symlink = 10, "SYMLINK", changes: true, runs: Reader, copies_up: false, fail: 2, lengths: [Handle, Bytes, Sattr, Bytes];
-    Mknod = 11, "MKNOD", changes: true, runs: Reader, copies_up: false, fail: 2, lengths: [Handle, Bytes];
-    Remove = 12, "REMOVE", changes: true, runs: Reader, copies_up: true, fail: 2, lengths: [Handle, Bytes];
-    Rmdir = 13, "RMDIR", changes: true, runs: Reader, copies_up: false, fail: 2, lengths: [Handle, Bytes];
-    Rename = 14, "RENAME", changes: true, runs: Reader, copies_up: true, fail: 4, lengths: [Handle, Bytes, Handle, Bytes];
-    Link = 15, "LINK", changes: true, runs: Reader, copies_up: true, fail: 3, lengths: [Handle, Handle, Bytes];
-    Readdir = 16, "READDIR", changes: false, runs: ReaderWhenIdle, copies_up: false, fail: 1, lengths: [Handle];
-    Readdirplus = 17, "READDIRPLUS", changes: false, runs: ReaderWhenIdle, copies_up: false, fail: 1, lengths: [Handle];
-    Fsstat = 18, "FSSTAT", changes: false, runs: Worker, copies_up: false, fail: 1, lengths: [Handle];
-    Fsinfo = 19, "FSINFO", changes: false, runs: Reader, copies_up: false, fail: 1, lengths: [Handle];
-    Pathconf = 20, "PATHCONF", changes: false, runs: Reader, copies_up: false, fail: 1, lengths: [Handle];
-    Commit = 21, "COMMIT", changes: false, runs: Worker, copies_up: false, fail: 2, lengths: [Handle];
+    Null = 0, "NULL", changes: false, runs: Reader, copies_up: false, fail: 0;
+    Getattr = 1, "GETATTR", changes: false, runs: Reader, copies_up: false, fail: 0;
+    Setattr = 2, "SETATTR", changes: true, runs: Reader, copies_up: true, fail: 2;
+    Lookup = 3, "LOOKUP", changes: false, runs: Reader, copies_up: false, fail: 1;
+    Access = 4, "ACCESS", changes: false, runs: Reader, copies_up: false, fail: 1;
+    Readlink = 5, "READLINK", changes: false, runs: Reader, copies_up: false, fail: 1;
+    Read = 6, "READ", changes: false, runs: Worker, copies_up: false, fail: 1;
+    Write = 7, "WRITE", changes: true, runs: ReaderWhenIdle, copies_up: true, fail: 2;
+    Create = 8, "CREATE", changes: true, runs: Reader, copies_up: false, fail: 2;
+    Mkdir = 9, "MKDIR", changes: true, runs: Reader, copies_up: false, fail: 2;
+    Symlink = 10, "SYMLINK", changes: true, runs: Reader, copies_up: false, fail: 2;
+    Mknod = 11, "MKNOD", changes: true, runs: Reader, copies_up: false, fail: 2;
+    Remove = 12, "REMOVE", changes: true, runs: Reader, copies_up: true, fail: 2;
+    Rmdir = 13, "RMDIR", changes: true, runs: Reader, copies_up: false, fail: 2;
+    Rename = 14, "RENAME", changes: true, runs: Reader, copies_up: true, fail: 4;
+    Link = 15, "LINK", changes: true, runs: Reader, copies_up: true, fail: 3;
+    Readdir = 16, "READDIR", changes: false, runs: ReaderWhenIdle, copies_up: false, fail: 1;
+    Readdirplus = 17, "READDIRPLUS", changes: false, runs: ReaderWhenIdle, copies_up: false, fail: 1;
+    Fsstat = 18, "FSSTAT", changes: false, runs: Worker, copies_up: false, fail: 1;
+    Fsinfo = 19, "FSINFO", changes: false, runs: Reader, copies_up: false, fail: 1;
+    Pathconf = 20, "PATHCONF", changes: false, runs: Reader, copies_up: false, fail: 1;
+    Commit = 21, "COMMIT", changes: false, runs: Worker, copies_up: false, fail: 2;
 }
 
 #[cfg(test)]

@@ -210,7 +210,7 @@ pub(super) fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Sha
         };
         conn.records.fetch_add(1, Relaxed);
         let routed = dispatcher.route(record.as_bytes());
-        let on_reader = match dispatcher.placement(&routed, record.as_bytes()) {
+        let on_reader = match routed.placement() {
             Placement::Reader => true,
             Placement::ReaderWhenIdle => rest == 0 && !conn.window.is_running(),
             Placement::Worker => false,

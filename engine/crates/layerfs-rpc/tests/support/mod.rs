@@ -204,19 +204,21 @@ impl layerfs_rpc::Program for TestProgram {
             .copied()
     }
 
-    fn placement(&self, call: &layerfs_rpc::Call<'_>) -> layerfs_rpc::Placement {
-        match call.proc {
+    fn decode(&self, call: &layerfs_rpc::Call<'_>) -> layerfs_rpc::Decoded {
+        let placement = match call.proc {
             0 => layerfs_rpc::Placement::Reader,
             4 => layerfs_rpc::Placement::ReaderWhenIdle,
             // LATER: on the reader without arguments, on a worker with.
             5 if call.args.is_empty() => layerfs_rpc::Placement::Reader,
             _ => layerfs_rpc::Placement::Worker,
-        }
+        };
+        layerfs_rpc::Decoded::new(placement, ())
     }
 
     fn call(
         &self,
         call: &layerfs_rpc::Call<'_>,
+        _args: &layerfs_rpc::DecodedArgs,
         reply: &mut layerfs_rpc::ReplyBuf,
     ) -> Result<(), layerfs_rpc::Refusal> {
         match call.proc {
@@ -247,7 +249,7 @@ impl layerfs_rpc::Program for TestProgram {
         }
     }
 
-    fn after_reply(&self, call: &layerfs_rpc::Call<'_>) {
+    fn after_reply(&self, call: &layerfs_rpc::Call<'_>, _args: &layerfs_rpc::DecodedArgs) {
         if let Some(hold) = self.hold_after.lock().unwrap().as_ref() {
             let _ = hold.recv();
         }
