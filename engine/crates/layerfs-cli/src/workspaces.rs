@@ -509,18 +509,19 @@ impl Client {
         };
         let per = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
         println!("NFS server on {}", s.nfs);
-        println!("connections      {}", s.connections);
+        let t = &s.transport;
+        println!("connections      {}", t.connections);
         println!(
             "records          {} ({:.2} socket reads per record)",
-            s.records,
-            per(s.socket_reads, s.records)
+            t.records,
+            per(t.socket_reads, t.records)
         );
         println!(
             "replies          {} ({:.2} socket writes per reply)",
-            s.replies,
-            per(s.socket_writes, s.replies)
+            t.replies,
+            per(t.socket_writes, t.replies)
         );
-        println!("bytes in / out   {} / {}", s.bytes_in, s.bytes_out);
+        println!("bytes in / out   {} / {}", t.bytes_in, t.bytes_out);
         println!(
             "{:<6} {:<12} {:>10} {:>10} {:>10}",
             "", "procedure", "calls", "p50 (us)", "p99 (us)"

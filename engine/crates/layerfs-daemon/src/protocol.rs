@@ -5,6 +5,7 @@
 use std::io::{self, BufRead, Read, Write};
 use std::path::PathBuf;
 
+use layerfs_rpc::TransportStats;
 use serde::{Deserialize, Serialize};
 
 use crate::catalog::{Door, MountRecord};
@@ -454,13 +455,9 @@ pub struct WorkspaceInfo {
 pub struct Stats {
     /// Where the NFS server listens.
     pub nfs: String,
-    pub connections: u64,
-    pub records: u64,
-    pub socket_reads: u64,
-    pub replies: u64,
-    pub socket_writes: u64,
-    pub bytes_in: u64,
-    pub bytes_out: u64,
+    /// Its counters, as fields of this answer.
+    #[serde(flatten)]
+    pub transport: TransportStats,
     /// Every procedure called.
     pub procedures: Vec<ProcedureFigures>,
 }
@@ -511,6 +508,38 @@ pub fn write_message(output: &mut impl Write, message: &impl Serialize) -> io::R
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stats_carry_the_transport_counters_as_fields_of_their_own() {
+        let stats = Stats {
+            nfs: "127.0.0.1:2049".into(),
+            transport: TransportStats {
+                connections: 1,
+                records: 2,
+                socket_reads: 3,
+                replies: 4,
+                socket_writes: 5,
+                bytes_in: 6,
+                bytes_out: 7,
+            },
+            procedures: Vec::new(),
+        };
+        let json: serde_json::Value = serde_json::to_value(&stats).unwrap();
+        // The fields a client of an earlier daemon reads, by name.
+        let names = [
+            "connections",
+            "records",
+            "socket_reads",
+            "replies",
+            "socket_writes",
+            "bytes_in",
+            "bytes_out",
+        ];
+        for (n, name) in names.into_iter().enumerate() {
+            assert_eq!(json[name], n as u64 + 1, "{name}");
+        }
+        assert_eq!(serde_json::from_value::<Stats>(json).unwrap(), stats);
+    }
 
     #[test]
     fn messages_are_lines_within_the_cap() {

@@ -77,6 +77,7 @@ impl Default for ServerConfig {
 
 /// Counters of the transport, for one connection or summed over a server.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct TransportStats {
     pub connections: u64,
     pub records: u64,

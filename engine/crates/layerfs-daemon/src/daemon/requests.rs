@@ -625,16 +625,9 @@ impl Daemon {
         let server = server
             .as_ref()
             .ok_or_else(|| failed("the NFS server is not running"))?;
-        let t = server.stats();
         Ok(Stats {
             nfs: server.local_addr().to_string(),
-            connections: t.connections,
-            records: t.records,
-            socket_reads: t.socket_reads,
-            replies: t.replies,
-            socket_writes: t.socket_writes,
-            bytes_in: t.bytes_in,
-            bytes_out: t.bytes_out,
+            transport: server.stats(),
             procedures: server
                 .dispatcher()
                 .procedures()
