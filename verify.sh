@@ -197,6 +197,7 @@ check "daemon killed at every step" tests/daemon/crash.sh target/release/layerfs
 echo "-- images from a registry: docker-registry on 127.0.0.1, umoci and skopeo to compare"
 check "registry pulls" tests/registry/pull.sh target/release/layerfs
 check "lazy pulls" tests/registry/lazy.sh target/release/layerfs
+check "podman reads layerfs's lazy images" tests/registry/podman.sh target/release/layerfs
 
 step "end to end: the Linux kernel NFSv3 client (QEMU)"
 if command -v qemu-system-x86_64 >/dev/null && command -v busybox >/dev/null; then

@@ -23,6 +23,7 @@ mod zstd_chunked;
 
 pub use estargz::TOC_DIGEST;
 pub use zstd_chunked::MANIFEST_CHECKSUM;
+pub(crate) use zstd_chunked::PREFIXES as ZSTD_CHUNKED_PREFIXES;
 
 /// What a blob is: its digest, its size, the digest of the tar in it, and
 /// where it is known to be.
@@ -356,6 +357,18 @@ mod tests {
             ..Default::default()
         };
         let lazy = Format::of(&descriptor).unwrap().expect("a lazy format");
+        if format == BlobFormat::ZstdChunked {
+            // Under both prefixes, alike: podman 4 reads only the older.
+            let notes: std::collections::HashMap<_, _> = info.annotations.iter().cloned().collect();
+            for name in ["manifest-checksum", "manifest-position"] {
+                let [current, older] =
+                    ZSTD_CHUNKED_PREFIXES.map(|p| notes.get(&format!("{p}{name}")));
+                assert!(
+                    current.is_some() && current == older,
+                    "{name}: {current:?} {older:?}"
+                );
+            }
+        }
         let (json, toc_at) = match &lazy {
             Format::Estargz { toc_digest } => {
                 let at = estargz_toc_offset(&blob[blob.len() - 51..]).unwrap();

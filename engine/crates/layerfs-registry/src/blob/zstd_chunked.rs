@@ -5,8 +5,13 @@
 //! a skippable frame of 64 bytes that says where it is. The descriptor's
 //! annotations say the same and pin the table's compressed bytes.
 //!
-//! No tar-split data is written: containers/storage takes a layer without
-//! it whole instead of in parts.
+//! No tar-split data is written: newer containers/storage (podman 5) takes
+//! a layer without it whole instead of in parts.
+//!
+//! The annotations are written under both prefixes containers/storage has
+//! used ([`PREFIXES`]): podman 4 (Debian 12's 4.3.1) reads only the older
+//! one, and pulls such a layer in parts with it; newer readers read the
+//! newer one.
 
 use std::io::{self, Write};
 
@@ -16,9 +21,15 @@ use sha2::{Digest, Sha256};
 use super::toc::CHUNK;
 use super::toc::{Finished, Frames, Toc};
 
-/// The annotations a lazy pull finds the table through.
+/// The annotations' prefixes: containers/storage's current one, and the
+/// one older skopeo and podman write and read.
+pub(crate) const PREFIXES: [&str; 2] = [
+    "io.github.containers.zstd-chunked.",
+    "io.containers.zstd-chunked.",
+];
+
+/// The annotation that pins the table, under the current prefix.
 pub const MANIFEST_CHECKSUM: &str = "io.github.containers.zstd-chunked.manifest-checksum";
-const MANIFEST_POSITION: &str = "io.github.containers.zstd-chunked.manifest-position";
 
 /// `ManifestTypeCRFS`: the table is a CRFS table of contents.
 const CRFS: u64 = 1;
@@ -51,16 +62,17 @@ pub(super) fn finish<W: Write>(
     }
     footer.extend_from_slice(FOOTER_MAGIC);
     out.write_all(&skippable(&footer))?;
-    let notes = vec![
-        (
-            MANIFEST_CHECKSUM.to_owned(),
-            format!("sha256:{}", crate::hex(&Sha256::digest(&table))),
-        ),
-        (
-            MANIFEST_POSITION.to_owned(),
-            format!("{at}:{}:{}:{CRFS}", table.len(), json.len()),
-        ),
-    ];
+    let checksum = format!("sha256:{}", crate::hex(&Sha256::digest(&table)));
+    let position = format!("{at}:{}:{}:{CRFS}", table.len(), json.len());
+    let notes = PREFIXES
+        .iter()
+        .flat_map(|prefix| {
+            [
+                (format!("{prefix}manifest-checksum"), checksum.clone()),
+                (format!("{prefix}manifest-position"), position.clone()),
+            ]
+        })
+        .collect();
     Ok(Finished {
         annotations: notes,
         out,

@@ -36,12 +36,6 @@ use crate::{Error, ErrorKind};
 pub const MAX_TOC: u64 = 256 * 1024 * 1024;
 
 pub(crate) const ESTARGZ_TOC_DIGEST: &str = "containerd.io/snapshot/stargz/toc.digest";
-/// The zstd:chunked annotations' prefixes: containers/storage's current
-/// one, and the one older skopeo and podman write.
-const ZSTD_CHUNKED_PREFIXES: [&str; 2] = [
-    "io.github.containers.zstd-chunked.",
-    "io.containers.zstd-chunked.",
-];
 
 /// The size of an eStargz blob's footer.
 pub(crate) const ESTARGZ_FOOTER: u64 = 51;
@@ -80,7 +74,7 @@ impl Format {
             }));
         }
         let note = |name: &str| {
-            ZSTD_CHUNKED_PREFIXES
+            crate::blob::ZSTD_CHUNKED_PREFIXES
                 .iter()
                 .find_map(|prefix| notes.get(&format!("{prefix}{name}")))
         };
