@@ -142,12 +142,13 @@ impl Served<'_> {
     fn run(&self, call: &Call<'_>, args: &Args, reply: &mut ReplyBuf) -> Result<(), Refusal> {
         let who = self.export.caller(call.cred);
         let bytes = call.args;
-        let name = |s: Span| s.of(bytes);
+        // A name, a path or data, as the decode found it in the arguments.
+        let arg = |s: Span| s.of(bytes);
         match *args {
             Args::Null => Ok(()),
             Args::Getattr(fh) => self.getattr(fh, reply),
             Args::Setattr { object, set, guard } => self.setattr(&who, (object, set, guard), reply),
-            Args::Lookup(at) => self.lookup(&who, (at.dir, name(at.name)), reply),
+            Args::Lookup(at) => self.lookup(&who, (at.dir, arg(at.name)), reply),
             Args::Access { object, asked } => self.access(&who, (object, asked), reply),
             Args::Readlink(fh) => self.readlink(&who, fh, reply),
             Args::Read {
@@ -160,21 +161,21 @@ impl Served<'_> {
                 offset,
                 stable,
                 data,
-            } => self.write(&who, (file, offset, stable, name(data)), reply),
-            Args::Create { at, how } => self.create(&who, (at, name(at.name)), how, reply),
-            Args::Mkdir { at, set } => self.mkdir(&who, (at, name(at.name)), set, reply),
+            } => self.write(&who, (file, offset, stable, arg(data)), reply),
+            Args::Create { at, how } => self.create(&who, (at, arg(at.name)), how, reply),
+            Args::Mkdir { at, set } => self.mkdir(&who, (at, arg(at.name)), set, reply),
             Args::Symlink { at, set, target } => {
-                let target = name(target);
-                self.symlink(&who, (at, name(at.name)), set, target, reply)
+                let target = arg(target);
+                self.symlink(&who, (at, arg(at.name)), set, target, reply)
             }
-            Args::Mknod { at, node } => self.mknod(&who, (at, name(at.name)), node, reply),
-            Args::Remove(at) => self.remove(&who, (at, name(at.name)), reply, false),
-            Args::Rmdir(at) => self.remove(&who, (at, name(at.name)), reply, true),
+            Args::Mknod { at, node } => self.mknod(&who, (at, arg(at.name)), node, reply),
+            Args::Remove(at) => self.remove(&who, (at, arg(at.name)), reply, false),
+            Args::Rmdir(at) => self.remove(&who, (at, arg(at.name)), reply, true),
             Args::Rename { from, to } => {
-                let names = (name(from.name), name(to.name));
+                let names = (arg(from.name), arg(to.name));
                 self.rename(&who, (from, to), names, reply)
             }
-            Args::Link { file, at } => self.link(&who, file, (at, name(at.name)), reply),
+            Args::Link { file, at } => self.link(&who, file, (at, arg(at.name)), reply),
             Args::Readdir {
                 dir,
                 cookie,
