@@ -4,9 +4,13 @@
 
 use std::time::Duration;
 
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+
 use fuser::{
-    Errno, FileAttr, FileHandle, FopenFlags, Generation, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyWrite, ReplyXattr,
+    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr,
 };
 
 use crate::backing::Backing;
@@ -60,6 +64,43 @@ pub trait CreateAnswer: Answer {
     );
 }
 
+/// A listing (READDIR): entries added until the reply is full, then sent.
+pub trait ListingAnswer: Answer {
+    /// Adds an entry; true when the reply had no room left for it.
+    fn add(&mut self, ino: INodeNo, cookie: u64, kind: FileType, name: &[u8]) -> bool;
+    fn ok(self);
+}
+
+/// A listing with each entry's attributes (READDIRPLUS).
+pub trait ListingPlusAnswer: Answer {
+    /// Adds an entry; true when the reply had no room left for it.
+    fn add(
+        &mut self,
+        cookie: u64,
+        name: &[u8],
+        ttl: &Duration,
+        attr: &FileAttr,
+        generation: Generation,
+    ) -> bool;
+    fn ok(self);
+}
+
+/// What STATFS tells: the filesystem's figures in blocks of `block` bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Statfs {
+    pub blocks: u64,
+    pub free: u64,
+    pub available: u64,
+    pub files: u64,
+    pub free_files: u64,
+    pub block: u32,
+    pub name_max: u32,
+}
+
+pub trait StatfsAnswer: Answer {
+    fn statfs(self, figures: Statfs);
+}
+
 macro_rules! errors {
     ($($reply:ty),*) => {$(
         impl Answer for $reply {
@@ -78,8 +119,56 @@ errors!(
     ReplyWrite,
     ReplyXattr,
     ReplyOpen,
-    ReplyCreate
+    ReplyCreate,
+    ReplyDirectory,
+    ReplyDirectoryPlus,
+    ReplyStatfs
 );
+
+impl ListingAnswer for ReplyDirectory {
+    fn add(&mut self, ino: INodeNo, cookie: u64, kind: FileType, name: &[u8]) -> bool {
+        ReplyDirectory::add(self, ino, cookie, kind, OsStr::from_bytes(name))
+    }
+
+    fn ok(self) {
+        ReplyDirectory::ok(self)
+    }
+}
+
+impl ListingPlusAnswer for ReplyDirectoryPlus {
+    fn add(
+        &mut self,
+        cookie: u64,
+        name: &[u8],
+        ttl: &Duration,
+        attr: &FileAttr,
+        generation: Generation,
+    ) -> bool {
+        let name = OsStr::from_bytes(name);
+        ReplyDirectoryPlus::add(self, attr.ino, cookie, name, ttl, attr, generation)
+    }
+
+    fn ok(self) {
+        ReplyDirectoryPlus::ok(self)
+    }
+}
+
+impl StatfsAnswer for ReplyStatfs {
+    fn statfs(self, s: Statfs) {
+        let (blocks, block) = (s.blocks, s.block);
+        ReplyStatfs::statfs(
+            self,
+            blocks,
+            s.free,
+            s.available,
+            s.files,
+            s.free_files,
+            block,
+            s.name_max,
+            block,
+        )
+    }
+}
 
 impl EntryAnswer for ReplyEntry {
     fn entry(self, ttl: &Duration, attr: &FileAttr, generation: Generation) {

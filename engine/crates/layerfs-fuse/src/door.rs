@@ -32,8 +32,8 @@ use layerfs_vfs::{
 use rustix::fs::{Gid, Uid};
 
 use crate::answer::{
-    AttrAnswer, CreateAnswer, DataAnswer, EmptyAnswer, EntryAnswer, OpenAnswer, WriteAnswer,
-    XattrAnswer,
+    AttrAnswer, CreateAnswer, DataAnswer, EmptyAnswer, EntryAnswer, ListingAnswer,
+    ListingPlusAnswer, OpenAnswer, Statfs, StatfsAnswer, WriteAnswer, XattrAnswer,
 };
 use crate::attrs::{kind, kind_of_mode, timestamp, Caching, Inos};
 use crate::backing::Backing;
@@ -44,9 +44,12 @@ use crate::opens::{Held, OpenFiles, Way, CACHED, PASSTHROUGH};
 use crate::privilege;
 
 /// Largest WRITE the kernel sends; also its readahead.
+mod dirs;
 mod entries;
 mod files;
 mod passthrough;
+#[cfg(test)]
+mod testing;
 mod xattrs;
 
 pub const MAX_WRITE: u32 = 1 << 20;
@@ -270,10 +273,6 @@ impl Door {
         self
     }
 
-    fn caller(&self, req: &Request) -> Caller {
-        self.caller_of(Who::of(req))
-    }
-
     fn caller_of(&self, who: Who) -> Caller {
         self.callers.caller(who.uid, who.gid, who.pid)
     }
@@ -299,45 +298,6 @@ impl Door {
         match after {
             Some(a) => Ok(a),
             None => self.fs.getattr(id),
-        }
-    }
-
-    /// Entries after `offset`, each with its attributes, to `add` until it
-    /// says the reply is full. `fit` is about how many entries a reply holds:
-    /// every entry asked for costs the filesystem a stat, and those past a
-    /// full reply are asked for again by the next call.
-    fn list(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        offset: u64,
-        fit: usize,
-        mut add: impl FnMut(&Attr, &[u8], u64) -> bool,
-    ) -> layerfs_vfs::Result<()> {
-        let caller = self.caller(req);
-        let dir = self.id(ino);
-        let mut cookie = offset;
-        loop {
-            let page = self.fs.readdir(&caller, dir, cookie, fit, true)?;
-            for e in &page.entries {
-                cookie = e.cookie;
-                let attr = match e.attr {
-                    Some(a) => a,
-                    // The dots come without attributes from some listings;
-                    // other entries without them vanished while listed.
-                    None if e.cookie <= 2 => match self.fs.getattr(e.fileid) {
-                        Ok(a) => a,
-                        Err(_) => continue,
-                    },
-                    None => continue,
-                };
-                if add(&attr, &e.name, e.cookie) {
-                    return Ok(());
-                }
-            }
-            if page.eof || page.entries.is_empty() {
-                return Ok(());
-            }
         }
     }
 }
@@ -485,10 +445,7 @@ impl fuser::Filesystem for Door {
     }
 
     fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.fs.readlink(&self.caller(req), self.id(ino)) {
-            Ok(target) => reply.data(&target),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.readlink_as(Who::of(req), ino, reply)
     }
 
     fn mknod(
@@ -501,24 +458,7 @@ impl fuser::Filesystem for Door {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let caller = self.caller(req);
-        let set = with_mode(mode);
-        let (dir, name) = (self.id(parent), name_bytes(name));
-        let result = match kind_of_mode(mode) {
-            Some(FileKind::Regular) => self
-                .fs
-                .create(&caller, dir, name, Create::Guarded(set))
-                .map(|(a, _)| a),
-            Some(FileKind::Directory) | Some(FileKind::Symlink) | None => Err(Error::Inval),
-            Some(k) => {
-                let dev = rdev as libc::dev_t;
-                let numbers = (libc::major(dev), libc::minor(dev));
-                self.fs
-                    .make(&caller, dir, name, NewEntry::Node(k, numbers), &set)
-                    .map(|(a, _)| a)
-            }
-        };
-        self.entry(reply, result)
+        self.mknod_as(Who::of(req), parent, name_bytes(name), (mode, rdev), reply)
     }
 
     fn mkdir(
@@ -530,12 +470,7 @@ impl fuser::Filesystem for Door {
         _umask: u32,
         reply: ReplyEntry,
     ) {
-        let set = with_mode(mode);
-        let result = self
-            .fs
-            .mkdir(&self.caller(req), self.id(parent), name_bytes(name), &set)
-            .map(|(a, _)| a);
-        self.entry(reply, result)
+        self.mkdir_as(Who::of(req), parent, name_bytes(name), mode, reply)
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -543,11 +478,7 @@ impl fuser::Filesystem for Door {
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        done(
-            reply,
-            self.fs
-                .rmdir(&self.caller(req), self.id(parent), name_bytes(name)),
-        )
+        self.rmdir_as(Who::of(req), parent, name_bytes(name), reply)
     }
 
     fn symlink(
@@ -558,17 +489,8 @@ impl fuser::Filesystem for Door {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        let result = self
-            .fs
-            .symlink(
-                &self.caller(req),
-                self.id(parent),
-                name_bytes(link_name),
-                target.as_os_str().as_bytes(),
-                &SetAttr::default(),
-            )
-            .map(|(a, _)| a);
-        self.entry(reply, result)
+        let (name, target) = (name_bytes(link_name), target.as_os_str().as_bytes());
+        self.symlink_as(Who::of(req), parent, name, target, reply)
     }
 
     fn rename(
@@ -581,19 +503,8 @@ impl fuser::Filesystem for Door {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        // RENAME_NOREPLACE and RENAME_EXCHANGE are not offered: callers
-        // (mv -n, for one) fall back to a plain rename on EINVAL.
-        if !flags.is_empty() {
-            return reply.error(Errno::EINVAL);
-        }
-        let result = self.fs.rename(
-            &self.caller(req),
-            self.id(parent),
-            name_bytes(name),
-            self.id(newparent),
-            name_bytes(newname),
-        );
-        done(reply, result)
+        let (from, to) = ((parent, name_bytes(name)), (newparent, name_bytes(newname)));
+        self.rename_as(Who::of(req), from, to, flags, reply)
     }
 
     fn link(
@@ -604,16 +515,7 @@ impl fuser::Filesystem for Door {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        let result = self
-            .fs
-            .link(
-                &self.caller(req),
-                self.id(ino),
-                self.id(newparent),
-                name_bytes(newname),
-            )
-            .map(|(a, _)| a);
-        self.entry(reply, result)
+        self.link_as(Who::of(req), ino, (newparent, name_bytes(newname)), reply)
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -687,20 +589,9 @@ impl fuser::Filesystem for Door {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let id = self.id(ino);
-        let committed = self.fs.commit(id).map(drop);
-        done(
-            reply,
-            self.or_held(id, false, committed, |file| match datasync {
-                true => hostdir::sync_data(file),
-                false => hostdir::sync_all(file),
-            }),
-        )
+        self.fsync_as(ino, datasync, reply)
     }
 
-    /// The modes of fallocate(2) the filesystem offers; others (zero,
-    /// collapse or insert a range) are EOPNOTSUPP, and `posix_fallocate`
-    /// falls back to writing.
     fn fallocate(
         &self,
         _req: &Request,
@@ -711,30 +602,11 @@ impl fuser::Filesystem for Door {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        let how = match mode {
-            0 => Allocate::Extend,
-            libc::FALLOC_FL_KEEP_SIZE => Allocate::KeepSize,
-            m if m == libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE => Allocate::PunchHole,
-            _ => return reply.error(Errno::EOPNOTSUPP),
-        };
-        let id = self.id(ino);
-        let done_here = self.fs.allocate(id, offset, length, how).map(drop);
-        done(
-            reply,
-            self.or_held(id, true, done_here, |file| {
-                hostdir::allocate(file, offset, length, how)
-            }),
-        )
+        self.fallocate_as(ino, (offset, length), mode, reply)
     }
 
     fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let flags = match self.caching {
-            // A listing changes only through this door, which tells the
-            // kernel when: keep it across opens.
-            Caching::Exclusive => FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
-            Caching::Shared => FopenFlags::empty(),
-        };
-        reply.opened(FileHandle(0), flags);
+        reply.opened(FileHandle(0), self.opendir_flags());
     }
 
     fn readdir(
@@ -743,21 +615,9 @@ impl fuser::Filesystem for Door {
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
-        mut reply: ReplyDirectory,
+        reply: ReplyDirectory,
     ) {
-        // A 4 KiB reply holds about 100 entries of short names.
-        let listed = self.list(req, ino, offset, 112, |attr, name, cookie| {
-            reply.add(
-                self.inos.ino(attr.fileid),
-                cookie,
-                kind(attr.kind),
-                OsStr::from_bytes(name),
-            )
-        });
-        match listed {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.readdir_as(Who::of(req), ino, offset, reply)
     }
 
     fn readdirplus(
@@ -766,61 +626,28 @@ impl fuser::Filesystem for Door {
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
-        mut reply: ReplyDirectoryPlus,
+        reply: ReplyDirectoryPlus,
     ) {
-        let ttl = self.caching.ttl();
-        // An entry with attributes takes about 160 bytes of a 4 KiB reply.
-        let listed = self.list(req, ino, offset, 26, |attr, name, cookie| {
-            let fattr = self.inos.attr(attr);
-            reply.add(
-                fattr.ino,
-                cookie,
-                OsStr::from_bytes(name),
-                &ttl,
-                &fattr,
-                Generation(attr.generation),
-            )
-        });
-        match listed {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.readdirplus_as(Who::of(req), ino, offset, reply)
     }
 
     fn fsyncdir(
         &self,
-        req: &Request,
+        _req: &Request,
         ino: INodeNo,
-        fh: FileHandle,
+        _fh: FileHandle,
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.fsync(req, ino, fh, datasync, reply)
+        self.fsync_as(ino, datasync, reply)
     }
 
     fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
-        const BLOCK: u64 = 4096;
-        match self.fs.fsstat(self.id(ino)) {
-            Ok(s) => reply.statfs(
-                s.total_bytes / BLOCK,
-                s.free_bytes / BLOCK,
-                s.avail_bytes / BLOCK,
-                s.total_files,
-                s.free_files,
-                BLOCK as u32,
-                layerfs_vfs::NAME_MAX as u32,
-                BLOCK as u32,
-            ),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.statfs_as(ino, reply)
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
-        match self.fs.getattr(self.id(ino)) {
-            Ok(attr) if permits(&attr, &self.caller(req), wanted(mask)) => reply.ok(),
-            Ok(_) => reply.error(Errno::EACCES),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.access_as(Who::of(req), ino, wanted(mask), reply)
     }
 
     // No file here answers an ioctl: the kernel's own answer for a regular
@@ -841,21 +668,12 @@ impl fuser::Filesystem for Door {
         reply.error(Errno::ENOTTY)
     }
 
-    // Extended attributes, as overlayfs keeps them (the stack copies a file
-    // up to change them). The kernel has checked the caller's right to the
-    // name's namespace (`default_permissions`, CAP_SYS_ADMIN for trusted.).
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         self.getxattr_as(ino, name_bytes(name), size, reply)
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        if !self.xattrs {
-            return reply.error(Errno::ENOSYS);
-        }
-        match self.fs.listxattr(self.id(ino)) {
-            Ok(names) => xattr_reply(reply, &names, size),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.listxattr_as(ino, size, reply)
     }
 
     fn setxattr(
@@ -868,30 +686,11 @@ impl fuser::Filesystem for Door {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        if !self.xattrs {
-            return reply.error(Errno::ENOSYS);
-        }
-        let flags = match flags {
-            0 => XattrFlags::Either,
-            libc::XATTR_CREATE => XattrFlags::Create,
-            libc::XATTR_REPLACE => XattrFlags::Replace,
-            _ => return reply.error(Errno::EINVAL),
-        };
-        let set = self
-            .fs
-            .setxattr(self.id(ino), name_bytes(name), value, flags);
-        // After the change: a "none" found while it ran is forgotten too.
-        self.no_caps.forget();
-        done(reply, set)
+        self.setxattr_as(ino, (name_bytes(name), value), flags, reply)
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        if !self.xattrs {
-            return reply.error(Errno::ENOSYS);
-        }
-        let removed = self.fs.removexattr(self.id(ino), name_bytes(name));
-        self.no_caps.forget();
-        done(reply, removed)
+        self.removexattr_as(ino, name_bytes(name), reply)
     }
 
     fn create(

@@ -1,5 +1,6 @@
 //! Entries and attributes: LOOKUP, GETATTR, SETATTR and UNLINK as the
-//! rings answer them themselves, and fuser's session through the same code.
+//! rings answer them themselves, and fuser's session through the same code;
+//! ACCESS and STATFS.
 
 use super::*;
 
@@ -91,5 +92,116 @@ impl Door {
             reply,
             self.fs.remove(&self.caller_of(who), self.id(parent), name),
         )
+    }
+
+    /// ACCESS: what the caller `wants` of the file, as its mode allows.
+    pub(crate) fn access_as(&self, who: Who, ino: INodeNo, wants: Perm, reply: impl EmptyAnswer) {
+        match self.fs.getattr(self.id(ino)) {
+            Ok(attr) if permits(&attr, &self.caller_of(who), wants) => reply.ok(),
+            Ok(_) => reply.error(Errno::EACCES),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    pub(crate) fn statfs_as(&self, ino: INodeNo, reply: impl StatfsAnswer) {
+        const BLOCK: u64 = 4096;
+        match self.fs.fsstat(self.id(ino)) {
+            Ok(s) => reply.statfs(Statfs {
+                blocks: s.total_bytes / BLOCK,
+                free: s.free_bytes / BLOCK,
+                available: s.avail_bytes / BLOCK,
+                files: s.total_files,
+                free_files: s.free_files,
+                block: BLOCK as u32,
+                name_max: layerfs_vfs::NAME_MAX as u32,
+            }),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::super::testing::{ask, door, entry, me, Got, ROOT};
+    use super::*;
+
+    #[test]
+    fn a_name_is_looked_up_its_attributes_set_and_it_is_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), b"hello world").unwrap();
+        let d = door(dir.path(), Caching::Shared);
+        let f = entry(ask(|r| d.lookup_as(me(), ROOT, b"f", r)));
+        assert_eq!(f.size, 11);
+        let missing = ask(|r| d.lookup_as(me(), ROOT, b"none", r));
+        assert_eq!(missing, Got::Error(Errno::ENOENT));
+        // Where nothing changes behind the door, a negative entry instead.
+        let alone = door(dir.path(), Caching::Exclusive);
+        let negative = entry(ask(|r| alone.lookup_as(me(), ROOT, b"none", r)));
+        assert_eq!(negative.ino, INodeNo(0));
+
+        // The kernel sends the file type with the mode: only the
+        // permission bits are set.
+        let set = SetAttr {
+            mode: Some(libc::S_IFREG | 0o4600),
+            size: Some(5),
+            ..SetAttr::default()
+        };
+        let after = entry(ask(|r| d.setattr_as(me(), f.ino, set, r)));
+        assert_eq!((after.perm, after.size), (0o4600, 5));
+        let host = std::fs::metadata(dir.path().join("f")).unwrap();
+        assert_eq!(
+            (host.permissions().mode() & 0o7777, host.len()),
+            (0o4600, 5)
+        );
+        assert_eq!(entry(ask(|r| d.getattr_as(f.ino, r))), after);
+
+        assert_eq!(ask(|r| d.unlink_as(me(), ROOT, b"f", r)), Got::Ok);
+        assert!(!dir.path().join("f").exists());
+        let again = ask(|r| d.unlink_as(me(), ROOT, b"f", r));
+        assert_eq!(again, Got::Error(Errno::ENOENT));
+    }
+
+    #[test]
+    fn access_is_what_the_mode_allows_the_caller() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), b"x").unwrap();
+        std::fs::set_permissions(dir.path().join("f"), std::fs::Permissions::from_mode(0o640))
+            .unwrap();
+        let d = door(dir.path(), Caching::Shared);
+        let f = entry(ask(|r| d.lookup_as(me(), ROOT, b"f", r)));
+        // Pid 0 (a request of the kernel's own): no supplementary groups
+        // are read, so the test's own do not count.
+        let owner = Who {
+            uid: f.uid,
+            gid: f.gid,
+            pid: 0,
+        };
+        let other = Who {
+            uid: f.uid + 4242,
+            gid: f.gid + 4242,
+            pid: 0,
+        };
+        let may = |who: Who, wants: Perm| ask(|r| d.access_as(who, f.ino, wants, r));
+        assert_eq!(may(owner, Perm::READ | Perm::WRITE), Got::Ok);
+        assert_eq!(may(owner, Perm::EXEC), Got::Error(Errno::EACCES));
+        assert_eq!(may(other, Perm::READ), Got::Error(Errno::EACCES));
+        assert_eq!(may(other, Perm::empty()), Got::Ok, "F_OK");
+    }
+
+    #[test]
+    fn statfs_tells_the_host_s_figures_in_blocks() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = door(dir.path(), Caching::Shared);
+        let Got::Statfs(s) = ask(|r| d.statfs_as(ROOT, r)) else {
+            panic!("not a statfs")
+        };
+        let host = rustix::fs::statvfs(dir.path()).unwrap();
+        let host_bytes = host.f_blocks * host.f_frsize;
+        assert_eq!(s.block, 4096);
+        assert_eq!(s.blocks, host_bytes / 4096);
+        assert!(s.available <= s.free && s.free <= s.blocks);
+        assert_eq!(s.name_max, 255);
     }
 }

@@ -186,4 +186,105 @@ impl Door {
             },
         );
     }
+
+    pub(crate) fn fsync_as(&self, ino: INodeNo, datasync: bool, reply: impl EmptyAnswer) {
+        let id = self.id(ino);
+        let committed = self.fs.commit(id).map(drop);
+        done(
+            reply,
+            self.or_held(id, false, committed, |file| match datasync {
+                true => hostdir::sync_data(file),
+                false => hostdir::sync_all(file),
+            }),
+        )
+    }
+
+    /// The modes of fallocate(2) the filesystem offers; others (zero,
+    /// collapse or insert a range) are EOPNOTSUPP, and `posix_fallocate`
+    /// falls back to writing.
+    pub(crate) fn fallocate_as(
+        &self,
+        ino: INodeNo,
+        (offset, length): (u64, u64),
+        mode: i32,
+        reply: impl EmptyAnswer,
+    ) {
+        let how = match mode {
+            0 => Allocate::Extend,
+            libc::FALLOC_FL_KEEP_SIZE => Allocate::KeepSize,
+            m if m == libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE => Allocate::PunchHole,
+            _ => return reply.error(Errno::EOPNOTSUPP),
+        };
+        let id = self.id(ino);
+        let done_here = self.fs.allocate(id, offset, length, how).map(drop);
+        done(
+            reply,
+            self.or_held(id, true, done_here, |file| {
+                hostdir::allocate(file, offset, length, how)
+            }),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{ask, door, entry, me, Got, ROOT};
+    use super::*;
+
+    #[test]
+    fn a_file_is_created_written_synced_read_and_released() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = door(dir.path(), Caching::Shared);
+        let flags = libc::O_CREAT | libc::O_EXCL | libc::O_RDWR;
+        let made = ask(|r| d.create_as(me(), ROOT, b"new", 0o100640, flags, r));
+        let Got::Created(attr, fh) = made else {
+            panic!("not created: {made:?}")
+        };
+        assert_eq!(attr.perm, 0o640);
+        let again = ask(|r| d.create_as(me(), ROOT, b"new", 0o100640, flags, r));
+        assert_eq!(again, Got::Error(Errno::EEXIST), "O_EXCL");
+
+        let rw = OpenFlags(libc::O_RDWR);
+        let written = ask(|r| d.write_as(attr.ino, 0, b"hello", WriteFlags::empty(), rw, r));
+        assert_eq!(written, Got::Written(5));
+        assert_eq!(ask(|r| d.fsync_as(attr.ino, true, r)), Got::Ok);
+        assert_eq!(ask(|r| d.fsync_as(attr.ino, false, r)), Got::Ok);
+        assert_eq!(std::fs::read(dir.path().join("new")).unwrap(), b"hello");
+        assert_eq!(
+            ask(|r| d.read_as(attr.ino, 1, 100, r)),
+            Got::Data(b"ello".to_vec())
+        );
+        assert_eq!(ask(|r| d.release_as(attr.ino, fh, r)), Got::Ok);
+        let opened = ask(|r| d.open_as(me(), attr.ino, OpenFlags(libc::O_RDONLY), r));
+        assert!(matches!(opened, Got::Opened(_)), "{opened:?}");
+    }
+
+    #[test]
+    fn fallocate_extends_keeps_the_size_or_punches_and_refuses_other_modes() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), vec![7u8; 8192]).unwrap();
+        let d = door(dir.path(), Caching::Shared);
+        let f = entry(ask(|r| d.lookup_as(me(), ROOT, b"f", r)));
+        let size = || std::fs::metadata(dir.path().join("f")).unwrap().len();
+        assert_eq!(ask(|r| d.fallocate_as(f.ino, (0, 16384), 0, r)), Got::Ok);
+        assert_eq!(size(), 16384, "extended");
+        let keep = libc::FALLOC_FL_KEEP_SIZE;
+        assert_eq!(ask(|r| d.fallocate_as(f.ino, (0, 65536), keep, r)), Got::Ok);
+        assert_eq!(size(), 16384, "the size kept");
+        let punch = libc::FALLOC_FL_PUNCH_HOLE | keep;
+        match ask(|r| d.fallocate_as(f.ino, (0, 4096), punch, r)) {
+            Got::Ok => {
+                let data = std::fs::read(dir.path().join("f")).unwrap();
+                assert!(data[..4096].iter().all(|&b| b == 0), "the hole reads zeros");
+                assert_eq!(data[4096], 7);
+            }
+            // A host filesystem without holes.
+            Got::Error(e) => assert_eq!(e, Errno::EOPNOTSUPP),
+            other => panic!("{other:?}"),
+        }
+        let zero = libc::FALLOC_FL_ZERO_RANGE;
+        let refused = ask(|r| d.fallocate_as(f.ino, (0, 4096), zero, r));
+        assert_eq!(refused, Got::Error(Errno::EOPNOTSUPP));
+        assert_eq!(size(), 16384);
+    }
 }
