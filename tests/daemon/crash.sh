@@ -62,24 +62,10 @@ json() { "$layerfs" --json "$@"; }
 # A registry of its own, where there is one, for pulls and pushes.
 reg=
 if command -v docker-registry >/dev/null; then
-	port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-	cat >"$t/registry.yml" <<-YML
-		version: 0.1
-		log:
-		  level: error
-		storage:
-		  filesystem:
-		    rootdirectory: $t/registry
-		http:
-		  addr: 127.0.0.1:$port
-	YML
-	docker-registry serve "$t/registry.yml" >"$t/registry.log" 2>&1 &
-	registry=$!
-	for _ in $(seq 100); do
-		python3 -c "import socket; socket.create_connection(('127.0.0.1', $port), 0.1)" 2>/dev/null && break
-		sleep 0.1
-	done
-	reg=127.0.0.1:$port
+	source "$here/../registry/serve.sh"
+	start_registry "$t/registry" || fail "the registry did not start"
+	registry=$registry_pid
+	reg=127.0.0.1:$registry_port
 else
 	skip_or_fail "the daemon killed at every step: pull and push" "docker-registry is not installed"
 fi

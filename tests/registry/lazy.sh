@@ -60,29 +60,10 @@ cleanup() {
 trap cleanup EXIT
 step() { printf '== %s\n' "$*"; }
 fail() { echo "FAILED: $*"; [[ -f $t/daemon.log ]] && tail -20 "$t/daemon.log"; exit 1; }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-wait_port() {
-	for _ in $(seq 100); do
-		python3 -c "import socket; socket.create_connection(('127.0.0.1', $1), 0.1)" 2>/dev/null && return 0
-		sleep 0.1
-	done
-	fail "nothing listens on $1"
-}
-
-reg_port=$(free_port)
-cat >"$t/reg.yml" <<YML
-version: 0.1
-log:
-  level: error
-storage:
-  filesystem:
-    rootdirectory: $t/reg
-http:
-  addr: 127.0.0.1:$reg_port
-YML
-docker-registry serve "$t/reg.yml" >"$t/reg.log" 2>&1 &
-pids+=($!)
-wait_port "$reg_port"
+source "$here/serve.sh"
+start_registry "$t/reg" || fail "the registry did not start"
+pids+=($registry_pid)
+reg_port=$registry_port
 # start_proxy [ARGS]: the counting relay, on $port (the same one each time).
 port=$(free_port)
 proxy=
@@ -90,7 +71,7 @@ start_proxy() {
 	"$here/proxy.py" "$port" "$reg_port" "$t/stats.json" "$@" &
 	proxy=$!
 	pids+=($proxy)
-	wait_port "$port"
+	wait_port "$port" || fail "the relay does not listen on $port"
 }
 stop_proxy() { kill "$proxy"; wait "$proxy" 2>/dev/null || true; }
 stat_of() { python3 -c "import json; print(json.load(open('$t/stats.json'))['$1'])"; }
@@ -425,34 +406,23 @@ step "a bearer token that runs out while a workspace lives is renewed, and never
 # A registry that wants tokens from tokens.py, which issues them for 4 s.
 openssl req -x509 -newkey rsa:2048 -nodes -keyout "$t/token.key" -out "$t/token.crt" \
 	-days 2 -subj /CN=layerfs-test-token 2>/dev/null
-tok_port=$(free_port) tok_reg_port=$(free_port) tokens=
+tok_port=$(free_port) tokens=
 start_tokens() {
 	"$here/tokens.py" "$tok_port" "$t/token.key" "$t/token.crt" tester:s3cret 4 "$t/tokens.json" &
 	tokens=$!
 	pids+=($tokens)
-	wait_port "$tok_port"
+	wait_port "$tok_port" || fail "the token service does not listen on $tok_port"
 }
 issued() { python3 -c "import json; print(json.load(open('$t/tokens.json'))['issued'])"; }
 start_tokens
-cat >"$t/reg-tok.yml" <<YML
-version: 0.1
-log:
-  level: error
-storage:
-  filesystem:
-    rootdirectory: $t/reg-tok
-http:
-  addr: 127.0.0.1:$tok_reg_port
-auth:
+start_registry "$t/reg-tok" "auth:
   token:
     realm: http://127.0.0.1:$tok_port/token
     service: layerfs-test
     issuer: layerfs-test
-    rootcertbundle: $t/token.crt
-YML
-docker-registry serve "$t/reg-tok.yml" >"$t/reg-tok.log" 2>&1 &
-pids+=($!)
-wait_port "$tok_reg_port"
+    rootcertbundle: $t/token.crt" || fail "the token registry did not start"
+pids+=($registry_pid)
+tok_reg_port=$registry_port
 tok=127.0.0.1:$tok_reg_port
 # Files of its own, one per directory: a read brings no other.
 for d in 1 2 3; do mkdir -p "$t/own3/d$d" && head -c 300000 /dev/urandom >"$t/own3/d$d/f"; done

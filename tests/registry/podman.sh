@@ -39,26 +39,11 @@ cleanup() {
 trap cleanup EXIT
 step() { printf '== %s\n' "$*"; }
 fail() { echo "FAILED: $*"; [[ -f $t/daemon.log ]] && tail -20 "$t/daemon.log"; exit 1; }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+source "$here/serve.sh"
 
-port=$(free_port)
-cat >"$t/reg.yml" <<YML
-version: 0.1
-log:
-  level: error
-storage:
-  filesystem:
-    rootdirectory: $t/reg
-http:
-  addr: 127.0.0.1:$port
-YML
-docker-registry serve "$t/reg.yml" >"$t/reg.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 100); do
-	python3 -c "import socket; socket.create_connection(('127.0.0.1', $port), 0.1)" 2>/dev/null && break
-	sleep 0.1
-done
-reg=127.0.0.1:$port
+start_registry "$t/reg" || fail "the registry did not start"
+pids+=($registry_pid)
+reg=127.0.0.1:$registry_port
 coproc DAEMON { exec "$layerfs" daemon 2>>"$t/daemon.log"; }
 daemon=$DAEMON_PID
 read -r -t 30 _ <&"${DAEMON[0]}" || fail "the daemon never said it was ready"

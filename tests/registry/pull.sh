@@ -60,33 +60,7 @@ cleanup() {
 trap cleanup EXIT
 step() { printf '== %s\n' "$*"; }
 fail() { echo "FAILED: $*"; [[ -f $t/daemon.log ]] && tail -20 "$t/daemon.log"; exit 1; }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-
-# start_registry NAME [AUTH-YAML]: a registry of its own on a free port;
-# sets $port.
-start_registry() {
-	port=$(free_port)
-	mkdir -p "$t/$1"
-	cat >"$t/$1.yml" <<-YML
-		version: 0.1
-		log:
-		  level: error
-		storage:
-		  filesystem:
-		    rootdirectory: $t/$1
-		http:
-		  addr: 127.0.0.1:$port
-		${2:-}
-	YML
-	docker-registry serve "$t/$1.yml" >>"$t/$1.log" 2>&1 &
-	registries+=($!)
-	for _ in $(seq 100); do
-		curl -s "http://127.0.0.1:$port/v2/" >/dev/null 2>&1 && return 0
-		python3 -c "import socket; socket.create_connection(('127.0.0.1', $port), 0.1)" 2>/dev/null && return 0
-		sleep 0.1
-	done
-	fail "registry $1 did not start: $(cat "$t/$1.log")"
-}
+source "$here/serve.sh"
 # fails WHAT COMMAND...: COMMAND fails with one line on stderr holding WHAT.
 fails() {
 	local what=$1 err
@@ -103,8 +77,9 @@ no_new_layers() {
 }
 
 step "an image of two layers, built by umoci, copied in by skopeo"
-start_registry plain
-plain=127.0.0.1:$port
+start_registry "$t/plain" || fail "the registry did not start"
+registries+=($registry_pid)
+plain=127.0.0.1:$registry_port
 cd "$t"
 umoci init --layout oci
 umoci new --image oci:v1
@@ -300,11 +275,12 @@ fails "test/none" "$layerfs" pull "$plain/test/none:v1" --insecure-registry "$pl
 
 step "a registry that wants credentials: refused without, pulled with podman's auth file"
 htpasswd -Bbn tester s3cret >"$t/htpasswd"
-start_registry auth "auth:
+start_registry "$t/auth" "auth:
   htpasswd:
     realm: layerfs-test
-    path: $t/htpasswd"
-auth=127.0.0.1:$port
+    path: $t/htpasswd" || fail "the registry did not start"
+registries+=($registry_pid)
+auth=127.0.0.1:$registry_port
 skopeo copy -q --dest-tls-verify=false --dest-creds tester:s3cret "oci:$t/oci:v1" "docker://$auth/private/img:v1"
 fails "layerfs login" "$layerfs" pull "$auth/private/img:v1" --insecure-registry "$auth"
 [[ $(kind_of pull "$auth/private/img:v1" --insecure-registry "$auth") == unauthorized ]] ||
@@ -420,11 +396,7 @@ start_slow() { # 4 MB/s: the 24 MiB layer takes about six seconds
 	"$here/throttle.py" "$slow_port" "${plain#*:}" 4000000 &
 	throttle=$!
 	registries+=($throttle)
-	for _ in $(seq 50); do
-		python3 -c "import socket; socket.create_connection(('127.0.0.1', $slow_port), 0.1)" 2>/dev/null && return
-		sleep 0.1
-	done
-	fail "the throttling relay did not start"
+	wait_port "$slow_port" || fail "the throttling relay did not start"
 }
 # forget_big: the big image and its own layer out of the store, to be pulled again.
 forget_big() {
@@ -524,14 +496,15 @@ mkdir "$t/tls"
 	printf 'subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n' >ext
 	openssl x509 -req -in reg.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out reg.pem -days 2 -extfile ext 2>/dev/null
 )
-start_registry tls "  tls:
+start_registry "$t/tls-reg" "  tls:
     certificate: $t/tls/reg.pem
     key: $t/tls/reg.key
 auth:
   htpasswd:
     realm: layerfs-test
-    path: $t/htpasswd"
-secure=127.0.0.1:$port
+    path: $t/htpasswd" || fail "the registry did not start"
+registries+=($registry_pid)
+secure=127.0.0.1:$registry_port
 skopeo copy -q --dest-tls-verify=false --dest-creds tester:s3cret \
 	"docker://$plain/test/img:v1" "docker://$secure/private/img:v1" --src-tls-verify=false
 echo s3cret | "$layerfs" login "$secure" --username tester --password-stdin >/dev/null
