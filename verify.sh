@@ -188,6 +188,8 @@ echo "-- git, make, sqlite3, mmap, flock and tar through the door, as root and a
 check "programs through FUSE" tests/fuse/programs.sh target/release/layerfs
 echo "-- the workspace daemon through FUSE: import, create, mount, commit, kill -9, restart"
 check "daemon through FUSE" tests/daemon/fuse.sh target/release/layerfs
+echo "-- the daemon's mounts on its rings (--io-uring): twenty mounts, a kill -9, requests made meanwhile"
+check "daemon through FUSE over io_uring" tests/daemon/fuse.sh target/release/layerfs io-uring
 echo "-- 16 clients on workspaces of their own for 2 minutes, each step checked"
 check "daemon under many clients" tests/daemon/soak.sh target/release/layerfs 120 16
 echo "-- the daemon as a service: the units, readiness, SIGUSR1's hand-over, SIGTERM"

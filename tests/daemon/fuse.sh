@@ -12,15 +12,41 @@
 # (read, write, append, a shared mapping) used, opened again while held, and
 # opened, written and copied up once closed (tests/daemon/held.py); SIGTERM leaves no mount and no keeper; the demo; a
 # user who is not root, whose daemon is killed under a writer too.
+# With io-uring, the daemon runs with --io-uring and the fuse module's
+# enable_uring set (put back after): the steps up to the twenty mounts go
+# through its rings, whose log must show requests given to them; then a
+# kill -9 with the mounts idle, requests made while no daemon runs, and the
+# next daemon answering them through the rings. (A daemon killed while a
+# ring holds a request leaves it unanswered: the kernel resends only what
+# was read from /dev/fuse; `layerfs daemon --help` says so.)
 # Needs root and /dev/fuse; says SKIPPED without them (tests/skip.sh).
-# usage: tests/daemon/fuse.sh LAYERFS
+# usage: tests/daemon/fuse.sh LAYERFS [io-uring]
 set -euo pipefail
 layerfs=$(realpath "$1")
+route=${2:-dev-fuse}
 source "$(dirname "$0")/../skip.sh"
 if [[ ! -c /dev/fuse || $(id -u) != 0 ]]; then
 	skip_or_fail "the daemon through FUSE" "needs root and /dev/fuse"
 	exit 0
 fi
+uring_param=/sys/module/fuse/parameters/enable_uring uring_was=
+daemon_flags=()
+case $route in
+dev-fuse) ;;
+io-uring)
+	daemon_flags=(--io-uring)
+	if [[ ! -w $uring_param ]]; then
+		skip_or_fail "the daemon through FUSE over io_uring" "this kernel has no $uring_param"
+		exit 0
+	fi
+	uring_was=$(cat "$uring_param")
+	echo Y >"$uring_param"
+	;;
+*)
+	echo "usage: $0 LAYERFS [io-uring]" >&2
+	exit 2
+	;;
+esac
 t=$(mktemp -d /tmp/layerfs-daemon.XXXXXX)
 export LAYERFS_STORE=$t/store XDG_RUNTIME_DIR=$t/run
 mkdir -m 700 "$t/run"
@@ -36,6 +62,7 @@ cleanup() {
 	pkill -f "layerfs keeper --store $t/" 2>/dev/null || true
 	fuse_errors stop
 	rm -rf "$t"
+	if [[ -n $uring_was ]]; then echo "$uring_was" >"$uring_param"; fi
 }
 trap cleanup EXIT
 step() { printf '== %s\n' "$*"; }
@@ -90,7 +117,7 @@ fuse_errors() {
 	esac
 }
 start_daemon() {
-	coproc DAEMON { exec "$layerfs" daemon 2>>"$t/daemon.log"; }
+	coproc DAEMON { exec "$layerfs" daemon "${daemon_flags[@]}" 2>>"$t/daemon.log"; }
 	daemon=$DAEMON_PID
 	local ready
 	read -r -t 30 ready <&"${DAEMON[0]}" || fail "the daemon never said it was ready"
@@ -358,6 +385,44 @@ echo "   20 mounts: daemon RSS +$grown kB, +$more threads"
 [[ $more -le 40 ]] || fail "20 mounts added $more threads"
 for i in $(seq 20); do "$layerfs" rm --force "many$i" >/dev/null; done
 
+# rings_given: the most requests a daemon's ring logged being given.
+rings_given() {
+	grep -o 'has been given [0-9]* requests' "$t/daemon.log" | awk '{print $4}' | sort -n | tail -1
+}
+if [[ $route == io-uring ]]; then
+	step "kill -9 with the mounts idle; requests made meanwhile are answered by the next daemon's rings"
+	before=$(cat "$t/w/etc/name")
+	kill -9 "$daemon"
+	wait "$daemon" 2>/dev/null || true
+	daemon=
+	sleep 0.5
+	mounted "$t/w" || fail "w's mount went with the daemon"
+	# Each waits in a CPU's queue until a daemon serves it.
+	rm -f "$t/gap.out"
+	for i in 1 2 3 4; do
+		(stat "$t/w/never-looked-up-$i" >/dev/null 2>&1 && echo "found $i" || echo "absent $i") >>"$t/gap.out" &
+	done
+	(echo made-in-the-gap >"$t/w/made-in-the-gap" && echo made >>"$t/gap.out") &
+	sleep 1
+	[[ -s $t/gap.out ]] && fail "answered with no daemon running: $(cat "$t/gap.out")"
+	start_daemon
+	for _ in $(seq 100); do [[ $(wc -l <"$t/gap.out" 2>/dev/null) -ge 5 ]] && break; sleep 0.1; done
+	[[ $(sort "$t/gap.out" | tr '\n' ' ') == "absent 1 absent 2 absent 3 absent 4 made " ]] ||
+		fail "requests made while no daemon ran: '$(cat "$t/gap.out" 2>/dev/null)' after 10 s"
+	check "$t/w/made-in-the-gap" made-in-the-gap
+	grep -q "FUSE session taken over" "$t/daemon.log" || fail "the restarted daemon mounted w afresh"
+	check "$t/w/etc/name" "$before"
+	echo again >"$t/w/after" && check "$t/w/after" again
+	given=$(rings_given)
+	[[ ${given:-0} -ge 1000 ]] || fail "the daemons' rings were given ${given:-no} requests"
+	echo "   the busiest ring was given $given requests (to the nearest power of ten below)"
+	if grep -q "does not offer FUSE over io_uring\|not set up" "$t/daemon.log"; then
+		fail "a daemon fell back to /dev/fuse: $(grep -m1 'io_uring' "$t/daemon.log")"
+	fi
+	echo "PASSED: the daemon through FUSE ($route)"
+	exit 0
+fi
+
 step "kill -9 of the daemon under a reader, a writer and ls: the mount stays, all three carry on"
 dd if=/dev/urandom of="$t/w/synced" bs=64k count=16 conv=fsync status=none
 want=$(sha256sum <"$t/w/synced")
@@ -589,4 +654,4 @@ for i in range(int(sys.argv[1])):
 	wait "$NOBODY_PID" || fail "the user's daemon's exit status after SIGTERM"
 	mounted "$t/nobody/mnt" && fail "the user's mount is left after SIGTERM"
 fi
-echo "PASSED: the daemon through FUSE"
+echo "PASSED: the daemon through FUSE ($route)"

@@ -57,6 +57,7 @@ fn run(base: &Path, args: DemoArgs) -> Result<(), String> {
         // The demo's mount lasts as long as the demo.
         keeper: None,
         lock_wait: std::time::Duration::ZERO,
+        fuse_io_uring: false,
     };
     let daemon = std::thread::spawn(move || layerfs_daemon::run(config, stop));
     std::fs::create_dir_all(&store).map_err(|e| e.to_string())?;

@@ -37,6 +37,16 @@ pub struct DaemonArgs {
     /// wait for the moment between and see no error.
     #[arg(long)]
     upgrade: bool,
+    /// Serve FUSE mounts through FUSE over io_uring where the kernel offers
+    /// it (Linux 6.14+, the fuse module's enable_uring set to Y): each
+    /// CPU's requests answered on that CPU, by one ring per CPU for all
+    /// mounts. A mount keeps the route it was made with across restarts.
+    /// Beware: if this daemon is killed or upgraded while a ring holds a
+    /// request, that request is never answered (the kernel sends again
+    /// only what was read from /dev/fuse), and its caller waits until the
+    /// mount is unmounted.
+    #[arg(long)]
+    io_uring: bool,
 }
 
 #[derive(clap::Subcommand)]
@@ -248,6 +258,7 @@ pub fn daemon(client: Client, args: DaemonArgs) -> Result<(), String> {
         keeper: std::env::current_exe().ok(),
         // The daemon handing over lets go of the store within a second.
         lock_wait: Duration::from_secs(if args.upgrade { 60 } else { 0 }),
+        fuse_io_uring: args.io_uring,
     };
     layerfs_daemon::run(config, stop).map_err(|e| e.message)
 }

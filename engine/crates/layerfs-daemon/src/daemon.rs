@@ -35,6 +35,11 @@ pub struct DaemonConfig {
     /// How long to wait for another daemon to let go of the store (one
     /// handing over) before giving up.
     pub lock_wait: Duration,
+    /// Serve new FUSE mounts through FUSE over io_uring where the kernel
+    /// offers it. Off by default: the kernel does not send again what a
+    /// ring had taken when its daemon died (it does for /dev/fuse), so a
+    /// process waiting on such a request waits until the mount goes.
+    pub fuse_io_uring: bool,
 }
 
 /// How long a restarted daemon waits for its port, which the dead one's
@@ -63,6 +68,9 @@ pub fn run(config: DaemonConfig, stop: Receiver<()>) -> Result<(), ControlError>
     let daemon = Arc::new(
         Daemon::open(&root).map_err(|e| host_error(format_args!("{}", root.display()), e))?,
     );
+    daemon
+        .fuse_io_uring
+        .store(config.fuse_io_uring, Ordering::SeqCst);
     daemon.export_recorded_nfs_mounts();
     let server = daemon.listen(config.nfs_port, config.server)?;
     let port = server.local_addr().port();
@@ -172,6 +180,8 @@ struct Daemon {
     handover: Mutex<kept::Handover>,
     /// Set by a request to hand over: the daemon stops, leaving its mounts.
     handing_over: AtomicBool,
+    /// Whether new FUSE mounts are served through FUSE over io_uring.
+    fuse_io_uring: AtomicBool,
 }
 
 mod images;
@@ -256,6 +266,7 @@ impl Daemon {
             #[cfg(target_os = "linux")]
             handover: Mutex::default(),
             handing_over: AtomicBool::new(false),
+            fuse_io_uring: AtomicBool::new(false),
             completing: Mutex::default(),
         };
         daemon.sweep_orphans()?;
@@ -494,14 +505,16 @@ impl Daemon {
             // The layers never change and the upper is this daemon's alone.
             caching: layerfs_fuse::Caching::Exclusive,
             allow_other: false,
-            // One thread answering each mount (and fuser's own beside it):
-            // reads and writes of files passed through never reach it, and
-            // a daemon of hundreds of workspaces must not start a thread
-            // per core for each.
+            // One thread reading each mount's /dev/fuse (and fuser's own
+            // beside it): reads and writes of files passed through never
+            // reach it, and a daemon of hundreds of workspaces must not
+            // start a thread per core for each.
             threads: 1,
             passthrough: true,
             source: format!("layerfs:{name}"),
-            io_uring: false,
+            // Where asked and the kernel offers it, each CPU's requests are
+            // answered on that CPU, by one ring per CPU serving every mount.
+            io_uring: self.fuse_io_uring.load(Ordering::SeqCst),
         };
         let fs = o.workspace.fs();
         let mounted = match self.take_over(name, path, fs.clone(), &options) {

@@ -40,6 +40,19 @@ pub struct OutHeader {
     pub unique: u64,
 }
 
+/// `struct fuse_init_in` since 7.36: the kernel's offer, `flags2`
+/// holding the capabilities past bit 31 where `flags` has `INIT_EXT`.
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct InitIn {
+    pub major: u32,
+    pub minor: u32,
+    pub max_readahead: u32,
+    pub flags: u32,
+    pub flags2: u32,
+    pub unused: [u32; 11],
+}
+
 /// `struct fuse_read_in`.
 #[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
 #[repr(C)]
@@ -124,6 +137,96 @@ pub struct GetxattrIn {
     pub padding: u32,
 }
 
+/// `struct fuse_getattr_in`.
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct GetattrIn {
+    pub getattr_flags: u32,
+    pub dummy: u32,
+    pub fh: u64,
+}
+
+/// `struct fuse_mknod_in`; the name follows. The kernel has applied the
+/// caller's umask to `mode` already.
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct MknodIn {
+    pub mode: u32,
+    pub rdev: u32,
+    pub umask: u32,
+    pub padding: u32,
+}
+
+/// `struct fuse_mkdir_in`; the name follows.
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct MkdirIn {
+    pub mode: u32,
+    pub umask: u32,
+}
+
+/// `struct fuse_rename_in`; the old name and the new follow.
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct RenameIn {
+    pub newdir: u64,
+}
+
+/// `struct fuse_rename2_in`: a RENAME with flags (`RENAME_NOREPLACE`, ...).
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct Rename2In {
+    pub newdir: u64,
+    pub flags: u32,
+    pub padding: u32,
+}
+
+/// `struct fuse_link_in`: the file to link; the header names the new
+/// parent, and the new name follows.
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct LinkIn {
+    pub oldnodeid: u64,
+}
+
+/// `struct fuse_setxattr_in` as sent without `FUSE_SETXATTR_EXT` (the
+/// door does not ask for it); the name and the value follow.
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct SetxattrIn {
+    pub size: u32,
+    pub flags: u32,
+}
+
+/// `struct fuse_access_in`.
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct AccessIn {
+    pub mask: u32,
+    pub padding: u32,
+}
+
+/// `struct fuse_fsync_in` (FSYNC and FSYNCDIR).
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct FsyncIn {
+    pub fh: u64,
+    /// `FUSE_FSYNC_FDATASYNC`: the data alone.
+    pub fsync_flags: u32,
+    pub padding: u32,
+}
+
+/// `struct fuse_fallocate_in`.
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct FallocateIn {
+    pub fh: u64,
+    pub offset: u64,
+    pub length: u64,
+    pub mode: u32,
+    pub padding: u32,
+}
+
 /// `struct fuse_attr` (Linux's).
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
@@ -197,6 +300,86 @@ pub struct GetxattrOut {
     pub padding: u32,
 }
 
+/// `struct fuse_statfs_out` (its `struct fuse_kstatfs`).
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct StatfsOut {
+    pub blocks: u64,
+    pub bfree: u64,
+    pub bavail: u64,
+    pub files: u64,
+    pub ffree: u64,
+    pub bsize: u32,
+    pub namelen: u32,
+    pub frsize: u32,
+    pub padding: u32,
+    pub spare: [u32; 6],
+}
+
+/// `struct fuse_dirent`: one entry of a READDIR answer, its name after it
+/// and the whole padded to 8 bytes.
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct Dirent {
+    pub ino: u64,
+    /// The cookie to list on from.
+    pub off: u64,
+    pub namelen: u32,
+    /// The file's type: its mode's `S_IFMT` bits shifted down by 12.
+    pub typ: u32,
+}
+
+/// `struct fuse_direntplus`: an entry of a READDIRPLUS answer.
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct DirentPlus {
+    pub entry_out: EntryOut,
+    pub dirent: Dirent,
+}
+
+/// `enum fuse_notify_code`: a notification's code, in an out header's
+/// `error` (its `unique` 0).
+pub const NOTIFY_RESEND: i32 = 7;
+
+/// `enum fuse_opcode`: the requests the door is sent. Those it never is
+/// (it asks for no locks, no `poll`, ...) are answered ENOSYS wherever
+/// they come from.
+pub mod opcode {
+    pub const LOOKUP: u32 = 1;
+    pub const GETATTR: u32 = 3;
+    pub const SETATTR: u32 = 4;
+    pub const READLINK: u32 = 5;
+    pub const SYMLINK: u32 = 6;
+    pub const MKNOD: u32 = 8;
+    pub const MKDIR: u32 = 9;
+    pub const UNLINK: u32 = 10;
+    pub const RMDIR: u32 = 11;
+    pub const RENAME: u32 = 12;
+    pub const LINK: u32 = 13;
+    pub const OPEN: u32 = 14;
+    pub const READ: u32 = 15;
+    pub const WRITE: u32 = 16;
+    pub const STATFS: u32 = 17;
+    pub const RELEASE: u32 = 18;
+    pub const FSYNC: u32 = 20;
+    pub const SETXATTR: u32 = 21;
+    pub const GETXATTR: u32 = 22;
+    pub const LISTXATTR: u32 = 23;
+    pub const REMOVEXATTR: u32 = 24;
+    pub const FLUSH: u32 = 25;
+    pub const INIT: u32 = 26;
+    pub const OPENDIR: u32 = 27;
+    pub const READDIR: u32 = 28;
+    pub const RELEASEDIR: u32 = 29;
+    pub const FSYNCDIR: u32 = 30;
+    pub const ACCESS: u32 = 34;
+    pub const CREATE: u32 = 35;
+    pub const IOCTL: u32 = 39;
+    pub const FALLOCATE: u32 = 43;
+    pub const READDIRPLUS: u32 = 44;
+    pub const RENAME2: u32 = 45;
+}
+
 /// `FUSE_URING_IN_OUT_HEADER_SZ` and `FUSE_URING_OP_IN_OUT_SZ`.
 pub const URING_HEADER_SZ: usize = 128;
 
@@ -241,6 +424,7 @@ const _: () = {
     use std::mem::size_of;
     assert!(size_of::<InHeader>() == 40);
     assert!(size_of::<OutHeader>() == 16);
+    assert!(size_of::<InitIn>() == 64);
     assert!(size_of::<ReadIn>() == 40);
     assert!(size_of::<WriteIn>() == 40);
     assert!(size_of::<SetattrIn>() == 88);
@@ -248,6 +432,19 @@ const _: () = {
     assert!(size_of::<CreateIn>() == 16);
     assert!(size_of::<ReleaseIn>() == 24);
     assert!(size_of::<GetxattrIn>() == 8);
+    assert!(size_of::<GetattrIn>() == 16);
+    assert!(size_of::<MknodIn>() == 16);
+    assert!(size_of::<MkdirIn>() == 8);
+    assert!(size_of::<RenameIn>() == 8);
+    assert!(size_of::<Rename2In>() == 16);
+    assert!(size_of::<LinkIn>() == 8);
+    assert!(size_of::<SetxattrIn>() == 8);
+    assert!(size_of::<AccessIn>() == 8);
+    assert!(size_of::<FsyncIn>() == 16);
+    assert!(size_of::<FallocateIn>() == 32);
+    assert!(size_of::<StatfsOut>() == 80);
+    assert!(size_of::<Dirent>() == 24);
+    assert!(size_of::<DirentPlus>() == 152);
     assert!(size_of::<Attr>() == 88);
     assert!(size_of::<EntryOut>() == 128);
     assert!(size_of::<AttrOut>() == 104);

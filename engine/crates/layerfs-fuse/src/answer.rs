@@ -9,8 +9,8 @@ use std::os::unix::ffi::OsStrExt;
 
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr,
 };
 
 use crate::backing::Backing;
@@ -122,7 +122,8 @@ errors!(
     ReplyCreate,
     ReplyDirectory,
     ReplyDirectoryPlus,
-    ReplyStatfs
+    ReplyStatfs,
+    ReplyIoctl
 );
 
 impl ListingAnswer for ReplyDirectory {

@@ -32,7 +32,7 @@ use layerfs_vfs::{
 use rustix::fs::{Gid, Uid};
 
 use crate::answer::{
-    AttrAnswer, CreateAnswer, DataAnswer, EmptyAnswer, EntryAnswer, ListingAnswer,
+    Answer, AttrAnswer, CreateAnswer, DataAnswer, EmptyAnswer, EntryAnswer, ListingAnswer,
     ListingPlusAnswer, OpenAnswer, Statfs, StatfsAnswer, WriteAnswer, XattrAnswer,
 };
 use crate::attrs::{kind, kind_of_mode, timestamp, Caching, Inos};
@@ -77,9 +77,6 @@ pub struct Door {
     kernel: Arc<parking_lot::Mutex<Option<KernelInit>>>,
     /// Whether FUSE over io_uring is asked for (see [`crate::uring`]).
     uring: bool,
-    /// Set by a door serving a CPU's ring: its INIT is a copy, and what
-    /// was agreed is in `agreed`.
-    sibling: bool,
     /// Whether passthrough was agreed at the kernel's INIT.
     agreed: Arc<OnceLock<bool>>,
     /// The session's device, where backing files are registered.
@@ -195,7 +192,6 @@ impl Door {
             opens: Arc::new(new_open_files()),
             kernel: Arc::default(),
             uring: false,
-            sibling: false,
             agreed: Arc::default(),
             device: Arc::default(),
             forgets: Arc::default(),
@@ -224,7 +220,6 @@ impl Door {
             notifier: self.notifier.clone(),
             kernel: self.kernel.clone(),
             uring: false,
-            sibling: true,
             agreed: self.agreed.clone(),
             device: self.device.clone(),
             forgets: self.forgets.clone(),
@@ -320,7 +315,7 @@ pub(crate) fn set_time(t: Option<TimeOrNow>) -> SetTime {
 }
 
 /// What an access(2) of `mask` asks for.
-fn wanted(mask: AccessFlags) -> Perm {
+pub(crate) fn wanted(mask: AccessFlags) -> Perm {
     let mut want = Perm::empty();
     want.set(Perm::READ, mask.contains(AccessFlags::R_OK));
     want.set(Perm::WRITE, mask.contains(AccessFlags::W_OK));
@@ -345,10 +340,6 @@ impl fuser::Filesystem for Door {
     }
 
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
-        if self.sibling {
-            self.passthrough = self.agreed.get().copied().unwrap_or(false);
-            return Ok(());
-        }
         // Asked first, before anything is added: the capabilities offered,
         // and the largest readahead (told only by refusing more).
         let max_readahead = match config.set_max_readahead(u32::MAX) {
@@ -356,11 +347,19 @@ impl fuser::Filesystem for Door {
             Ok(_) => u32::MAX,
         };
         let abi = config.kernel_abi();
+        // FUSE over io_uring is kept only where this door asks for it: the
+        // next server of the session serves the rings exactly when this
+        // one did (see [`crate::mount::resume`]).
+        let mut offered = config.capabilities();
+        offered.set(
+            InitFlags::FUSE_OVER_IO_URING,
+            self.uring && offered.contains(InitFlags::FUSE_OVER_IO_URING),
+        );
         *self.kernel.lock() = Some(KernelInit {
             major: abi.0,
             minor: abi.1,
             max_readahead,
-            flags: config.capabilities().bits(),
+            flags: offered.bits(),
         });
         // Passthrough needs CAP_SYS_ADMIN to register backing files, and the
         // kernel turns it off beside a writeback cache. Where it is on, the
@@ -573,12 +572,7 @@ impl fuser::Filesystem for Door {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        // Writes are already in the host's page cache: a close needs nothing
-        // more, as on a local filesystem; fsync makes them durable. Said
-        // once with ENOSYS, after which the kernel sends no FLUSH at a close
-        // (dirty pages of its writeback cache it still writes first): one
-        // round trip less per close of a file the door serves.
-        reply.error(Errno::ENOSYS)
+        self.flush_as(reply)
     }
 
     fn fsync(
@@ -606,7 +600,7 @@ impl fuser::Filesystem for Door {
     }
 
     fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        reply.opened(FileHandle(0), self.opendir_flags());
+        self.opendir_as(reply)
     }
 
     fn readdir(
@@ -650,9 +644,6 @@ impl fuser::Filesystem for Door {
         self.access_as(Who::of(req), ino, wanted(mask), reply)
     }
 
-    // No file here answers an ioctl: the kernel's own answer for a regular
-    // file (a program's isatty() asks with TCGETS on every open), without a
-    // warning in the log for each.
     #[allow(clippy::too_many_arguments)]
     fn ioctl(
         &self,
@@ -665,7 +656,7 @@ impl fuser::Filesystem for Door {
         _out_size: u32,
         reply: ReplyIoctl,
     ) {
-        reply.error(Errno::ENOTTY)
+        self.ioctl_as(reply)
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {

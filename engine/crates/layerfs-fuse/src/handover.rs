@@ -26,8 +26,13 @@
 //! retransmitted after a server restart can.
 
 use std::io;
+use std::mem::size_of;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixDatagram;
+
+use zerocopy::IntoBytes;
+
+use crate::abi::{opcode, InHeader, InitIn, OutHeader, NOTIFY_RESEND};
 
 /// What the kernel told the first server of a session in its FUSE_INIT:
 /// enough to rebuild that INIT for the next server, which then agrees to
@@ -52,46 +57,37 @@ pub struct Kept {
     pub opens: Option<OwnedFd>,
 }
 
-const FUSE_INIT: u32 = 26;
-/// `fuse_init_in`'s `flags2` holds the high capability bits.
+/// `fuse_init_in`'s `flags` bit saying `flags2` holds the high bits.
 const FUSE_INIT_EXT: u64 = 1 << 30;
-/// A notification's code, in place of an error in its header.
-const FUSE_NOTIFY_RESEND: i32 = 7;
-const IN_HEADER_LEN: usize = 40;
-/// `fuse_init_in` since 7.36: six words and eleven unused.
-const INIT_IN_LEN: usize = 64;
 
 impl KernelInit {
     /// The FUSE_INIT request the kernel sent, as fuser reads it: a
     /// `fuse_in_header` from this process's own ids, then `fuse_init_in`.
     pub fn request(&self) -> Vec<u8> {
-        let len = IN_HEADER_LEN + INIT_IN_LEN;
-        let flags = self.flags
-            | if self.flags >> 32 != 0 {
-                FUSE_INIT_EXT
-            } else {
-                0
-            };
-        let mut out = Vec::with_capacity(len);
-        out.extend_from_slice(&(len as u32).to_ne_bytes());
-        out.extend_from_slice(&FUSE_INIT.to_ne_bytes());
-        out.extend_from_slice(&1u64.to_ne_bytes()); // unique
-        out.extend_from_slice(&0u64.to_ne_bytes()); // nodeid
-        out.extend_from_slice(&rustix::process::geteuid().as_raw().to_ne_bytes());
-        out.extend_from_slice(&rustix::process::getegid().as_raw().to_ne_bytes());
-        out.extend_from_slice(&std::process::id().to_ne_bytes());
-        out.extend_from_slice(&0u32.to_ne_bytes()); // padding
-        for word in [
-            self.major,
-            self.minor,
-            self.max_readahead,
-            flags as u32,
-            (flags >> 32) as u32,
-        ] {
-            out.extend_from_slice(&word.to_ne_bytes());
-        }
-        out.resize(len, 0);
-        out
+        const LEN: usize = size_of::<InHeader>() + size_of::<InitIn>();
+        let flags = match self.flags >> 32 {
+            0 => self.flags,
+            _ => self.flags | FUSE_INIT_EXT,
+        };
+        let header = InHeader {
+            len: LEN as u32,
+            opcode: opcode::INIT,
+            unique: 1,
+            nodeid: 0,
+            uid: rustix::process::geteuid().as_raw(),
+            gid: rustix::process::getegid().as_raw(),
+            pid: std::process::id(),
+            ..Default::default()
+        };
+        let init = InitIn {
+            major: self.major,
+            minor: self.minor,
+            max_readahead: self.max_readahead,
+            flags: flags as u32,
+            flags2: (flags >> 32) as u32,
+            ..Default::default()
+        };
+        [header.as_bytes(), init.as_bytes()].concat()
     }
 }
 
@@ -140,11 +136,12 @@ fn become_device<FS: fuser::Filesystem>(
 /// read and did not answer. False where the kernel does not know the
 /// notification (before Linux 6.9).
 pub(crate) fn ask_resend(device: impl AsFd) -> io::Result<bool> {
-    let mut notify = Vec::with_capacity(16);
-    notify.extend_from_slice(&16u32.to_ne_bytes());
-    notify.extend_from_slice(&FUSE_NOTIFY_RESEND.to_ne_bytes());
-    notify.extend_from_slice(&0u64.to_ne_bytes());
-    match rustix::io::write(device, &notify) {
+    let notify = OutHeader {
+        len: size_of::<OutHeader>() as u32,
+        error: NOTIFY_RESEND,
+        unique: 0,
+    };
+    match rustix::io::write(device, notify.as_bytes()) {
         Ok(_) => Ok(true),
         Err(rustix::io::Errno::INVAL) => Ok(false),
         Err(e) => Err(e.into()),
@@ -167,7 +164,7 @@ mod tests {
         let word = |at: usize| u32::from_ne_bytes(bytes[at..at + 4].try_into().unwrap());
         assert_eq!(bytes.len(), 104);
         assert_eq!(word(0), 104, "the header's length is the whole request");
-        assert_eq!(word(4), FUSE_INIT);
+        assert_eq!(word(4), opcode::INIT);
         assert_eq!((word(40), word(44), word(48)), (7, 41, 131072));
         assert_eq!(word(52), (1 << 3) | (1 << 30), "low flags, and INIT_EXT");
         assert_eq!(word(56), 1 << 5, "bit 37 in flags2");

@@ -36,6 +36,8 @@ mod opens;
 #[cfg(target_os = "linux")]
 mod privilege;
 #[cfg(target_os = "linux")]
+mod request;
+#[cfg(target_os = "linux")]
 mod resident;
 #[cfg(target_os = "linux")]
 mod uring;

@@ -77,7 +77,6 @@ pub fn mount(fs: Arc<dyn Filesystem>, mountpoint: &Path, options: &Options) -> i
     let mountpoint = usable_mountpoint(mountpoint)?;
     usable_fuse()?;
     let (door, config) = door(fs, options);
-    let door = door.with_uring(options.io_uring);
     let shared = Shared::of(&door);
     let template = door.sibling();
     let session = fuser::Session::new(door, &mountpoint, &config).map_err(|e| {
@@ -87,23 +86,9 @@ pub fn mount(fs: Arc<dyn Filesystem>, mountpoint: &Path, options: &Options) -> i
         )
     })?;
     let device = shared.device_of(&session)?;
-    let kernel = *shared.kernel.lock();
     if options.io_uring {
-        match kernel.filter(|k| k.flags & FUSE_OVER_IO_URING != 0) {
-            None => tracing::warn!(
-                "the kernel does not offer FUSE over io_uring (Linux 6.14+, with \
-                 /sys/module/fuse/parameters/enable_uring set to Y): requests come \
-                 through /dev/fuse"
-            ),
-            Some(kernel) => {
-                match crate::uring::start(&device, kernel, &config, || template.sibling()) {
-                    Ok(()) => tracing::info!("requests come through FUSE over io_uring"),
-                    Err(e) => tracing::warn!(
-                        "FUSE over io_uring not set up ({e}): requests come through /dev/fuse"
-                    ),
-                }
-            }
-        }
+        let kernel = *shared.kernel.lock();
+        join_rings(&device, kernel, &template);
     }
     let mounted = Mounted::serve(session, mountpoint, shared, false)?;
     // Served first: it asks the mount for its device.
@@ -120,7 +105,15 @@ pub fn resume(
     kept: Kept,
     options: &Options,
 ) -> io::Result<Mounted> {
-    let (door, config) = door(fs, options);
+    // The last server's INIT kept FUSE over io_uring only if it served the
+    // rings; once they serve, the kernel sends this connection's requests
+    // nowhere else, so this server serves them too, whatever it was asked.
+    let rings = kept.kernel.flags & FUSE_OVER_IO_URING != 0;
+    let options = Options {
+        io_uring: rings,
+        ..options.clone()
+    };
+    let (door, config) = door(fs, &options);
     let adopted = kept
         .opens
         .ok_or_else(|| io::Error::other("the last server left none"))
@@ -137,7 +130,9 @@ pub fn resume(
         }
     };
     let shared = Shared::of(&door);
-    let session = handover::start(door, kept.device, kept.kernel, config)?;
+    let template = door.sibling();
+    let kernel = kept.kernel;
+    let session = handover::start(door, kept.device, kernel, config)?;
     let mounted = Mounted::serve(session, mountpoint.to_path_buf(), shared, true)?;
     match handover::ask_resend(&mounted.device) {
         Ok(true) => {}
@@ -148,7 +143,36 @@ pub fn resume(
         ),
         Err(e) => tracing::warn!("{}: asking for requests again: {e}", mountpoint.display()),
     }
+    if rings {
+        // The rings of the last server ended with it. What it had taken
+        // from them and not answered, the kernel does not send again (it
+        // resends only what was read from /dev/fuse).
+        join_rings(&mounted.device, Some(kernel), &template);
+        crate::uring::wake_queues(&mounted.mountpoint);
+    }
     Ok(mounted)
+}
+
+/// Serves the connection of `device` on the process's rings, if its INIT
+/// (`kernel`) offered FUSE over io_uring (the door then agreed to it);
+/// else, said once per process, through `/dev/fuse` alone.
+fn join_rings(device: &OwnedFd, kernel: Option<KernelInit>, template: &Door) {
+    if kernel.is_none_or(|k| k.flags & FUSE_OVER_IO_URING == 0) {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        return SAID.call_once(|| {
+            tracing::warn!(
+                "the kernel does not offer FUSE over io_uring (Linux 6.14+, with \
+                 /sys/module/fuse/parameters/enable_uring set to Y): requests come \
+                 through /dev/fuse"
+            )
+        });
+    }
+    match crate::uring::join(device, || template.sibling()) {
+        Ok(()) => tracing::info!("requests come through FUSE over io_uring"),
+        Err(e) => {
+            tracing::warn!("FUSE over io_uring not set up ({e}): requests come through /dev/fuse")
+        }
+    }
 }
 
 /// The open files the last server of the session recorded in `table`, their
@@ -200,7 +224,8 @@ fn door(fs: Arc<dyn Filesystem>, options: &Options) -> (Door, Config) {
     // own: then every request is read through the descriptor a keeper holds
     // a copy of (a clone closed with a dead server fails its requests).
     config.clone_fd = threads > 1;
-    (Door::new(fs, options.caching, options.passthrough), config)
+    let door = Door::new(fs, options.caching, options.passthrough).with_uring(options.io_uring);
+    (door, config)
 }
 
 /// What the mount's owner keeps of the door once the session has it.

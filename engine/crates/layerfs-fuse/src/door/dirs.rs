@@ -114,9 +114,14 @@ impl Door {
         }
     }
 
+    /// OPENDIR: no handle of its own.
+    pub(crate) fn opendir_as(&self, reply: impl OpenAnswer) {
+        reply.opened_as(FileHandle(0), self.opendir_flags(), None)
+    }
+
     /// How a directory is opened: where a listing changes only through this
     /// door, which tells the kernel when, the kernel keeps it across opens.
-    pub(crate) fn opendir_flags(&self) -> FopenFlags {
+    fn opendir_flags(&self) -> FopenFlags {
         match self.caching {
             Caching::Exclusive => FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
             Caching::Shared => FopenFlags::empty(),
