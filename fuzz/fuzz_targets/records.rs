@@ -20,7 +20,11 @@ struct Chunked<'a> {
 
 impl Read for Chunked<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let size = self.sizes.get(self.step % self.sizes.len().max(1)).copied().unwrap_or(255);
+        let size = self
+            .sizes
+            .get(self.step % self.sizes.len().max(1))
+            .copied()
+            .unwrap_or(255);
         self.step += 1;
         if size == 0 && !self.interrupted {
             self.interrupted = true;
@@ -28,7 +32,9 @@ impl Read for Chunked<'_> {
         }
         self.interrupted = false;
         let size = size.max(1);
-        let n = (size as usize).min(buf.len()).min(self.data.len() - self.at);
+        let n = (size as usize)
+            .min(buf.len())
+            .min(self.data.len() - self.at);
         buf[..n].copy_from_slice(&self.data[self.at..self.at + n]);
         self.at += n;
         Ok(n)
@@ -89,5 +95,8 @@ fuzz_target!(|input: (Vec<u8>, Vec<u8>)| {
         }
     };
     assert_eq!(got, want, "records differ from the RFC's reading");
-    assert_eq!(ended_cleanly, clean_end, "the end of the stream read differently");
+    assert_eq!(
+        ended_cleanly, clean_end,
+        "the end of the stream read differently"
+    );
 });

@@ -13,16 +13,50 @@ use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug)]
 enum Op {
-    Create { dir: u8, name: u8 },
-    Mkdir { dir: u8, name: u8 },
-    Symlink { dir: u8, name: u8 },
-    Write { file: u8, offset: u16, len: u8 },
-    Truncate { file: u8, size: u16 },
-    Chmod { file: u8, mode: u16 },
-    Remove { dir: u8, name: u8 },
-    Rmdir { dir: u8, name: u8 },
-    Rename { from: u8, name: u8, to: u8, new_name: u8 },
-    Link { file: u8, dir: u8, name: u8 },
+    Create {
+        dir: u8,
+        name: u8,
+    },
+    Mkdir {
+        dir: u8,
+        name: u8,
+    },
+    Symlink {
+        dir: u8,
+        name: u8,
+    },
+    Write {
+        file: u8,
+        offset: u16,
+        len: u8,
+    },
+    Truncate {
+        file: u8,
+        size: u16,
+    },
+    Chmod {
+        file: u8,
+        mode: u16,
+    },
+    Remove {
+        dir: u8,
+        name: u8,
+    },
+    Rmdir {
+        dir: u8,
+        name: u8,
+    },
+    Rename {
+        from: u8,
+        name: u8,
+        to: u8,
+        new_name: u8,
+    },
+    Link {
+        file: u8,
+        dir: u8,
+        name: u8,
+    },
 }
 
 const NAMES: [&[u8]; 6] = [b"a", b"b", b"etc", b"f", b"sub", b".wh.x"];
@@ -57,7 +91,12 @@ fn apply(fs: &StackFs, who: &Caller, known: &mut Known, op: &Op) {
     };
     match *op {
         Op::Create { dir, name: n } => {
-            let made = fs.create(who, known.dir(dir), name(n), Create::Guarded(SetAttr::default()));
+            let made = fs.create(
+                who,
+                known.dir(dir),
+                name(n),
+                Create::Guarded(SetAttr::default()),
+            );
             new(made.map(|(a, _)| a), known);
         }
         Op::Mkdir { dir, name: n } => {
@@ -98,7 +137,12 @@ fn apply(fs: &StackFs, who: &Caller, known: &mut Known, op: &Op) {
         Op::Rmdir { dir, name: n } => {
             let _ = fs.rmdir(who, known.dir(dir), name(n));
         }
-        Op::Rename { from, name: n, to, new_name } => {
+        Op::Rename {
+            from,
+            name: n,
+            to,
+            new_name,
+        } => {
             let _ = fs.rename(who, known.dir(from), name(n), known.dir(to), name(new_name));
         }
         Op::Link { file, dir, name: n } => {
@@ -121,10 +165,20 @@ fn check(fs: &StackFs, who: &Caller, known: &Known) {
                 continue;
             }
             let found = fs.lookup(who, dir, &entry.name).unwrap_or_else(|e| {
-                panic!("{:?} listed in {dir} but lookup says {e:?}", String::from_utf8_lossy(&entry.name))
+                panic!(
+                    "{:?} listed in {dir} but lookup says {e:?}",
+                    String::from_utf8_lossy(&entry.name)
+                )
             });
-            assert_eq!(found.fileid, entry.fileid, "{:?}: listed id", String::from_utf8_lossy(&entry.name));
-            let attr = fs.getattr(found.fileid).expect("a listed file has attributes");
+            assert_eq!(
+                found.fileid,
+                entry.fileid,
+                "{:?}: listed id",
+                String::from_utf8_lossy(&entry.name)
+            );
+            let attr = fs
+                .getattr(found.fileid)
+                .expect("a listed file has attributes");
             assert_eq!(attr.kind, found.kind);
         }
     }
@@ -138,7 +192,14 @@ fuzz_target!(|ops: Vec<Op>| {
     std::fs::write(lower.join("etc/f"), b"lower f").unwrap();
     std::fs::hard_link(lower.join("a"), lower.join("etc/a")).unwrap();
     std::fs::write(lower.join("etc/.wh.b"), b"").unwrap();
-    let fs = Arc::new(StackFs::open(&[lower], &dir.path().join("upper"), &dir.path().join("state")).unwrap());
+    let fs = Arc::new(
+        StackFs::open(
+            &[lower],
+            &dir.path().join("upper"),
+            &dir.path().join("state"),
+        )
+        .unwrap(),
+    );
     let who = Caller::root();
     let root = fs.root();
     let etc = fs.lookup(&who, root, b"etc").unwrap().fileid;

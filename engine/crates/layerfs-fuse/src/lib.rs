@@ -25,6 +25,9 @@ mod callers;
 mod door;
 #[cfg(target_os = "linux")]
 mod forgets;
+#[cfg(all(target_os = "linux", feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
 #[cfg(target_os = "linux")]
 pub mod handover;
 #[cfg(target_os = "linux")]
