@@ -346,6 +346,7 @@ pub const NOTIFY_RESEND: i32 = 7;
 /// they come from.
 pub mod opcode {
     pub const LOOKUP: u32 = 1;
+    pub const FORGET: u32 = 2;
     pub const GETATTR: u32 = 3;
     pub const SETATTR: u32 = 4;
     pub const READLINK: u32 = 5;
@@ -374,7 +375,10 @@ pub mod opcode {
     pub const FSYNCDIR: u32 = 30;
     pub const ACCESS: u32 = 34;
     pub const CREATE: u32 = 35;
+    pub const INTERRUPT: u32 = 36;
+    pub const DESTROY: u32 = 38;
     pub const IOCTL: u32 = 39;
+    pub const BATCH_FORGET: u32 = 42;
     pub const FALLOCATE: u32 = 43;
     pub const READDIRPLUS: u32 = 44;
     pub const RENAME2: u32 = 45;

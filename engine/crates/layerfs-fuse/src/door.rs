@@ -8,19 +8,13 @@
 //! (sent without a caller) goes through.
 
 use std::cell::RefCell;
-use std::ffi::OsStr;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
 use std::sync::{Arc, OnceLock};
-use std::time::SystemTime;
 
 use fuser::{
-    AccessFlags, Errno, FileHandle, FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags,
-    KernelConfig, LockOwner, Notifier, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, Errno, FileHandle, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
+    Notifier, OpenAccMode, OpenFlags, RenameFlags, Request, TimeOrNow, WriteFlags,
 };
 use layerfs_vfs::access::{permits, Perm};
 use layerfs_vfs::bounded::BoundedMap;
@@ -42,6 +36,7 @@ use crate::forgets::Forgets;
 use crate::handover::KernelInit;
 use crate::opens::{Held, OpenFiles, Way, CACHED, PASSTHROUGH};
 use crate::privilege;
+use crate::routes::Routes;
 
 /// Largest WRITE the kernel sends; also its readahead.
 mod dirs;
@@ -83,6 +78,8 @@ pub struct Door {
     device: Arc<OnceLock<Arc<OwnedFd>>>,
     /// Whether the rings serve, which lets FORGETs wait.
     forgets: Arc<Forgets>,
+    /// Requests answered through each route.
+    routes: Arc<Routes>,
 }
 
 /// The inodes known to have no `security.capability`. The kernel looks for
@@ -159,10 +156,6 @@ fn xattr_reply(reply: impl XattrAnswer, bytes: &[u8], size: u32) {
     }
 }
 
-fn name_bytes(name: &OsStr) -> &[u8] {
-    name.as_bytes()
-}
-
 /// Open files recorded where a server taking the session over finds them;
 /// without a table where none can be made (the session then cannot be
 /// taken over with files open through passthrough).
@@ -195,6 +188,7 @@ impl Door {
             agreed: Arc::default(),
             device: Arc::default(),
             forgets: Arc::default(),
+            routes: Arc::default(),
         }
     }
 
@@ -223,12 +217,32 @@ impl Door {
             agreed: self.agreed.clone(),
             device: self.device.clone(),
             forgets: self.forgets.clone(),
+            routes: self.routes.clone(),
         }
     }
 
     /// Said by a ring at its first request (see [`crate::forgets`]).
     pub(crate) fn rings_serve(&self) {
         self.forgets.rings_serve();
+    }
+
+    /// A FORGET or BATCH_FORGET came: the door keeps no lookup counts,
+    /// but the read of the next request may wait ([`crate::forgets`]).
+    pub(crate) fn forgotten(&self) {
+        self.forgets.handled();
+    }
+
+    pub(crate) fn answered_through_device(&self) {
+        self.routes.through_device();
+    }
+
+    pub(crate) fn answered_on_ring(&self) {
+        self.routes.through_rings();
+    }
+
+    /// Requests answered through each route, shared by this door's siblings.
+    pub(crate) fn routes(&self) -> Arc<Routes> {
+        self.routes.clone()
     }
 
     /// The inodes known to have no file capabilities, for the mount's owner
@@ -332,13 +346,9 @@ fn open_wants(flags: OpenFlags) -> Perm {
     }
 }
 
+/// fuser mounts and answers the kernel's FUSE_INIT with what the door asks
+/// for here; every later request is read by [`crate::devfuse`] or a ring.
 impl fuser::Filesystem for Door {
-    /// The door keeps no lookup counts: nothing to forget, but the read
-    /// of the next may wait ([`crate::forgets`]).
-    fn forget(&self, _req: &Request, _ino: INodeNo, _nlookup: u64) {
-        self.forgets.handled();
-    }
-
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
         // Asked first, before anything is added: the capabilities offered,
         // and the largest readahead (told only by refusing more).
@@ -405,297 +415,6 @@ impl fuser::Filesystem for Door {
         let _ = config.set_max_background(64);
         Ok(())
     }
-
-    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        self.lookup_as(Who::of(req), parent, name_bytes(name), reply)
-    }
-
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        self.getattr_as(ino, reply)
-    }
-
-    fn setattr(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        mode: Option<u32>,
-        uid: Option<u32>,
-        gid: Option<u32>,
-        size: Option<u64>,
-        atime: Option<TimeOrNow>,
-        mtime: Option<TimeOrNow>,
-        _ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
-        _crtime: Option<SystemTime>,
-        _chgtime: Option<SystemTime>,
-        _bkuptime: Option<SystemTime>,
-        _flags: Option<fuser::BsdFileFlags>,
-        reply: ReplyAttr,
-    ) {
-        let set = SetAttr {
-            mode,
-            uid,
-            gid,
-            size,
-            atime: set_time(atime),
-            mtime: set_time(mtime),
-        };
-        self.setattr_as(Who::of(req), ino, set, reply)
-    }
-
-    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
-        self.readlink_as(Who::of(req), ino, reply)
-    }
-
-    fn mknod(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        _umask: u32,
-        rdev: u32,
-        reply: ReplyEntry,
-    ) {
-        self.mknod_as(Who::of(req), parent, name_bytes(name), (mode, rdev), reply)
-    }
-
-    fn mkdir(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        _umask: u32,
-        reply: ReplyEntry,
-    ) {
-        self.mkdir_as(Who::of(req), parent, name_bytes(name), mode, reply)
-    }
-
-    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        self.unlink_as(Who::of(req), parent, name_bytes(name), reply)
-    }
-
-    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        self.rmdir_as(Who::of(req), parent, name_bytes(name), reply)
-    }
-
-    fn symlink(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        link_name: &OsStr,
-        target: &Path,
-        reply: ReplyEntry,
-    ) {
-        let (name, target) = (name_bytes(link_name), target.as_os_str().as_bytes());
-        self.symlink_as(Who::of(req), parent, name, target, reply)
-    }
-
-    fn rename(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        newparent: INodeNo,
-        newname: &OsStr,
-        flags: RenameFlags,
-        reply: ReplyEmpty,
-    ) {
-        let (from, to) = ((parent, name_bytes(name)), (newparent, name_bytes(newname)));
-        self.rename_as(Who::of(req), from, to, flags, reply)
-    }
-
-    fn link(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        newparent: INodeNo,
-        newname: &OsStr,
-        reply: ReplyEntry,
-    ) {
-        self.link_as(Who::of(req), ino, (newparent, name_bytes(newname)), reply)
-    }
-
-    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        self.open_as(Who::of(req), ino, flags, reply)
-    }
-
-    fn release(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        _flush: bool,
-        reply: ReplyEmpty,
-    ) {
-        self.release_as(ino, fh, reply)
-    }
-
-    fn read(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        size: u32,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyData,
-    ) {
-        self.read_as(ino, offset, size, reply)
-    }
-
-    fn write(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        data: &[u8],
-        write_flags: WriteFlags,
-        flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyWrite,
-    ) {
-        crate::resident::once_per_thread(data, MAX_WRITE as usize);
-        self.write_as(ino, offset, data, write_flags, flags, reply)
-    }
-
-    fn flush(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _lock_owner: LockOwner,
-        reply: ReplyEmpty,
-    ) {
-        self.flush_as(reply)
-    }
-
-    fn fsync(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        datasync: bool,
-        reply: ReplyEmpty,
-    ) {
-        self.fsync_as(ino, datasync, reply)
-    }
-
-    fn fallocate(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        length: u64,
-        mode: i32,
-        reply: ReplyEmpty,
-    ) {
-        self.fallocate_as(ino, (offset, length), mode, reply)
-    }
-
-    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        self.opendir_as(reply)
-    }
-
-    fn readdir(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        reply: ReplyDirectory,
-    ) {
-        self.readdir_as(Who::of(req), ino, offset, reply)
-    }
-
-    fn readdirplus(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        reply: ReplyDirectoryPlus,
-    ) {
-        self.readdirplus_as(Who::of(req), ino, offset, reply)
-    }
-
-    fn fsyncdir(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        datasync: bool,
-        reply: ReplyEmpty,
-    ) {
-        self.fsync_as(ino, datasync, reply)
-    }
-
-    fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
-        self.statfs_as(ino, reply)
-    }
-
-    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
-        self.access_as(Who::of(req), ino, wanted(mask), reply)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn ioctl(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _flags: IoctlFlags,
-        _cmd: u32,
-        _in_data: &[u8],
-        _out_size: u32,
-        reply: ReplyIoctl,
-    ) {
-        self.ioctl_as(reply)
-    }
-
-    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        self.getxattr_as(ino, name_bytes(name), size, reply)
-    }
-
-    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        self.listxattr_as(ino, size, reply)
-    }
-
-    fn setxattr(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        name: &OsStr,
-        value: &[u8],
-        flags: i32,
-        _position: u32,
-        reply: ReplyEmpty,
-    ) {
-        self.setxattr_as(ino, (name_bytes(name), value), flags, reply)
-    }
-
-    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        self.removexattr_as(ino, name_bytes(name), reply)
-    }
-
-    fn create(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        _umask: u32,
-        flags: i32,
-        reply: ReplyCreate,
-    ) {
-        self.create_as(Who::of(req), parent, name_bytes(name), mode, flags, reply)
-    }
 }
 
 /// The attributes of `id`, open as `file` with no name left.
@@ -713,14 +432,4 @@ pub struct Who {
     pub uid: u32,
     pub gid: u32,
     pub pid: u32,
-}
-
-impl Who {
-    fn of(req: &Request) -> Who {
-        Who {
-            uid: req.uid(),
-            gid: req.gid(),
-            pid: req.pid(),
-        }
-    }
 }

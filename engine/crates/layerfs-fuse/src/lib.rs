@@ -22,6 +22,8 @@ mod backing;
 #[cfg(target_os = "linux")]
 mod callers;
 #[cfg(target_os = "linux")]
+mod devfuse;
+#[cfg(target_os = "linux")]
 mod door;
 #[cfg(target_os = "linux")]
 mod forgets;
@@ -42,6 +44,8 @@ mod privilege;
 mod request;
 #[cfg(target_os = "linux")]
 mod resident;
+#[cfg(target_os = "linux")]
+mod routes;
 #[cfg(target_os = "linux")]
 mod uring;
 #[cfg(target_os = "linux")]

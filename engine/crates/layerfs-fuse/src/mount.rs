@@ -5,12 +5,13 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use fuser::{BackgroundSession, Config, MountOption, SessionACL};
+use fuser::{Config, MountOption, SessionACL};
 use layerfs_vfs::{FileId, Filesystem};
 use rustix::fs::Access;
 
 use crate::attrs::Inos;
 use crate::backing::Backing;
+use crate::devfuse::Readers;
 use crate::door::Door;
 use crate::handover::{self, Kept, KernelInit};
 use crate::opens::OpenFiles;
@@ -55,7 +56,11 @@ impl Default for Options {
 
 /// A mounted filesystem; [`Mounted::unmount`] (or dropping it) takes it down.
 pub struct Mounted {
-    session: Option<BackgroundSession>,
+    /// fuser's session, once its INIT is answered: kept for the unmount
+    /// (fuser mounted it, through `fusermount3` for a user), never run.
+    session: Option<fuser::Session<Door>>,
+    /// The threads reading `/dev/fuse`.
+    readers: Option<Readers>,
     mountpoint: PathBuf,
     shared: Shared,
     /// A copy of the session's device descriptor, for [`Mounted::kept`].
@@ -79,7 +84,7 @@ pub fn mount(fs: Arc<dyn Filesystem>, mountpoint: &Path, options: &Options) -> i
     let (door, config) = door(fs, options);
     let shared = Shared::of(&door);
     let template = door.sibling();
-    let session = fuser::Session::new(door, &mountpoint, &config).map_err(|e| {
+    let session = fuser::Session::new(door, &mountpoint, &config.fuser).map_err(|e| {
         io::Error::new(
             e.kind(),
             format!("cannot mount on {}: {e}", mountpoint.display()),
@@ -90,7 +95,7 @@ pub fn mount(fs: Arc<dyn Filesystem>, mountpoint: &Path, options: &Options) -> i
         let kernel = *shared.kernel.lock();
         join_rings(&device, kernel, &template);
     }
-    let mounted = Mounted::serve(session, mountpoint, shared, false)?;
+    let mounted = Mounted::serve(session, &config, &template, mountpoint, shared, false)?;
     // Served first: it asks the mount for its device.
     widen_readahead(&mounted.mountpoint);
     Ok(mounted)
@@ -132,8 +137,15 @@ pub fn resume(
     let shared = Shared::of(&door);
     let template = door.sibling();
     let kernel = kept.kernel;
-    let session = handover::start(door, kept.device, kernel, config)?;
-    let mounted = Mounted::serve(session, mountpoint.to_path_buf(), shared, true)?;
+    let session = handover::start(door, kept.device, kernel, config.fuser.clone())?;
+    let mounted = Mounted::serve(
+        session,
+        &config,
+        &template,
+        mountpoint.to_path_buf(),
+        shared,
+        true,
+    )?;
     match handover::ask_resend(&mounted.device) {
         Ok(true) => {}
         Ok(false) => tracing::warn!(
@@ -193,8 +205,18 @@ fn open_files(device: &OwnedFd, table: OwnedFd) -> io::Result<OpenFiles<Backing>
     }))
 }
 
-/// The door for `fs` and fuser's settings to serve it with.
-fn door(fs: Arc<dyn Filesystem>, options: &Options) -> (Door, Config) {
+/// How a mount is served besides its door.
+struct Serving {
+    /// fuser's settings, for the mount and the INIT.
+    fuser: Config,
+    /// Threads reading `/dev/fuse`.
+    threads: usize,
+    /// Whether each thread but the first reads a clone of the device.
+    clone: bool,
+}
+
+/// The door for `fs` and how to serve it.
+fn door(fs: Arc<dyn Filesystem>, options: &Options) -> (Door, Serving) {
     static LARGE_BUFFERS_MAPPED: std::sync::Once = std::sync::Once::new();
     LARGE_BUFFERS_MAPPED.call_once(map_large_buffers);
     let threads = match options.threads {
@@ -219,13 +241,17 @@ fn door(fs: Arc<dyn Filesystem>, options: &Options) -> (Door, Config) {
     } else {
         SessionACL::Owner
     };
-    config.n_threads = Some(threads);
-    // A descriptor of its own per thread, but for one thread the session's
-    // own: then every request is read through the descriptor a keeper holds
-    // a copy of (a clone closed with a dead server fails its requests).
-    config.clone_fd = threads > 1;
     let door = Door::new(fs, options.caching, options.passthrough).with_uring(options.io_uring);
-    (door, config)
+    let serving = Serving {
+        fuser: config,
+        threads,
+        // A descriptor of its own per thread, but for one thread the
+        // session's own: then every request is read through the descriptor
+        // a keeper holds a copy of (a clone closed with a dead server fails
+        // its requests).
+        clone: threads > 1,
+    };
+    (door, serving)
 }
 
 /// What the mount's owner keeps of the door once the session has it.
@@ -236,6 +262,7 @@ struct Shared {
     inos: Inos,
     notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
     device: Arc<std::sync::OnceLock<Arc<OwnedFd>>>,
+    routes: Arc<crate::routes::Routes>,
 }
 
 impl Shared {
@@ -257,6 +284,7 @@ impl Shared {
             inos: door.inos(),
             notifier: door.notifier(),
             device: door.device(),
+            routes: door.routes(),
         }
     }
 }
@@ -307,16 +335,23 @@ fn map_large_buffers() {
 }
 
 impl Mounted {
+    /// Serves `session`, whose INIT was answered, with a door like
+    /// `template` (made now, it passes files through if INIT agreed to).
     fn serve(
         session: fuser::Session<Door>,
+        serving: &Serving,
+        template: &Door,
         mountpoint: PathBuf,
         shared: Shared,
         resumed: bool,
     ) -> io::Result<Mounted> {
         let device = shared.device_of(&session)?.try_clone()?;
         let _ = shared.notifier.set(session.notifier());
+        let door = Arc::new(template.sibling());
+        let readers = Readers::start(&device, door, serving.threads, serving.clone)?;
         Ok(Mounted {
-            session: Some(session.spawn()?),
+            session: Some(session),
+            readers: Some(readers),
             mountpoint,
             shared,
             device,
@@ -353,11 +388,10 @@ impl Mounted {
     /// threads serving it have read and not answered by then is sent
     /// again to that server.
     pub fn leave(mut self) {
-        if let Some(session) = self.session.take() {
-            // Its threads end with the process; joining would wait for
-            // the next request.
-            std::mem::forget(session);
-        }
+        // The threads end with the process (joining would wait for the
+        // next request), and the session is not dropped: it would unmount.
+        self.readers.take();
+        std::mem::forget(self.session.take());
     }
 
     /// The files the kernel writes itself (passthrough opens), with no
@@ -382,11 +416,10 @@ impl Mounted {
     /// does not hold is no error.
     pub fn invalidate(&self, names: &[(FileId, Vec<u8>)], files: &[FileId]) {
         use std::os::unix::ffi::OsStrExt;
-        let Some(session) = &self.session else {
+        let Some(notifier) = self.shared.notifier.get() else {
             return;
         };
         self.shared.no_caps.forget();
-        let notifier = session.notifier();
         for (dir, name) in names {
             let _ = notifier.inval_entry(
                 self.shared.inos.ino(*dir),
@@ -401,47 +434,53 @@ impl Mounted {
     /// Whether the kernel still sends requests: false once the mount was
     /// taken away from outside (`umount`, `fusermount3 -u`).
     pub fn is_serving(&self) -> bool {
-        self.session
-            .as_ref()
-            .is_some_and(|s| !s.guard.is_finished())
+        self.readers.as_ref().is_some_and(|r| !r.is_finished())
     }
 
     fn take_down(&mut self) -> io::Result<()> {
-        let Some(session) = self.session.take() else {
+        let Some(readers) = self.readers.take() else {
             return Ok(());
         };
+        let session = self.session.take();
         if !connected(&self.device) {
             // Unmounted from outside (or aborted): nothing of this mount is
             // left, and unmounting its path now could take what was mounted
-            // there since, a restarted door's mount, say. fuser 0.18 would
-            // unmount the path all the same when its session drops (its
-            // check for a live connection takes a dead one as live), so the
-            // session is let go: its threads end at their next read, and
-            // what it holds (a descriptor or two) stays with the process.
+            // there since, a restarted door's mount, say. fuser's session
+            // would unmount the path all the same when dropped (its check
+            // for a live connection takes a dead one as live), so it is
+            // let go with what it holds (a descriptor or two).
             std::mem::forget(session);
+            self.say_routes("was unmounted");
             return Ok(());
         }
-        let unmounted = if self.resumed {
-            unmount(&self.mountpoint).and_then(|()| session.join())
-        } else {
-            session.umount_and_join()
+        let unmounted = match (self.resumed, session) {
+            (false, Some(mut session)) => session.unmount(),
+            _ => unmount(&self.mountpoint),
         };
         match unmounted {
             Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-                // In use: detached now, gone once its last user leaves.
+                // In use: detached now, gone once its last user leaves,
+                // served until then.
                 tracing::warn!("{} is busy: detached", self.mountpoint.display());
                 detach(&self.mountpoint)
             }
-            Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => {
-                // The unmount went through; a serving thread's read of the
-                // device then failed with ECONNABORTED rather than the usual
-                // ENODEV (met once; why the kernel chose it was not found),
-                // and fuser 0.18 takes only ENODEV for the end of a session.
-                tracing::debug!("{}: the session ended with {e}", self.mountpoint.display());
+            Err(e) => Err(e),
+            Ok(()) => {
+                readers.join();
+                self.say_routes("unmounted");
                 Ok(())
             }
-            other => other,
         }
+    }
+
+    /// Logs, at the end of the mount, how many requests came by each route.
+    fn say_routes(&self, ended: &str) {
+        let (device, rings) = self.shared.routes.counted();
+        tracing::info!(
+            "{} {ended}: {device} requests were answered through /dev/fuse, \
+             {rings} through the rings",
+            self.mountpoint.display()
+        );
     }
 }
 

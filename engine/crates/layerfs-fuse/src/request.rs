@@ -41,11 +41,12 @@ impl<'a> Body<'a> {
         }
     }
 
-    /// The arguments as `/dev/fuse` gives them, in one buffer.
-    #[cfg(test)]
-    pub fn whole(bytes: &'a [u8]) -> Body<'a> {
+    /// The arguments as `/dev/fuse` gives them, in one buffer, without
+    /// the `extensions` (8-byte units) the kernel appends last.
+    pub fn whole(bytes: &'a [u8], extensions: u16) -> Body<'a> {
+        let ext = 8 * usize::from(extensions);
         Body {
-            op: bytes,
+            op: &bytes[..bytes.len().saturating_sub(ext)],
             rest: &[],
         }
     }

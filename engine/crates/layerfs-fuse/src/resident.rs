@@ -11,26 +11,13 @@
 //! dying daemon's thread), and in none of 30 since. Pages the kernel has
 //! written stay resident (nothing here is swapped out unless the machine
 //! swaps), so only a request reaching pages none reached before is at risk:
-//! at a thread's first WRITE the buffer is made resident for the longest
-//! one, [`crate::door::MAX_WRITE`]. That costs 1 MiB per thread that is
-//! sent WRITEs; a door that passes its files through is sent none.
+//! at a thread's first WRITE its whole buffer is made resident
+//! ([`crate::devfuse`]). That costs 1 MiB per thread that is sent WRITEs; a
+//! door that passes its files through is sent none.
 
-use std::cell::Cell;
-
-thread_local! {
-    static DONE: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Makes the `len` bytes from the start of `data` resident and writable,
-/// once per thread. `data` is a WRITE's payload, a slice of the buffer the
-/// request was read into: the kernel reads into no buffer shorter than a
-/// WRITE's headers and its longest payload, so `len` up to that payload
-/// stays within it.
-pub(crate) fn once_per_thread(data: &[u8], len: usize) {
-    if DONE.replace(true) {
-        return;
-    }
-    if let Err(e) = populate(data.as_ptr(), len) {
+/// Makes every page of `buffer` resident and writable, changing no byte.
+pub(crate) fn make_resident(buffer: &[u8]) {
+    if let Err(e) = populate(buffer.as_ptr(), buffer.len()) {
         tracing::debug!("the request buffer was not made resident: {e}");
     }
 }
@@ -43,7 +30,7 @@ fn populate(start: *const u8, len: usize) -> std::io::Result<()> {
     let first = start as usize & !(page - 1);
     let end = (start as usize + len).next_multiple_of(page);
     // SAFETY: the range is memory of this process (the buffer `start`
-    // points into, see `once_per_thread`), and populating changes no byte
+    // points into, see `make_resident`), and populating changes no byte
     // of it: present pages stay as they are, absent ones are filled with
     // the zeros they already read as.
     unsafe {
@@ -118,36 +105,19 @@ mod tests {
     }
 
     #[test]
-    fn a_fresh_buffer_is_resident_for_the_longest_write_after_the_first() {
-        std::thread::spawn(|| {
-            let page = rustix::param::page_size();
-            let buffer = Mapping::new(4 << 20);
-            let longest = 2 << 20;
-            assert_eq!(buffer.resident(0..4 << 20), 0);
-            once_per_thread(&buffer.bytes()[80..4096], longest);
-            let spanned = (80 + longest).div_ceil(page);
-            assert_eq!(buffer.resident(0..spanned * page), spanned);
-            assert_eq!(
-                buffer.resident(spanned * page..4 << 20),
-                0,
-                "only the longest WRITE's length is made resident"
-            );
-            assert!(buffer.bytes().iter().all(|&b| b == 0), "nothing written");
-        })
-        .join()
-        .unwrap();
-    }
-
-    #[test]
-    fn a_thread_makes_its_buffer_resident_once() {
-        std::thread::spawn(|| {
-            let (first, second) = (Mapping::new(2 << 20), Mapping::new(2 << 20));
-            once_per_thread(&first.bytes()[80..100], 1 << 20);
-            once_per_thread(&second.bytes()[80..100], 1 << 20);
-            assert!(first.resident(0..1 << 20) >= 256);
-            assert_eq!(second.resident(0..2 << 20), 0);
-        })
-        .join()
-        .unwrap();
+    fn a_buffer_is_made_resident_and_left_as_it_was() {
+        let page = rustix::param::page_size();
+        let buffer = Mapping::new(4 << 20);
+        let longest = 2 << 20;
+        assert_eq!(buffer.resident(0..4 << 20), 0);
+        make_resident(&buffer.bytes()[80..80 + longest]);
+        let spanned = (80 + longest).div_ceil(page);
+        assert_eq!(buffer.resident(0..spanned * page), spanned);
+        assert_eq!(
+            buffer.resident(spanned * page..4 << 20),
+            0,
+            "only the slice given is made resident"
+        );
+        assert!(buffer.bytes().iter().all(|&b| b == 0), "nothing written");
     }
 }

@@ -295,6 +295,7 @@ impl Served {
             mount.door.rings_serve();
             mount.served = true;
         }
+        mount.door.answered_on_ring();
         self.given += 1;
         if self.given == self.next_logged {
             let given = self.given;

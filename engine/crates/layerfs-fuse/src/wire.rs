@@ -78,6 +78,22 @@ fn setattr_in(op: &SetattrIn) -> SetAttr {
     }
 }
 
+/// Answers a READ, its arguments `op`, by reading the file straight into
+/// `dst`, the buffer the answer goes out from: the answer's errno
+/// (negative, or 0) and length. None for any other request, and for a READ
+/// [`answer`] must answer (a file open with no name left).
+pub fn read_direct(door: &Door, h: &InHeader, op: &[u8], dst: &mut [u8]) -> Option<(i32, usize)> {
+    if h.opcode != crate::abi::opcode::READ {
+        return None;
+    }
+    let read = crate::abi::args::<crate::abi::ReadIn>(op)?;
+    let size = (read.size as usize).min(dst.len());
+    match door.read_into(INodeNo(h.nodeid), read.offset, &mut dst[..size])? {
+        Ok(len) => Some((0, len)),
+        Err(e) => Some((-e.code(), 0)),
+    }
+}
+
 /// Answers request `h`, its arguments `body`, with `door` into `out`.
 /// Every request gets an answer: one the door does not serve is ENOSYS.
 pub fn answer(door: &Door, h: &InHeader, body: Body<'_>, out: &mut Answered) {

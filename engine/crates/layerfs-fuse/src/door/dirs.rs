@@ -209,6 +209,7 @@ impl Door {
 mod tests {
     use std::collections::BTreeSet;
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    use std::path::Path;
 
     use fuser::FileType;
 

@@ -3,6 +3,7 @@
 //! without a kernel.
 
 use std::cell::RefCell;
+use std::path::Path;
 use std::rc::Rc;
 use std::time::Duration;
 

@@ -102,7 +102,7 @@ fn a_ring_s_layout_and_dev_fuse_s_are_read_alike() {
         let whole = [op.as_slice(), &rest].concat();
         let split = parsed(opcode, Body::split(&op, &rest, 0));
         assert!(split.starts_with("Ok("), "{opcode}: {split}");
-        assert_eq!(split, parsed(opcode, Body::whole(&whole)), "{opcode}");
+        assert_eq!(split, parsed(opcode, Body::whole(&whole, 0)), "{opcode}");
     }
     let newdir_in = 7u64.to_ne_bytes();
     let Ok(Request::Rename {
@@ -134,7 +134,7 @@ fn every_cut_of_a_request_is_refused() {
             _ => whole.len(),
         };
         for cut in 0..cuts {
-            let got = Request::parse(opcode, Body::whole(&whole[..cut]));
+            let got = Request::parse(opcode, Body::whole(&whole[..cut], 0));
             assert!(got.is_err(), "{opcode} cut at {cut}: {got:?}");
         }
     }
@@ -165,13 +165,13 @@ fn extensions_after_the_arguments_are_left_out() {
 #[test]
 fn an_empty_name_is_refused_and_an_unknown_request_kept_for_enosys() {
     for opcode in [op::LOOKUP, op::UNLINK, op::RMDIR, op::REMOVEXATTR] {
-        let got = Request::parse(opcode, Body::whole(b"\0"));
+        let got = Request::parse(opcode, Body::whole(b"\0", 0));
         assert!(matches!(got, Err(Errno::EINVAL)), "{opcode}: {got:?}");
     }
     let renamed_to_nothing = Request::parse(op::RENAME, Body::split(&[0; 8], b"a\0\0", 0));
     assert!(matches!(renamed_to_nothing, Err(Errno::EINVAL)));
     assert!(matches!(
-        Request::parse(46, Body::whole(&[0; 24])),
+        Request::parse(46, Body::whole(&[0; 24], 0)),
         Ok(Request::Other(46))
     ));
 }

@@ -131,18 +131,10 @@ pub(super) fn answer(slot: &mut Slot, door: &Door, answered: &mut Answered) {
         return answer_with(slot, header.unique, -libc::EIO, 0);
     };
     // A READ's data goes straight into the ring's buffer.
-    if let Some(read) = (header.opcode == fuse_op::READ)
-        .then(|| abi::args::<ReadIn>(&slot.header.op_in[..op]))
-        .flatten()
+    if let Some((error, len)) =
+        wire::read_direct(door, &header, &slot.header.op_in[..op], &mut slot.payload)
     {
-        let size = (read.size as usize).min(PAYLOAD_LEN);
-        let ino = fuser::INodeNo(header.nodeid);
-        if let Some(read) = door.read_into(ino, read.offset, &mut slot.payload[..size]) {
-            return match read {
-                Ok(len) => answer_with(slot, header.unique, 0, len),
-                Err(e) => answer_with(slot, header.unique, -e.code(), 0),
-            };
-        }
+        return answer_with(slot, header.unique, error, len);
     }
     let body = Body::split(
         &slot.header.op_in[..op],

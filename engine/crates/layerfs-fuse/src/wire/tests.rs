@@ -60,7 +60,7 @@ fn ask(door: &Door, opcode: u32, nodeid: u64, op: &[u8], payload: &[u8]) -> Answ
     ) {
         let whole = [op, payload].concat();
         let mut again = Answered::default();
-        answer(door, &h, Body::whole(&whole), &mut again);
+        answer(door, &h, Body::whole(&whole, 0), &mut again);
         assert_eq!(
             (again.error, &again.body),
             (out.error, &out.body),
