@@ -505,8 +505,7 @@ impl Daemon {
             // The layers never change and the upper is this daemon's alone.
             caching: layerfs_fuse::Caching::Exclusive,
             allow_other: false,
-            // One thread reading each mount's /dev/fuse (and fuser's own
-            // beside it): reads and writes of files passed through never
+            // One thread reading each mount's /dev/fuse: reads and writes of files passed through never
             // reach it, and a daemon of hundreds of workspaces must not
             // start a thread per core for each.
             threads: 1,

@@ -313,9 +313,9 @@ fn widen_readahead(mountpoint: &Path) {
     }
 }
 
-/// Each thread serving a session zeroes a 16 MiB read buffer (fuser's: the
-/// largest WRITE it could be sent), of which a request touches what it
-/// holds. Once a buffer that large is freed, glibc raises its threshold for
+/// Each thread serving a session zeroes a read buffer of over 1 MiB (the
+/// largest WRITE and its headers, [`crate::devfuse`]), of which a request
+/// touches what it holds. Once a buffer that large is freed, glibc raises its threshold for
 /// mapping allocations to that size and serves the next ones from a heap,
 /// where zeroing touches every page: measured, 50 mounts of the daemon took
 /// 1 GB resident and kept 400 MB after their unmount. A fixed threshold

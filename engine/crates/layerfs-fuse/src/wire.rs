@@ -1,11 +1,11 @@
 //! Requests answered in the kernel's own layout (`include/uapi/linux/fuse.h`),
-//! as a CPU's ring ([`crate::uring`]) takes and gives them: a header and
-//! its arguments in, an answer's bytes out. No I/O here.
+//! whichever route brought them: `/dev/fuse` ([`crate::devfuse`]) or a
+//! CPU's ring ([`crate::uring`]). A header and its arguments in, an
+//! answer's bytes out; no I/O here.
 //!
 //! Each request is read once into a typed [`Request`] and handed to the
-//! door's handler for it, the same handler fuser's `/dev/fuse` requests
-//! reach (`door.rs` translates those); the answer is written as the kernel
-//! reads it ([`reply`]).
+//! door's handler for it; the answer is written as the kernel reads it
+//! ([`reply`]).
 
 use fuser::{
     AccessFlags, Errno, FileHandle, INodeNo, OpenFlags, RenameFlags, TimeOrNow, WriteFlags,

@@ -1,6 +1,5 @@
-//! Entries and attributes: LOOKUP, GETATTR, SETATTR and UNLINK as the
-//! rings answer them themselves, and fuser's session through the same code;
-//! ACCESS and STATFS.
+//! Entries and attributes: LOOKUP, GETATTR, SETATTR, UNLINK, ACCESS and
+//! STATFS.
 
 use super::*;
 

@@ -1,5 +1,4 @@
-//! Files and data: OPEN, CREATE, READ, WRITE and RELEASE as the rings
-//! answer them themselves, and fuser's session through the same code.
+//! Files and data: OPEN, CREATE, READ, WRITE and RELEASE.
 
 use super::passthrough::PASSTHROUGH_FLAGS;
 use super::*;
@@ -58,8 +57,8 @@ impl Door {
     }
 
     /// Reads into `dst` straight from the host file the filesystem names
-    /// for `ino` (one copy, as a READ through fuser makes); None where it
-    /// names none, for [`Door::read_as`].
+    /// for `ino`, the buffer the answer is written from: the READ's one
+    /// copy. None where it names none, for [`Door::read_as`].
     pub(crate) fn read_into(
         &self,
         ino: INodeNo,

@@ -1,7 +1,6 @@
 //! Extended attributes, as overlayfs keeps them (the stack copies a file
-//! up to change them): GETXATTR as the rings answer it themselves (the
-//! `security.capability` every write asks), and fuser's session through
-//! the same code; LISTXATTR, SETXATTR and REMOVEXATTR. The kernel has
+//! up to change them): GETXATTR (the `security.capability` every write
+//! asks); LISTXATTR, SETXATTR and REMOVEXATTR. The kernel has
 //! checked the caller's right to the name's namespace
 //! (`default_permissions`, CAP_SYS_ADMIN for `trusted.`).
 
