@@ -1,6 +1,7 @@
 //! Random FUSE requests, in the kernel's bytes, through the door's one
-//! dispatcher over a `StackFs`: the arguments as a ring lays them, valid
-//! or not. What must always hold: nothing panics; an error answer has no
+//! dispatcher over a `StackFs`: the arguments as a ring lays them or as
+//! `/dev/fuse` gives them (with extensions, and headers that say more than
+//! came), valid or not. What must always hold: nothing panics; an error answer has no
 //! body and a negative errno; a success has the size its request's answer
 //! has (an entry 128 bytes, attributes 104, ...); a listing holds whole
 //! entries within the size asked; and nothing outside the stack's two
@@ -43,6 +44,9 @@ struct Request {
     tail: Vec<u8>,
     /// The payload as given, in place of names and tail.
     raw: Option<Vec<u8>>,
+    /// Read from `/dev/fuse` (in one buffer), with these extensions and a
+    /// header saying this many bytes more than came, not from a ring.
+    device: Option<(u8, u8)>,
 }
 
 fuzz_target!(|requests: Vec<Request>| {
@@ -81,7 +85,20 @@ fuzz_target!(|requests: Vec<Request>| {
             }
         };
         let who = if r.other_user { (4242, 4242) } else { me };
-        let (error, body) = door.answer((opcode, nodeid), who, op, &payload);
+        let whole = [op, &payload].concat();
+        let (error, body, args) = match r.device {
+            None => {
+                let (error, body) = door.answer((opcode, nodeid), who, op, &payload);
+                (error, body, op)
+            }
+            Some((extensions, longer)) => {
+                let layout = (u16::from(extensions % 4), u32::from(longer % 3));
+                match door.answer_from_device((opcode, nodeid), who, &whole, layout) {
+                    Some((error, body)) => (error, body, &whole[..]),
+                    None => continue,
+                }
+            }
+        };
         assert!(error <= 0 && error > -4096, "{opcode}: errno {error}");
         if error != 0 {
             assert!(body.is_empty(), "{opcode}: an error with a body");
@@ -109,7 +126,7 @@ fuzz_target!(|requests: Vec<Request>| {
         }
         if matches!(opcode, 28 | 44) {
             let asked =
-                (op.len() >= 24).then(|| u32::from_ne_bytes(op[16..20].try_into().unwrap()));
+                (args.len() >= 24).then(|| u32::from_ne_bytes(args[16..20].try_into().unwrap()));
             assert!(
                 asked.is_some_and(|size| body.len() <= size as usize),
                 "{opcode}: {} bytes",

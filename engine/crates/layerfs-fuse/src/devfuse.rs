@@ -55,6 +55,11 @@ impl Buffers {
         }
     }
 
+    /// Where the next request is read to.
+    pub(crate) fn request_mut(&mut self) -> &mut [u8] {
+        &mut self.request
+    }
+
     /// The body of the answer `step` gave, `out` its header.
     pub(crate) fn body(&self, out: &OutHeader) -> &[u8] {
         let len = out.len as usize - wire::OUT_HEADER_LEN;

@@ -1,19 +1,24 @@
 //! The request dispatcher, reachable from the fuzz targets (the `fuzzing`
-//! feature): a kernel's request as bytes in, the answer's bytes out.
+//! feature): a kernel's request as bytes in, laid out as a ring or as
+//! `/dev/fuse` gives it, the answer's bytes out.
 
 use std::sync::Arc;
 
 use layerfs_vfs::Filesystem;
 
+use zerocopy::IntoBytes;
+
 use crate::abi::InHeader;
 use crate::attrs::Caching;
+use crate::devfuse::{self, Buffers, Then};
 use crate::door::Door;
-use crate::wire::{self, Answered, Body};
+use crate::wire::{self, Answered, Body, IN_HEADER_LEN, OUT_HEADER_LEN};
 
 /// A door over a filesystem, without a kernel.
 pub struct Dispatcher {
     door: Door,
     answered: Answered,
+    device: Buffers,
 }
 
 impl Dispatcher {
@@ -21,6 +26,7 @@ impl Dispatcher {
         Dispatcher {
             door: Door::new(fs, Caching::Exclusive, false),
             answered: Answered::default(),
+            device: Buffers::new(),
         }
     }
 
@@ -49,5 +55,45 @@ impl Dispatcher {
             &mut self.answered,
         );
         (self.answered.error, &self.answered.body)
+    }
+
+    /// Answers the same request laid out as `/dev/fuse` gives it: the
+    /// header, `args`, then `extensions` 8-byte units of `x`, the header
+    /// saying `longer` bytes more than were read. None where no answer
+    /// goes back (a FORGET); else the errno and the answer's body, whose
+    /// header must say its length.
+    pub fn answer_from_device(
+        &mut self,
+        (opcode, nodeid): (u32, u64),
+        (uid, gid): (u32, u32),
+        args: &[u8],
+        (extensions, longer): (u16, u32),
+    ) -> Option<(i32, &[u8])> {
+        let request = self.device.request_mut();
+        let len = IN_HEADER_LEN + args.len() + 8 * usize::from(extensions);
+        if len > request.len() {
+            return None;
+        }
+        let header = InHeader {
+            len: len as u32 + longer,
+            opcode,
+            nodeid,
+            uid,
+            gid,
+            unique: 1,
+            total_extlen: extensions,
+            ..Default::default()
+        };
+        request[..IN_HEADER_LEN].copy_from_slice(header.as_bytes());
+        request[IN_HEADER_LEN..IN_HEADER_LEN + args.len()].copy_from_slice(args);
+        request[IN_HEADER_LEN + args.len()..len].fill(b'x');
+        let out = match devfuse::step(&self.door, &mut self.device, len) {
+            Then::Nothing => return None,
+            Then::Answer(out) | Then::AnswerAndEnd(out) => out,
+        };
+        let body = self.device.body(&out);
+        assert_eq!(out.len as usize, OUT_HEADER_LEN + body.len(), "{opcode}");
+        assert_eq!(out.unique, 1, "{opcode}: answered as another request");
+        Some((out.error, body))
     }
 }
