@@ -7,8 +7,8 @@
 //! into a buffer of its own, as large as the largest WRITE with its headers
 //! (the kernel refuses a read into less), and writes the answer with one
 //! `writev`: the out header, then the body where it lies. A READ of a host
-//! file is read straight into the buffer the answer goes out from
-//! ([`wire::read_direct`]): no copy of it in the door.
+//! file is spliced from the file into `/dev/fuse` ([`splice`]), or where
+//! it cannot be, read straight into the buffer the answer goes out from.
 //!
 //! The kernel expects no answer to a FORGET or BATCH_FORGET. An INTERRUPT
 //! is answered ENOSYS, as any request the door does not serve: the kernel
@@ -22,9 +22,15 @@ use std::thread::JoinHandle;
 
 use zerocopy::{FromBytes, IntoBytes};
 
-use crate::abi::{opcode, InHeader, OutHeader};
+use layerfs_vfs::ReadSource;
+
+use crate::abi::{self, opcode, InHeader, OutHeader, ReadIn};
 use crate::door::{Door, MAX_WRITE};
 use crate::wire::{self, Answered, Body, IN_HEADER_LEN};
+use splice::{Sent, Splicer};
+
+mod splice;
+pub(crate) use splice::largest_read;
 
 /// A thread's request buffer: the largest WRITE, its `fuse_write_in` and
 /// header, and room for extensions.
@@ -42,6 +48,9 @@ pub(crate) struct Buffers {
     /// Whether `request` was made resident, at the first WRITE
     /// ([`crate::resident`]).
     resident: bool,
+    /// The pipe READs are spliced through, made at the first; None after
+    /// it could not be made (then READs are copied).
+    splicer: Option<Option<Splicer>>,
 }
 
 impl Buffers {
@@ -52,10 +61,39 @@ impl Buffers {
             data: Vec::new(),
             direct: false,
             resident: false,
+            splicer: None,
+        }
+    }
+
+    /// Splices the answer to READ `unique` from `source` into `device`.
+    fn splice(&mut self, device: &OwnedFd, unique: u64, source: &ReadSource) -> Sent {
+        let splicer = self.splicer.get_or_insert_with(|| {
+            Splicer::new()
+                .inspect_err(|e| tracing::warn!("no pipe to splice READs through ({e}): copied"))
+                .ok()
+        });
+        match splicer {
+            Some(splicer) => splicer.send(device, unique, source),
+            None => Sent::Copy,
+        }
+    }
+
+    /// Answers READ `unique` with `source`'s bytes read into the buffer
+    /// the answer is written from.
+    pub(crate) fn copy(&mut self, unique: u64, source: &ReadSource) -> OutHeader {
+        if self.data.is_empty() {
+            self.data = vec![0; MAX_WRITE as usize];
+        }
+        self.direct = true;
+        let len = source.len.min(self.data.len());
+        match crate::door::read_from(source, &mut self.data[..len]) {
+            Ok(len) => wire::out_header(unique, 0, len),
+            Err(e) => wire::out_header(unique, -e.code(), 0),
         }
     }
 
     /// Where the next request is read to.
+    #[cfg(feature = "fuzzing")]
     pub(crate) fn request_mut(&mut self) -> &mut [u8] {
         &mut self.request
     }
@@ -71,10 +109,12 @@ impl Buffers {
 }
 
 /// What to do once a request was read.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub(crate) enum Then {
     /// Write this header and the body the buffers hold.
     Answer(OutHeader),
+    /// Answer READ `unique` with the bytes of this range of a host file.
+    Read(u64, ReadSource),
     /// Nothing: the kernel expects no answer.
     Nothing,
     /// Write this header, then read no more: the session is over.
@@ -87,9 +127,9 @@ pub(crate) fn step(door: &Door, buffers: &mut Buffers, len: usize) -> Then {
     let Buffers {
         request,
         answered,
-        data,
         direct,
         resident,
+        ..
     } = buffers;
     *direct = false;
     let Ok((header, _)) = InHeader::read_from_prefix(&request[..len]) else {
@@ -117,13 +157,13 @@ pub(crate) fn step(door: &Door, buffers: &mut Buffers, len: usize) -> Then {
         }
         opcode::DESTROY => return Then::AnswerAndEnd(wire::out_header(header.unique, 0, 0)),
         opcode::READ => {
-            if data.is_empty() {
-                *data = vec![0; MAX_WRITE as usize];
-            }
-            if let Some((error, len)) = wire::read_direct(door, &header, args, data) {
-                *direct = true;
+            let source = abi::args::<ReadIn>(args).and_then(|read| {
+                let size = (read.size as usize).min(MAX_WRITE as usize);
+                door.read_source(fuser::INodeNo(header.nodeid), read.offset, size)
+            });
+            if let Some(source) = source {
                 door.answered_through_device();
-                return Then::Answer(wire::out_header(header.unique, error, len));
+                return Then::Read(header.unique, source);
             }
         }
         _ => {}
@@ -209,6 +249,17 @@ fn read_and_answer(device: &OwnedFd, door: &Door) {
             Then::Nothing => continue,
             Then::Answer(out) => (out, false),
             Then::AnswerAndEnd(out) => (out, true),
+            Then::Read(unique, source) => match buffers.splice(device, unique, &source) {
+                Sent::Done(written) => {
+                    match written {
+                        Ok(()) | Err(Errno::NOENT) => {}
+                        Err(Errno::NODEV) => return,
+                        Err(e) => tracing::warn!("answering FUSE READ {unique}: {e}"),
+                    }
+                    continue;
+                }
+                Sent::Copy => (buffers.copy(unique, &source), false),
+            },
         };
         let answer = [
             IoSlice::new(out.as_bytes()),

@@ -42,6 +42,7 @@ use crate::routes::Routes;
 mod dirs;
 mod entries;
 mod files;
+pub(crate) use files::read_from;
 mod passthrough;
 #[cfg(test)]
 mod testing;

@@ -90,6 +90,8 @@ impl Dispatcher {
         let out = match devfuse::step(&self.door, &mut self.device, len) {
             Then::Nothing => return None,
             Then::Answer(out) | Then::AnswerAndEnd(out) => out,
+            // Answered as where it cannot be spliced.
+            Then::Read(unique, source) => self.device.copy(unique, &source),
         };
         let body = self.device.body(&out);
         assert_eq!(out.len as usize, OUT_HEADER_LEN + body.len(), "{opcode}");

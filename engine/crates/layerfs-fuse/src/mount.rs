@@ -307,7 +307,8 @@ fn widen_readahead(mountpoint: &Path) {
     };
     let (major, minor) = (rustix::fs::major(dev), rustix::fs::minor(dev));
     let setting = format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb");
-    let kib = crate::door::MAX_WRITE / 1024;
+    // As large as one READ, and as a READ spliced whole.
+    let kib = crate::devfuse::largest_read() / 1024;
     if let Err(e) = std::fs::write(&setting, kib.to_string()) {
         tracing::debug!("readahead left as it is: {setting}: {e}");
     }

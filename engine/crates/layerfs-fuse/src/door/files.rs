@@ -1,5 +1,7 @@
 //! Files and data: OPEN, CREATE, READ, WRITE and RELEASE.
 
+use layerfs_vfs::ReadSource;
+
 use super::passthrough::PASSTHROUGH_FLAGS;
 use super::*;
 
@@ -56,6 +58,22 @@ impl Door {
         })
     }
 
+    /// Where the bytes of a READ of `size` at `offset` of `ino` lie on the
+    /// host: one range of one host file, for an answer to take them from
+    /// there. None where the filesystem names none, for [`Door::read_as`].
+    pub(crate) fn read_source(&self, ino: INodeNo, offset: u64, size: usize) -> Option<ReadSource> {
+        let source = self
+            .fs
+            .host_files()?
+            .read_source(&Caller::root(), self.id(ino), offset, size);
+        match source {
+            Ok(Some(source)) => Some(source),
+            // Stale (a file open with no name left): read_as reads the
+            // file its opens hold.
+            Ok(None) | Err(_) => None,
+        }
+    }
+
     /// Reads into `dst` straight from the host file the filesystem names
     /// for `ino`, the buffer the answer is written from: the READ's one
     /// copy. None where it names none, for [`Door::read_as`].
@@ -65,29 +83,28 @@ impl Door {
         offset: u64,
         dst: &mut [u8],
     ) -> Option<Result<usize, Errno>> {
-        let source =
-            self.fs
-                .host_files()?
-                .read_source(&Caller::root(), self.id(ino), offset, dst.len());
-        let source = match source {
-            Ok(Some(source)) => source,
-            // Stale (a file open with no name left): read_as reads the
-            // file its opens hold.
-            Ok(None) | Err(_) => return None,
-        };
-        let mut done = 0;
-        while done < source.len {
-            let at = source.offset + done as u64;
-            match rustix::io::pread(&*source.file, &mut dst[done..source.len], at) {
-                Ok(0) => break,
-                Ok(n) => done += n,
-                Err(rustix::io::Errno::INTR) => continue,
-                Err(e) => return Some(Err(errno(Error::from(std::io::Error::from(e))))),
-            }
-        }
-        Some(Ok(done))
+        let source = self.read_source(ino, offset, dst.len())?;
+        Some(read_from(&source, dst))
     }
+}
 
+/// Reads `source`'s bytes into `dst`, which holds them: fewer where the
+/// file has shrunk since.
+pub(crate) fn read_from(source: &ReadSource, dst: &mut [u8]) -> Result<usize, Errno> {
+    let mut done = 0;
+    while done < source.len {
+        let at = source.offset + done as u64;
+        match rustix::io::pread(&*source.file, &mut dst[done..source.len], at) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(errno(Error::from(std::io::Error::from(e)))),
+        }
+    }
+    Ok(done)
+}
+
+impl Door {
     pub(crate) fn write_as(
         &self,
         ino: INodeNo,

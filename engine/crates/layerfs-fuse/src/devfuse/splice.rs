@@ -1,0 +1,281 @@
+//! A READ answered by `splice`: the host file's pages go into a pipe
+//! behind the answer's header, and from the pipe into `/dev/fuse`, where
+//! the kernel copies them once, into the reader's pages. Read into a
+//! buffer and written back, the same bytes are copied twice (out of the
+//! host's page cache, into the kernel's request).
+//!
+//! Each thread has a pipe of its own, made at its first READ. A pipe holds
+//! a page per buffer, and the header takes one: a 1 MiB READ needs a 2 MiB
+//! pipe, which `/proc/sys/fs/pipe-max-size` (1 MiB by default) allows only
+//! to a process with CAP_SYS_RESOURCE. Elsewhere the pipe is as large as
+//! that setting lets it be, and the door's readahead is kept to what such
+//! a pipe carries ([`largest_read`]: 1020 KiB). A READ larger than the
+//! pipe holds, or one whose file has shrunk since its size was read, is
+//! answered by a copy instead. The pipe is empty after every answer, sent
+//! or not: what stayed in it would go out with the next.
+
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::OnceLock;
+
+use layerfs_vfs::ReadSource;
+use rustix::pipe::{fcntl_getpipe_size, fcntl_setpipe_size, pipe_with, PipeFlags, SpliceFlags};
+use zerocopy::IntoBytes;
+
+use crate::door::MAX_WRITE;
+use crate::wire::{self, OUT_HEADER_LEN};
+
+/// The pipe size asked for: the largest READ, its header's page and one
+/// for an offset off a page boundary, as a power of two.
+const WANTED: usize = (MAX_WRITE as usize + 2 * 4096).next_power_of_two();
+
+/// One thread's pipe.
+pub(crate) struct Splicer {
+    read: OwnedFd,
+    write: OwnedFd,
+    /// The pipe's buffers, a page each at most.
+    buffers: usize,
+}
+
+/// A new pipe, as large as this process may make one up to [`WANTED`].
+fn pipe() -> io::Result<(OwnedFd, OwnedFd, usize)> {
+    let (read, write) = pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK)?;
+    let allowed = || {
+        let max = std::fs::read_to_string("/proc/sys/fs/pipe-max-size").ok()?;
+        fcntl_setpipe_size(&write, max.trim().parse::<usize>().ok()?.min(WANTED)).ok()
+    };
+    let size = match fcntl_setpipe_size(&write, WANTED).ok().or_else(allowed) {
+        Some(size) => size,
+        None => fcntl_getpipe_size(&write)?,
+    };
+    Ok((read, write, size / rustix::param::page_size()))
+}
+
+/// The largest READ a pipe of this process carries whole, page-aligned
+/// as the kernel's readahead asks: [`MAX_WRITE`] at most.
+pub(crate) fn largest_read() -> usize {
+    static LARGEST: OnceLock<usize> = OnceLock::new();
+    *LARGEST.get_or_init(|| match pipe() {
+        Ok((_, _, buffers)) => {
+            let pages = buffers.saturating_sub(1);
+            (pages * rustix::param::page_size()).min(MAX_WRITE as usize)
+        }
+        Err(_) => MAX_WRITE as usize,
+    })
+}
+
+/// What became of an answer given to [`Splicer::send`].
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Sent {
+    /// Written, or refused by the kernel with `Errno`.
+    Done(rustix::io::Result<()>),
+    /// Not sent: too large for the pipe, or the file had fewer bytes than
+    /// its source said. To be answered by a copy.
+    Copy,
+}
+
+impl Splicer {
+    pub(crate) fn new() -> io::Result<Splicer> {
+        let (read, write, buffers) = pipe()?;
+        Ok(Splicer {
+            read,
+            write,
+            buffers,
+        })
+    }
+
+    /// Whether the pipe holds an answer of `len` bytes from `offset`: a
+    /// buffer for the header, and one for each page the range spans.
+    fn holds(&self, offset: u64, len: usize) -> bool {
+        let page = rustix::param::page_size() as u64;
+        let first = offset / page;
+        let end = (offset + len as u64).div_ceil(page);
+        let pages = (end - first) as usize;
+        pages < self.buffers
+    }
+
+    /// Sends `device` the answer to READ `unique`: a header, then
+    /// `source`'s bytes, straight from the host file.
+    pub(crate) fn send(&self, device: impl AsFd, unique: u64, source: &ReadSource) -> Sent {
+        if !self.holds(source.offset, source.len) {
+            return Sent::Copy;
+        }
+        let sent = self.fill(unique, source).and_then(|full| match full {
+            true => self.empty_into(device.as_fd(), OUT_HEADER_LEN + source.len),
+            false => Ok(false),
+        });
+        let sent = match sent {
+            Ok(true) => Sent::Done(Ok(())),
+            Ok(false) => Sent::Copy,
+            Err(e) => Sent::Done(Err(e)),
+        };
+        if sent != Sent::Done(Ok(())) {
+            self.drain();
+        }
+        sent
+    }
+
+    /// Puts the header and every byte of `source` in the pipe; false where
+    /// the file ended first.
+    fn fill(&self, unique: u64, source: &ReadSource) -> rustix::io::Result<bool> {
+        let header = wire::out_header(unique, 0, source.len);
+        if rustix::io::write(&self.write, header.as_bytes())? != OUT_HEADER_LEN {
+            return Ok(false);
+        }
+        let mut offset = source.offset;
+        let mut left = source.len;
+        while left > 0 {
+            let flags = SpliceFlags::empty();
+            match rustix::pipe::splice(
+                &*source.file,
+                Some(&mut offset),
+                &self.write,
+                None,
+                left,
+                flags,
+            ) {
+                Ok(0) => return Ok(false),
+                Ok(n) => left -= n,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Moves the `len` bytes in the pipe into `device` as one answer.
+    fn empty_into(
+        &self,
+        device: std::os::fd::BorrowedFd<'_>,
+        len: usize,
+    ) -> rustix::io::Result<bool> {
+        loop {
+            match rustix::pipe::splice(&self.read, None, device, None, len, SpliceFlags::empty()) {
+                Ok(n) if n == len => return Ok(true),
+                // The kernel takes an answer whole or not at all.
+                Ok(_) => return Err(rustix::io::Errno::IO),
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Empties the pipe of what an answer not sent left in it.
+    fn drain(&self) {
+        let mut sink = [0u8; 64 * 1024];
+        while matches!(rustix::io::read(&self.read, &mut sink), Ok(n) if n > 0) {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use layerfs_vfs::hostdir::host_attr;
+
+    use super::*;
+
+    fn source(file: &std::path::Path, offset: u64, len: usize) -> ReadSource {
+        let file = OwnedFd::from(std::fs::File::open(file).unwrap());
+        ReadSource {
+            attr: host_attr(file.as_fd()).unwrap(),
+            file: Arc::new(file),
+            offset,
+            len,
+            eof: false,
+        }
+    }
+
+    /// A pipe standing for `/dev/fuse`, as large as a splicer's.
+    fn device() -> (OwnedFd, OwnedFd) {
+        let (read, write, _) = pipe().unwrap();
+        (read, write)
+    }
+
+    fn received(device: &OwnedFd) -> Vec<u8> {
+        let mut got = vec![0u8; WANTED];
+        let n = rustix::io::read(device, &mut got).unwrap_or(0);
+        got.truncate(n);
+        got
+    }
+
+    #[test]
+    fn an_answer_is_its_header_then_the_files_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let content: Vec<u8> = (0..600_000u32).map(|i| (i % 253) as u8).collect();
+        std::fs::write(dir.path().join("f"), &content).unwrap();
+        let splicer = Splicer::new().unwrap();
+        let largest = largest_read();
+        assert!(largest >= 128 * 1024, "the largest READ: {largest}");
+        assert!(splicer.holds(4096, largest) && !splicer.holds(4096, largest + 1));
+        let (out, into) = device();
+        for (offset, len) in [
+            (0u64, 4096usize),
+            (1000, 131_072),
+            (4096, largest),
+            (599_000, 1000),
+            (5, 0),
+        ] {
+            let len = len.min(content.len() - offset as usize);
+            let sent = splicer.send(&into, 77, &source(&dir.path().join("f"), offset, len));
+            assert_eq!(sent, Sent::Done(Ok(())));
+            let got = received(&out);
+            let header = wire::out_header(77, 0, len);
+            assert_eq!(&got[..OUT_HEADER_LEN], header.as_bytes());
+            let at = offset as usize;
+            assert_eq!(
+                &got[OUT_HEADER_LEN..],
+                &content[at..at + len],
+                "at {offset}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_file_shorter_than_its_source_is_copied_and_nothing_is_left_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), vec![7u8; 10_000]).unwrap();
+        let splicer = Splicer::new().unwrap();
+        let (out, into) = device();
+        let shrunk = source(&dir.path().join("f"), 8_000, 4_000);
+        assert_eq!(splicer.send(&into, 1, &shrunk), Sent::Copy);
+        assert!(received(&out).is_empty(), "nothing sent");
+        // The next answer goes out alone.
+        let whole = source(&dir.path().join("f"), 0, 100);
+        assert_eq!(splicer.send(&into, 2, &whole), Sent::Done(Ok(())));
+        assert_eq!(received(&out).len(), OUT_HEADER_LEN + 100);
+    }
+
+    #[test]
+    fn a_read_larger_than_the_pipe_is_copied() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), b"x").unwrap();
+        let splicer = Splicer::new().unwrap();
+        let (_out, into) = device();
+        let large = source(&dir.path().join("f"), 0, largest_read() + 1);
+        assert_eq!(splicer.send(&into, 1, &large), Sent::Copy);
+    }
+
+    #[test]
+    fn an_answer_the_device_refuses_leaves_the_pipe_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), vec![1u8; 8192]).unwrap();
+        let splicer = Splicer::new().unwrap();
+        // A pipe too small for the answer: the splice out takes part of it.
+        let (out, into) = pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK).unwrap();
+        fcntl_setpipe_size(&into, 4096).unwrap();
+        let sent = splicer.send(&into, 1, &source(&dir.path().join("f"), 0, 8192));
+        assert!(matches!(sent, Sent::Done(Err(_))), "{sent:?}");
+        drop((out, into));
+        let (out, into) = device();
+        assert_eq!(
+            splicer.send(&into, 2, &source(&dir.path().join("f"), 0, 10)),
+            Sent::Done(Ok(()))
+        );
+        assert_eq!(
+            received(&out).len(),
+            OUT_HEADER_LEN + 10,
+            "no bytes of the first"
+        );
+    }
+}
