@@ -38,7 +38,6 @@ use crate::opens::{Held, OpenFiles, Way, CACHED, PASSTHROUGH};
 use crate::privilege;
 use crate::routes::Routes;
 
-/// Largest WRITE the kernel sends; also its readahead.
 mod dirs;
 mod entries;
 mod files;
@@ -48,6 +47,9 @@ mod passthrough;
 mod testing;
 mod xattrs;
 
+/// Largest WRITE the kernel may send; also its readahead. Where a pipe
+/// cannot carry a READ this large, the door asks for less
+/// ([`crate::devfuse::largest_read`]).
 pub const MAX_WRITE: u32 = 1 << 20;
 
 pub struct Door {
@@ -409,8 +411,12 @@ impl fuser::Filesystem for Door {
                 tracing::info!("the kernel does not offer FUSE capability {flag:?}");
             }
         }
-        let _ = config.set_max_write(MAX_WRITE);
-        let _ = config.set_max_readahead(MAX_WRITE);
+        // No READ larger than a pipe of this process carries whole
+        // (`devfuse/splice.rs`): the kernel cuts READs, and WRITEs, at
+        // the larger of the two.
+        let largest = crate::devfuse::largest_read() as u32;
+        let _ = config.set_max_write(largest);
+        let _ = config.set_max_readahead(largest);
         // Enough background requests in flight to keep readahead and
         // writeback streaming; the kernel's default of 12 stalls them.
         let _ = config.set_max_background(64);

@@ -98,6 +98,12 @@ impl Splicer {
     /// `source`'s bytes, straight from the host file.
     pub(crate) fn send(&self, device: impl AsFd, unique: u64, source: &ReadSource) -> Sent {
         if !self.holds(source.offset, source.len) {
+            tracing::debug!(
+                "a READ of {} at {} is copied: a pipe of {} buffers cannot hold it",
+                source.len,
+                source.offset,
+                self.buffers
+            );
             return Sent::Copy;
         }
         let sent = self.fill(unique, source).and_then(|full| match full {
