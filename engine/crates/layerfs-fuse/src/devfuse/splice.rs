@@ -9,9 +9,10 @@
 //! pipe, which `/proc/sys/fs/pipe-max-size` (1 MiB by default) allows only
 //! to a process with CAP_SYS_RESOURCE. Elsewhere the pipe is as large as
 //! that setting lets it be, and the door's readahead is kept to what such
-//! a pipe carries ([`largest_read`]: 1020 KiB). A READ larger than the
-//! pipe holds, or one whose file has shrunk since its size was read, is
-//! answered by a copy instead. The pipe is empty after every answer, sent
+//! a pipe carries ([`largest_read`]: 1020 KiB). A user past
+//! `pipe-user-pages-soft` (64 MiB of pipes: a daemon of many mounts) gets
+//! pipes of two buffers, and its READs are copied. A READ larger than the pipe holds, or one whose
+//! file has shrunk since its size was read, is answered by a copy instead. The pipe is empty after every answer, sent
 //! or not: what stayed in it would go out with the next.
 
 use std::io;
