@@ -24,8 +24,9 @@ use zerocopy::{FromBytes, IntoBytes};
 
 use layerfs_vfs::ReadSource;
 
-use crate::abi::{self, opcode, InHeader, OutHeader, ReadIn};
+use crate::abi::{opcode, InHeader, OutHeader};
 use crate::door::{Door, MAX_WRITE};
+use crate::request;
 use crate::wire::{self, Answered, Body, IN_HEADER_LEN};
 use splice::{Sent, Splicer};
 
@@ -157,9 +158,9 @@ pub(crate) fn step(door: &Door, buffers: &mut Buffers, len: usize) -> Then {
         }
         opcode::DESTROY => return Then::AnswerAndEnd(wire::out_header(header.unique, 0, 0)),
         opcode::READ => {
-            let source = abi::args::<ReadIn>(args).and_then(|read| {
-                let size = (read.size as usize).min(MAX_WRITE as usize);
-                door.read_source(fuser::INodeNo(header.nodeid), read.offset, size)
+            let body = Body::whole(args, header.total_extlen);
+            let source = request::read_in(body).ok().and_then(|read| {
+                door.read_source(fuser::INodeNo(header.nodeid), read.offset, read.size as usize)
             });
             if let Some(source) = source {
                 door.answered_through_device();

@@ -12,6 +12,7 @@
 use fuser::Errno;
 use zerocopy::FromBytes;
 
+use crate::door::MAX_WRITE;
 use crate::abi::{
     opcode as op, AccessIn, CreateIn, FallocateIn, FsyncIn, GetxattrIn, LinkIn, MkdirIn, MknodIn,
     OpenIn, ReadIn, ReleaseIn, Rename2In, RenameIn, SetattrIn, SetxattrIn, WriteIn,
@@ -200,7 +201,7 @@ impl<'a> Request<'a> {
                 }
             }
             op::OPEN => Request::Open(body.fixed()?.0),
-            op::READ => Request::Read(body.fixed()?.0),
+            op::READ => Request::Read(read_in(body)?),
             op::WRITE => {
                 let (arg, data): (WriteIn, _) = body.fixed()?;
                 let data = &data[..data.len().min(arg.size as usize)];
@@ -254,6 +255,15 @@ impl<'a> Request<'a> {
             other => Request::Other(other),
         })
     }
+}
+
+/// A READ's arguments, its size cut to [`MAX_WRITE`]: the door lets the
+/// kernel send no larger READ (`max_pages`), and a larger one must not
+/// make the answer's buffer grow past what the kernel would take.
+pub(crate) fn read_in(body: Body<'_>) -> Result<ReadIn, Errno> {
+    let mut read: ReadIn = body.fixed()?.0;
+    read.size = read.size.min(MAX_WRITE);
+    Ok(read)
 }
 
 fn rename(newdir: u64, flags: u32, names: &[u8]) -> Result<Request<'_>, Errno> {

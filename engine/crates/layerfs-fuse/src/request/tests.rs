@@ -125,6 +125,28 @@ fn a_ring_s_layout_and_dev_fuse_s_are_read_alike() {
 }
 
 #[test]
+fn a_read_asks_for_no_more_than_the_largest_read_the_kernel_is_let_send() {
+    for (size, read) in [
+        (0, 0),
+        (4096, 4096),
+        (MAX_WRITE, MAX_WRITE),
+        (MAX_WRITE + 1, MAX_WRITE),
+        (u32::MAX, MAX_WRITE),
+    ] {
+        let arg = ReadIn {
+            offset: 7,
+            size,
+            ..Default::default()
+        };
+        let Ok(Request::Read(got)) = Request::parse(op::READ, Body::whole(arg.as_bytes(), 0))
+        else {
+            panic!("not a read")
+        };
+        assert_eq!((got.offset, got.size), (7, read), "asked {size}");
+    }
+}
+
+#[test]
 fn every_cut_of_a_request_is_refused() {
     for (opcode, op, rest) in samples() {
         let whole = [op.as_slice(), &rest].concat();

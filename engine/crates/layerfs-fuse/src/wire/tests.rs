@@ -288,6 +288,29 @@ fn a_file_is_created_written_read_and_removed_through_the_ring_s_answers() {
 }
 
 #[test]
+fn a_read_larger_than_the_door_lets_the_kernel_send_is_answered_at_that_size() {
+    // A sparse file of 4 GiB: a READ of u32::MAX bytes must not make the
+    // answer's buffer 4 GiB (the fuzz target's out-of-memory).
+    let dir = tempfile::tempdir().unwrap();
+    let file = std::fs::File::create(dir.path().join("big")).unwrap();
+    file.set_len(1 << 32).unwrap();
+    let d = door(dir.path(), Caching::Shared);
+    let found = ask(&d, LOOKUP, ROOT, &[], b"big\0");
+    let nodeid = u64_at(&found.body, 0);
+    for size in [u32::MAX, crate::door::MAX_WRITE + 1, crate::door::MAX_WRITE] {
+        let read_in = ReadIn {
+            offset: 4096,
+            size,
+            ..Default::default()
+        };
+        let read = ask(&d, READ, nodeid, read_in.as_bytes(), &[]);
+        assert_eq!(read.error, 0);
+        assert_eq!(read.body.len(), crate::door::MAX_WRITE as usize, "asked {size}");
+        assert!(read.body.capacity() < 2 * crate::door::MAX_WRITE as usize);
+    }
+}
+
+#[test]
 fn a_request_the_door_does_not_serve_is_enosys_and_a_malformed_one_refused() {
     let dir = tempfile::tempdir().unwrap();
     let d = door(dir.path(), Caching::Shared);
