@@ -160,7 +160,11 @@ pub(crate) fn step(door: &Door, buffers: &mut Buffers, len: usize) -> Then {
         opcode::READ => {
             let body = Body::whole(args, header.total_extlen);
             let source = request::read_in(body).ok().and_then(|read| {
-                door.read_source(fuser::INodeNo(header.nodeid), read.offset, read.size as usize)
+                door.read_source(
+                    fuser::INodeNo(header.nodeid),
+                    read.offset,
+                    read.size as usize,
+                )
             });
             if let Some(source) = source {
                 door.answered_through_device();

@@ -12,11 +12,11 @@
 use fuser::Errno;
 use zerocopy::FromBytes;
 
-use crate::door::MAX_WRITE;
 use crate::abi::{
     opcode as op, AccessIn, CreateIn, FallocateIn, FsyncIn, GetxattrIn, LinkIn, MkdirIn, MknodIn,
     OpenIn, ReadIn, ReleaseIn, Rename2In, RenameIn, SetattrIn, SetxattrIn, WriteIn,
 };
+use crate::door::MAX_WRITE;
 
 /// A request's argument bytes: `op` first, then `rest`.
 #[derive(Clone, Copy, Debug)]

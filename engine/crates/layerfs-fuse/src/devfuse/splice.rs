@@ -4,16 +4,22 @@
 //! buffer and written back, the same bytes are copied twice (out of the
 //! host's page cache, into the kernel's request).
 //!
-//! Each thread has a pipe of its own, made at its first READ. A pipe holds
-//! a page per buffer, and the header takes one: a 1 MiB READ needs a 2 MiB
-//! pipe, which `/proc/sys/fs/pipe-max-size` (1 MiB by default) allows only
-//! to a process with CAP_SYS_RESOURCE. Elsewhere the pipe is as large as
-//! that setting lets it be, and the door's readahead is kept to what such
-//! a pipe carries ([`largest_read`]: 1020 KiB). A user past
-//! `pipe-user-pages-soft` (64 MiB of pipes: a daemon of many mounts) gets
-//! pipes of two buffers, and its READs are copied. A READ larger than the pipe holds, or one whose
-//! file has shrunk since its size was read, is answered by a copy instead. The pipe is empty after every answer, sent
-//! or not: what stayed in it would go out with the next.
+//! Each thread has a pipe of its own, made at its first READ at the
+//! kernel's default size (16 buffers), and grown to the first power of two
+//! that holds each larger READ it is sent. A pipe holds a page per buffer,
+//! and the header takes one: a 128 KiB READ needs a 256 KiB pipe, a 1 MiB
+//! READ a 2 MiB one, which `/proc/sys/fs/pipe-max-size` (1 MiB by default)
+//! allows only to a process with CAP_SYS_RESOURCE. Elsewhere the door's
+//! readahead is kept to what the largest pipe allowed carries
+//! ([`largest_read`]: 1020 KiB). Pipes are counted against their user
+//! (`pipe-user-pages-soft`, 64 MiB by default, for a user without
+//! CAP_SYS_RESOURCE or CAP_SYS_ADMIN), so a pipe grows only as far as its
+//! thread's READs need: a user's daemon of many mounts keeps a small pipe
+//! in each. A pipe that may not grow (the user is past that limit) stays
+//! as it is, and a READ larger than it holds, or one whose file has shrunk
+//! since its size was read, is answered by a copy instead. The pipe is
+//! empty after every answer, sent or not: what stayed in it would go out
+//! with the next.
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -36,33 +42,40 @@ pub(crate) struct Splicer {
     write: OwnedFd,
     /// The pipe's buffers, a page each at most.
     buffers: usize,
+    /// Whether the kernel refused to grow the pipe: it is not asked again.
+    refused: bool,
 }
 
-/// A new pipe, as large as this process may make one up to [`WANTED`].
-fn pipe() -> io::Result<(OwnedFd, OwnedFd, usize)> {
-    let (read, write) = pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK)?;
-    let allowed = || {
-        let max = std::fs::read_to_string("/proc/sys/fs/pipe-max-size").ok()?;
-        fcntl_setpipe_size(&write, max.trim().parse::<usize>().ok()?.min(WANTED)).ok()
-    };
-    let size = match fcntl_setpipe_size(&write, WANTED).ok().or_else(allowed) {
-        Some(size) => size,
-        None => fcntl_getpipe_size(&write)?,
-    };
-    Ok((read, write, size / rustix::param::page_size()))
+/// The largest pipe this process may make, in bytes, up to [`WANTED`]:
+/// tried once, on a pipe of its own.
+fn largest_pipe() -> usize {
+    static LARGEST: OnceLock<usize> = OnceLock::new();
+    *LARGEST.get_or_init(|| {
+        let Ok((_read, write)) = pipe_with(PipeFlags::CLOEXEC) else {
+            return 0;
+        };
+        let allowed = || {
+            let max = std::fs::read_to_string("/proc/sys/fs/pipe-max-size").ok()?;
+            fcntl_setpipe_size(&write, max.trim().parse::<usize>().ok()?.min(WANTED)).ok()
+        };
+        fcntl_setpipe_size(&write, WANTED)
+            .ok()
+            .or_else(allowed)
+            .or_else(|| fcntl_getpipe_size(&write).ok())
+            .unwrap_or(0)
+    })
 }
 
 /// The largest READ a pipe of this process carries whole, page-aligned
 /// as the kernel's readahead asks: [`MAX_WRITE`] at most.
 pub(crate) fn largest_read() -> usize {
-    static LARGEST: OnceLock<usize> = OnceLock::new();
-    *LARGEST.get_or_init(|| match pipe() {
-        Ok((_, _, buffers)) => {
-            let pages = buffers.saturating_sub(1);
+    match largest_pipe() {
+        0 => MAX_WRITE as usize,
+        bytes => {
+            let pages = (bytes / rustix::param::page_size()).saturating_sub(1);
             (pages * rustix::param::page_size()).min(MAX_WRITE as usize)
         }
-        Err(_) => MAX_WRITE as usize,
-    })
+    }
 }
 
 /// What became of an answer given to [`Splicer::send`].
@@ -77,27 +90,54 @@ pub(crate) enum Sent {
 
 impl Splicer {
     pub(crate) fn new() -> io::Result<Splicer> {
-        let (read, write, buffers) = pipe()?;
+        let (read, write) = pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK)?;
+        let buffers = fcntl_getpipe_size(&write)? / rustix::param::page_size();
         Ok(Splicer {
             read,
             write,
             buffers,
+            refused: false,
         })
     }
 
-    /// Whether the pipe holds an answer of `len` bytes from `offset`: a
-    /// buffer for the header, and one for each page the range spans.
-    fn holds(&self, offset: u64, len: usize) -> bool {
+    /// The buffers an answer of `len` bytes from `offset` takes: one for
+    /// the header, and one for each page the range spans.
+    fn needed(offset: u64, len: usize) -> usize {
         let page = rustix::param::page_size() as u64;
         let first = offset / page;
         let end = (offset + len as u64).div_ceil(page);
-        let pages = (end - first) as usize;
-        pages < self.buffers
+        (end - first) as usize + 1
+    }
+
+    /// Whether the pipe holds an answer of `len` bytes from `offset`,
+    /// grown to hold it where it may be.
+    fn holds(&mut self, offset: u64, len: usize) -> bool {
+        let needed = Self::needed(offset, len);
+        if needed <= self.buffers {
+            return true;
+        }
+        let page = rustix::param::page_size();
+        let size = (needed * page).next_power_of_two();
+        if self.refused || size > largest_pipe() {
+            return false;
+        }
+        // The pipe is empty between answers, so any size is one it can take.
+        match fcntl_setpipe_size(&self.write, size) {
+            Ok(size) => self.buffers = size / page,
+            Err(e) => {
+                tracing::debug!(
+                    "a pipe of {} buffers not grown to {size} bytes ({e}): larger READs are copied",
+                    self.buffers
+                );
+                self.refused = true;
+            }
+        }
+        needed <= self.buffers
     }
 
     /// Sends `device` the answer to READ `unique`: a header, then
     /// `source`'s bytes, straight from the host file.
-    pub(crate) fn send(&self, device: impl AsFd, unique: u64, source: &ReadSource) -> Sent {
+    pub(crate) fn send(&mut self, device: impl AsFd, unique: u64, source: &ReadSource) -> Sent {
         if !self.holds(source.offset, source.len) {
             tracing::debug!(
                 "a READ of {} at {} is copied: a pipe of {} buffers cannot hold it",
@@ -195,7 +235,8 @@ mod tests {
 
     /// A pipe standing for `/dev/fuse`, as large as a splicer's.
     fn device() -> (OwnedFd, OwnedFd) {
-        let (read, write, _) = pipe().unwrap();
+        let (read, write) = pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK).unwrap();
+        fcntl_setpipe_size(&write, largest_pipe()).unwrap();
         (read, write)
     }
 
@@ -211,10 +252,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let content: Vec<u8> = (0..600_000u32).map(|i| (i % 253) as u8).collect();
         std::fs::write(dir.path().join("f"), &content).unwrap();
-        let splicer = Splicer::new().unwrap();
+        let mut splicer = Splicer::new().unwrap();
         let largest = largest_read();
         assert!(largest >= 128 * 1024, "the largest READ: {largest}");
-        assert!(splicer.holds(4096, largest) && !splicer.holds(4096, largest + 1));
+        assert!(splicer.holds(4096, largest) && !splicer.holds(0, largest_pipe()));
         let (out, into) = device();
         for (offset, len) in [
             (0u64, 4096usize),
@@ -239,10 +280,41 @@ mod tests {
     }
 
     #[test]
+    fn a_pipe_grows_only_as_far_as_the_reads_it_is_sent() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), vec![3u8; 2 << 20]).unwrap();
+        let page = rustix::param::page_size();
+        let mut splicer = Splicer::new().unwrap();
+        let (out, into) = device();
+        let start = splicer.buffers;
+        assert!(start <= 16, "a new pipe of {start} buffers");
+        // (offset, length, buffers the pipe has after): a power of two
+        // of pages, never smaller than before.
+        let largest = largest_read();
+        for (offset, len, buffers) in [
+            (0, 4096, start),
+            (0, 128 * 1024, 64),
+            (1000, 128 * 1024, 64),
+            (0, 4096, 64),
+            (4096, largest, largest_pipe() / page),
+        ] {
+            let sent = splicer.send(&into, 5, &source(&dir.path().join("f"), offset, len));
+            assert_eq!(sent, Sent::Done(Ok(())), "{len} at {offset}");
+            assert_eq!(received(&out).len(), OUT_HEADER_LEN + len);
+            assert_eq!(splicer.buffers, buffers, "after {len} at {offset}");
+        }
+        // Past the largest pipe allowed: copied, the pipe as it was.
+        let past = source(&dir.path().join("f"), 0, largest_pipe());
+        assert_eq!(splicer.send(&into, 6, &past), Sent::Copy);
+        assert_eq!(splicer.buffers, largest_pipe() / page);
+        assert!(!splicer.refused, "not asked beyond what is allowed");
+    }
+
+    #[test]
     fn a_file_shorter_than_its_source_is_copied_and_nothing_is_left_behind() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("f"), vec![7u8; 10_000]).unwrap();
-        let splicer = Splicer::new().unwrap();
+        let mut splicer = Splicer::new().unwrap();
         let (out, into) = device();
         let shrunk = source(&dir.path().join("f"), 8_000, 4_000);
         assert_eq!(splicer.send(&into, 1, &shrunk), Sent::Copy);
@@ -254,20 +326,10 @@ mod tests {
     }
 
     #[test]
-    fn a_read_larger_than_the_pipe_is_copied() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("f"), b"x").unwrap();
-        let splicer = Splicer::new().unwrap();
-        let (_out, into) = device();
-        let large = source(&dir.path().join("f"), 0, largest_read() + 1);
-        assert_eq!(splicer.send(&into, 1, &large), Sent::Copy);
-    }
-
-    #[test]
     fn an_answer_the_device_refuses_leaves_the_pipe_empty() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("f"), vec![1u8; 8192]).unwrap();
-        let splicer = Splicer::new().unwrap();
+        let mut splicer = Splicer::new().unwrap();
         // A pipe too small for the answer: the splice out takes part of it.
         let (out, into) = pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK).unwrap();
         fcntl_setpipe_size(&into, 4096).unwrap();

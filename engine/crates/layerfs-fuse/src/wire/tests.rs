@@ -305,7 +305,11 @@ fn a_read_larger_than_the_door_lets_the_kernel_send_is_answered_at_that_size() {
         };
         let read = ask(&d, READ, nodeid, read_in.as_bytes(), &[]);
         assert_eq!(read.error, 0);
-        assert_eq!(read.body.len(), crate::door::MAX_WRITE as usize, "asked {size}");
+        assert_eq!(
+            read.body.len(),
+            crate::door::MAX_WRITE as usize,
+            "asked {size}"
+        );
         assert!(read.body.capacity() < 2 * crate::door::MAX_WRITE as usize);
     }
 }
