@@ -589,6 +589,42 @@ else
 	[[ $(nobody cat "$t/nobody/mnt/etc/name") == base ]] || fail "reading as the user"
 	opts=$(awk -v m="$t/nobody/mnt" '$2 == m {print $4}' /proc/mounts)
 	[[ ,$opts, == *,nosuid,* && ,$opts, == *,nodev,* ]] || fail "the user's mount is '$opts', not nosuid,nodev"
+	# A user's pipes count against pipe-user-pages-soft (16,384 pages by
+	# default). Each mount's thread splices READs through a pipe of its
+	# own, grown only as far as its READs need, so eighty mounts read
+	# cold still get pipes that hold their READs, not two-buffer ones.
+	mkdir -p "$t/nobody/wide"
+	head -c $((1 << 20)) /dev/urandom >"$t/nobody/wide/big"
+	chown -R 65534:65534 "$t/nobody/wide"
+	wide=$(nobody "$layerfs" layer import "$t/nobody/wide")
+	for i in $(seq 80); do
+		nobody "$layerfs" create "wide$i" --from "$wide" >/dev/null
+		nobody mkdir "$t/nobody/wide$i"
+		nobody "$layerfs" mount "wide$i" "$t/nobody/wide$i" >/dev/null || fail "the user's mount $i of 80"
+		nobody cmp -s "$t/nobody/wide$i/big" "$t/nobody/wide/big" || fail "reading the user's mount $i of 80"
+	done
+	pipes=$(python3 - "$NOBODY_PID" <<'EOF'
+import os, sys, fcntl
+F_GETPIPE_SZ = 1032
+sizes = {}
+for fd in os.listdir(f"/proc/{sys.argv[1]}/fd"):
+    path = f"/proc/{sys.argv[1]}/fd/{fd}"
+    try:
+        if os.readlink(path).startswith("pipe:"):
+            held = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            sizes[os.fstat(held).st_ino] = fcntl.fcntl(held, F_GETPIPE_SZ)
+            os.close(held)
+    except OSError:
+        pass
+grown = sum(1 for s in sizes.values() if s > 65536)
+small = sum(1 for s in sizes.values() if s < 65536)
+print(grown, small, sorted(set(sizes.values())))
+EOF
+)
+	read -r grown small _ <<<"$pipes"
+	echo "   80 mounts of a user read cold: $grown pipes grown, $small smaller than the default (sizes ${pipes#* * })"
+	[[ $grown -ge 80 && $small == 0 ]] || fail "a user's 80 mounts: $grown pipes grown, $small smaller than the default"
+	for i in $(seq 80); do nobody "$layerfs" rm --force "wide$i" >/dev/null; done
 	# The same tarball of devices, imported by the user: the device cannot be
 	# made, and the refusal names it; a FIFO alone imports.
 	cp "$t/devices.tar" "$t/nobody/devices.tar"
