@@ -67,13 +67,16 @@ fn largest_pipe() -> usize {
 }
 
 /// The largest READ a pipe of this process carries whole, page-aligned
-/// as the kernel's readahead asks: [`MAX_WRITE`] at most.
+/// as the kernel's readahead asks: [`MAX_WRITE`] at most, and never below
+/// the kernel's own 128 KiB (a user already past its pipes' limit, whose
+/// READs are then copied, must not get small WRITEs too).
 pub(crate) fn largest_read() -> usize {
+    const KERNEL_DEFAULT: usize = 128 * 1024;
     match largest_pipe() {
         0 => MAX_WRITE as usize,
         bytes => {
             let pages = (bytes / rustix::param::page_size()).saturating_sub(1);
-            (pages * rustix::param::page_size()).min(MAX_WRITE as usize)
+            (pages * rustix::param::page_size()).clamp(KERNEL_DEFAULT, MAX_WRITE as usize)
         }
     }
 }
