@@ -107,3 +107,79 @@ impl Door {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::super::testing::{ask, door, entry, me, Got, ROOT};
+    use super::*;
+
+    fn mode(path: &std::path::Path) -> u32 {
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
+    }
+
+    #[test]
+    fn setuid_and_setgid_with_group_execute_are_dropped_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = door(dir.path(), Caching::Shared);
+        // (mode before, mode after): setgid without group execute marks
+        // mandatory locking, not privilege, and stays.
+        for (i, (before, after)) in [
+            (0o4755, 0o755),
+            (0o2750, 0o750),
+            (0o6775, 0o775),
+            (0o2740, 0o2740),
+            (0o644, 0o644),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let name = format!("f{i}");
+            let path = dir.path().join(&name);
+            std::fs::write(&path, b"x").unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(before)).unwrap();
+            let f = entry(ask(|r| d.lookup_as(me(), ROOT, name.as_bytes(), r)));
+            let dropped = d.drop_privilege(d.id(f.ino)).unwrap();
+            assert_eq!(
+                (dropped, mode(&path)),
+                (before != after, after),
+                "{before:o}"
+            );
+            assert!(!d.drop_privilege(d.id(f.ino)).unwrap(), "{before:o} again");
+        }
+    }
+
+    #[test]
+    fn a_file_open_with_no_name_left_is_answered_from_what_its_open_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), b"kept").unwrap();
+        let d = door(dir.path(), Caching::Shared);
+        let f = entry(ask(|r| d.lookup_as(me(), ROOT, b"f", r)));
+        let Got::Opened(fh) = ask(|r| d.open_as(me(), f.ino, OpenFlags(libc::O_RDWR), r)) else {
+            panic!("not opened")
+        };
+        assert_eq!(ask(|r| d.unlink_as(me(), ROOT, b"f", r)), Got::Ok);
+        assert!(!dir.path().join("f").exists());
+        let rw = OpenFlags(libc::O_RDWR);
+        let written = ask(|r| d.write_as(f.ino, 4, b"!", WriteFlags::empty(), rw, r));
+        assert_eq!(
+            written,
+            Got::Written(1),
+            "written to the file the open holds"
+        );
+        assert_eq!(
+            ask(|r| d.read_as(f.ino, 0, 100, r)),
+            Got::Data(b"kept!".to_vec())
+        );
+        let Got::Attr(attr) = ask(|r| d.getattr_as(f.ino, r)) else {
+            panic!("no attributes")
+        };
+        assert_eq!((attr.size, attr.nlink), (5, 0));
+        assert_eq!(ask(|r| d.release_as(f.ino, fh, r)), Got::Ok);
+        assert!(matches!(
+            ask(|r| d.read_as(f.ino, 0, 100, r)),
+            Got::Error(_)
+        ));
+    }
+}
