@@ -156,3 +156,142 @@ fn answer_with(slot: &mut Slot, unique: u64, error: i32, len: usize) {
     slot.header.in_out[..OUT_HEADER_LEN].copy_from_slice(out.as_bytes());
     slot.header.ent.payload_sz = len as u32;
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use layerfs_vfs::LocalFs;
+    use zerocopy::FromBytes;
+
+    use super::*;
+    use crate::abi::OutHeader;
+    use crate::attrs::Caching;
+
+    const ROOT: u64 = 1;
+
+    fn door(dir: &std::path::Path) -> Door {
+        Door::new(
+            Arc::new(LocalFs::open(dir).unwrap()),
+            Caching::Shared,
+            false,
+        )
+    }
+
+    /// Puts request `opcode` on `nodeid` in `slot` as the kernel does: its
+    /// header, its struct `op` in `op_in`, the rest in the payload; the
+    /// header says `len`, or the length of all three.
+    fn put(
+        slot: &mut Slot,
+        (opcode, nodeid): (u32, u64),
+        op: &[u8],
+        rest: &[u8],
+        len: Option<u32>,
+    ) {
+        let header = InHeader {
+            len: len.unwrap_or((IN_HEADER_LEN + op.len() + rest.len()) as u32),
+            opcode,
+            unique: 70,
+            nodeid,
+            ..Default::default()
+        };
+        slot.header.in_out.fill(0);
+        slot.header.in_out[..IN_HEADER_LEN].copy_from_slice(header.as_bytes());
+        slot.header.op_in[..op.len()].copy_from_slice(op);
+        slot.payload[..rest.len()].copy_from_slice(rest);
+        slot.header.ent.payload_sz = rest.len() as u32;
+    }
+
+    /// The answer in `slot`: its out header and its body.
+    fn answered(slot: &Slot) -> (OutHeader, &[u8]) {
+        let (out, _) = OutHeader::read_from_prefix(&slot.header.in_out).unwrap();
+        (out, &slot.payload[..slot.header.ent.payload_sz as usize])
+    }
+
+    #[test]
+    fn a_request_is_answered_in_its_own_slot() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), b"in the payload").unwrap();
+        let d = door(dir.path());
+        let (mut slot, mut scratch) = (Slot::new(), Answered::default());
+        put(&mut slot, (fuse_op::LOOKUP, ROOT), &[], b"f\0", None);
+        answer(&mut slot, &d, &mut scratch);
+        let (out, body) = answered(&slot);
+        assert_eq!((out.error, out.unique), (0, 70));
+        assert_eq!((out.len as usize, body.len()), (OUT_HEADER_LEN + 128, 128));
+        let nodeid = u64::from_ne_bytes(body[..8].try_into().unwrap());
+
+        let read = ReadIn {
+            offset: 3,
+            size: 100,
+            ..Default::default()
+        };
+        put(
+            &mut slot,
+            (fuse_op::READ, nodeid),
+            read.as_bytes(),
+            &[],
+            None,
+        );
+        answer(&mut slot, &d, &mut scratch);
+        let (out, body) = answered(&slot);
+        assert_eq!((out.error, body), (0, &b"the payload"[..]));
+        assert_eq!(out.len as usize, OUT_HEADER_LEN + body.len());
+
+        put(&mut slot, (fuse_op::LOOKUP, ROOT), &[], b"none\0", None);
+        answer(&mut slot, &d, &mut scratch);
+        let (out, body) = answered(&slot);
+        assert_eq!(
+            (out.error, out.len as usize),
+            (-libc::ENOENT, OUT_HEADER_LEN)
+        );
+        assert!(body.is_empty(), "no body left from the READ");
+    }
+
+    #[test]
+    fn a_header_that_disagrees_with_its_slot_is_answered_eio() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = door(dir.path());
+        let (mut slot, mut scratch) = (Slot::new(), Answered::default());
+        let short = IN_HEADER_LEN as u32 + 1;
+        let long = (IN_HEADER_LEN + abi::URING_HEADER_SZ + 3) as u32 + 1;
+        for len in [0, short, long] {
+            put(&mut slot, (fuse_op::LOOKUP, ROOT), &[], b"f\0", Some(len));
+            answer(&mut slot, &d, &mut scratch);
+            let (out, body) = answered(&slot);
+            assert_eq!(
+                (out.error, out.unique),
+                (-libc::EIO, 70),
+                "header says {len}"
+            );
+            assert!(body.is_empty());
+        }
+        put(&mut slot, (fuse_op::LOOKUP, ROOT), &[], b"f\0", None);
+        slot.header.ent.payload_sz = PAYLOAD_LEN as u32 + 1;
+        answer(&mut slot, &d, &mut scratch);
+        assert_eq!(
+            answered(&slot).0.error,
+            -libc::EIO,
+            "a payload past the slot"
+        );
+    }
+
+    #[test]
+    fn large_reads_are_told_apart_and_commands_name_their_queue() {
+        let mut slot = Slot::new();
+        for (opcode, size, large) in [
+            (fuse_op::READ, LARGE_READ, true),
+            (fuse_op::READ, LARGE_READ - 1, false),
+            (fuse_op::WRITE, LARGE_READ, false),
+        ] {
+            let read = ReadIn {
+                size,
+                ..Default::default()
+            };
+            put(&mut slot, (opcode, 5), read.as_bytes(), &[], None);
+            assert_eq!(slot.is_large_read(), large, "{opcode} of {size}");
+        }
+        let (req, _) = UringCmdReq::read_from_prefix(&command(3, 99)).unwrap();
+        assert_eq!((req.qid, req.commit_id, req.flags), (3, 99, 0));
+    }
+}
