@@ -29,7 +29,11 @@ install() {
 	fi
 }
 case ${1:-} in
---install) install ;;
+--install)
+	install
+	# A fresh machine builds once: incremental caches would only take disk.
+	export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
+	;;
 "") ;;
 -h | --help) sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
 *) echo "usage: ./verify.sh [--install]" >&2; exit 2 ;;
@@ -43,6 +47,13 @@ source tests/skip.sh
 # Skips are collected from the scripts and the Rust tests (tests/skip.sh,
 # layerfs_testkit::skipped) through this file.
 mkdir -p target
+# A full run builds about 4 GB under target/ (debug, release, the macOS
+# check) and makes disk images of up to 1 GB under /tmp: say so before a
+# full disk fails a link step with a bus error.
+free_gb=$(df -P -BG target | awk 'NR == 2 { sub("G", "", $4); print $4 }')
+if ((free_gb < 8)); then
+	echo "verify: only ${free_gb} GB free for target/; a full run needs about 8 GB"
+fi
 export LAYERFS_SKIPS=$PWD/target/verify-skips
 : >"$LAYERFS_SKIPS"
 passed=0
