@@ -7,12 +7,13 @@ In DIR, a mounted workspace in which LOWER (a path relative to DIR) is a
 file of the workspace's layers never written: opens an upper file for
 appending and for reading, a new file for writing, LOWER for reading, and
 maps a second upper file shared (which it writes in capitals once told to
-go on). Writes `held` to SIGNAL and waits until
+go on), and opens a fourth for reading and writing and removes its name. Writes `held` to SIGNAL and waits until
 SIGNAL says `go` (the daemon was killed and started again, or upgraded, in
 between). Then: uses every held descriptor and the mapping; opens each file
 again while the first descriptors are held; closes everything; and opens,
 reads, writes, appends to (LOWER: a copy-up) and stats each file once more.
-Last, checks what each file holds. Prints `ok` and exits 0, or names the
+Last, checks what each file holds; the file with no name is checked
+through its descriptor before it is closed. Prints `ok` and exits 0, or names the
 first call that failed or the file that reads wrong and exits 1.
 """
 import mmap
@@ -46,6 +47,9 @@ def main(root, lower, signal):
         low_bytes = os.pread(low, 1 << 16, 0)
         mapped = os.open(path("held-mapped"), os.O_RDWR)
         area = mmap.mmap(mapped, 0)
+        unlinked = os.open(path("held-unlinked"), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.write(unlinked, b"before\n")
+        os.unlink(path("held-unlinked"))
         with open(signal, "w") as f:
             f.write("held\n")
         deadline = time.monotonic() + 120
@@ -62,6 +66,19 @@ def main(root, lower, signal):
             sys.exit("the held reader read %r" % os.pread(reader, 100, 0))
         if os.pread(low, 1 << 16, 0) != low_bytes:
             sys.exit("the held lower file reads differently")
+        step = "writing to the held file with no name"
+        os.write(unlinked, b"after\n")
+        os.fsync(unlinked)
+        step = "reading the held file with no name"
+        got = os.pread(unlinked, 100, 0)
+        if got != b"before\nafter\n":
+            sys.exit("the held file with no name reads %r" % got)
+        step = "stat of the held file with no name"
+        st = os.fstat(unlinked)
+        if (st.st_nlink, st.st_size) != (0, len(got)):
+            sys.exit("the held file with no name has %d links and %d bytes" % (st.st_nlink, st.st_size))
+        if os.path.lexists(path("held-unlinked")):
+            sys.exit("held-unlinked has a name again")
         step = "writing through the mapping"
         area[:] = area[:].upper()
         area.flush()
@@ -84,7 +101,7 @@ def main(root, lower, signal):
 
         step = "closing"
         area.close()
-        for fd in (append, reader, new, low, mapped):
+        for fd in (append, reader, new, low, mapped, unlinked):
             os.close(fd)
 
         for name in ("held-append", "held-new", "held-mapped", lower):

@@ -43,6 +43,7 @@ mod entries;
 mod files;
 pub(crate) use files::read_from;
 mod passthrough;
+mod removed;
 #[cfg(test)]
 mod testing;
 mod xattrs;

@@ -82,6 +82,7 @@ pub fn mount(fs: Arc<dyn Filesystem>, mountpoint: &Path, options: &Options) -> i
     let mountpoint = usable_mountpoint(mountpoint)?;
     usable_fuse()?;
     let (door, config) = door(fs, options);
+    door.adopt_removed();
     let shared = Shared::of(&door);
     let template = door.sibling();
     let session = fuser::Session::new(door, &mountpoint, &config.fuser).map_err(|e| {
@@ -134,6 +135,7 @@ pub fn resume(
             door
         }
     };
+    door.adopt_removed();
     let shared = Shared::of(&door);
     let template = door.sibling();
     let kernel = kept.kernel;

@@ -14,7 +14,9 @@
 //! reading, writing and syncing a file it holds open after its last name is
 //! removed (a temporary file made and unlinked at once is a common
 //! pattern). So every open inode holds its host file until its last release,
-//! for the door to use once the filesystem answers `Stale` for it.
+//! for the door to use once the filesystem answers `Stale` for it; where it
+//! loses its last name, the filesystem keeps it for the next server too
+//! (see `door/removed.rs`).
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -36,6 +38,9 @@ struct Opens<B> {
     passthrough: u32,
     backing: Option<B>,
     held: Option<Held>,
+    /// Whether the filesystem keeps the held file for the next server, its
+    /// last name removed: let go at the last release.
+    kept_removed: bool,
 }
 
 /// The host file an open holds (see [`crate::opens`]), and whether it was
@@ -106,6 +111,7 @@ impl<B> OpenFiles<B> {
             passthrough: 0,
             backing: None,
             held: None,
+            kept_removed: false,
         });
         if let Some(held) = held.filter(|h| h.write || opens.held.is_none()) {
             opens.held = Some(held);
@@ -148,6 +154,7 @@ impl<B> OpenFiles<B> {
                     passthrough: row.passthrough,
                     backing,
                     held: None,
+                    kept_removed: false,
                 },
             );
         }
@@ -190,16 +197,38 @@ impl<B> OpenFiles<B> {
         self.state.lock().by_id.get(&id)?.held.clone()
     }
 
+    /// Whether any file is open.
+    pub fn any(&self) -> bool {
+        !self.state.lock().by_id.is_empty()
+    }
+
+    /// Records that the filesystem keeps the file `id`'s opens hold, its
+    /// last name removed, until the last release (holding `held` from now,
+    /// where the opens held nothing yet); false where no open of `id` is
+    /// left to hold it.
+    pub fn keep_removed(&self, id: FileId, held: Option<Held>) -> bool {
+        let mut state = self.state.lock();
+        let Some(opens) = state.by_id.get_mut(&id) else {
+            return false;
+        };
+        opens.kept_removed = true;
+        if let Some(held) = held.filter(|h| h.write || opens.held.is_none()) {
+            opens.held = Some(held);
+        }
+        true
+    }
+
     /// Records the release of an open with file handle `fh`, once it is
-    /// answered (counts may be high, never low).
-    pub fn release(&self, id: FileId, fh: FileHandle)
+    /// answered (counts may be high, never low); true where it was the last
+    /// of a file the filesystem keeps removed, which it may now let go.
+    pub fn release(&self, id: FileId, fh: FileHandle) -> bool
     where
         B: Registered,
     {
         let mut state = self.state.lock();
         let State { by_id, table } = &mut *state;
         let Some(opens) = by_id.get_mut(&id) else {
-            return;
+            return false;
         };
         if fh == PASSTHROUGH {
             opens.passthrough = opens.passthrough.saturating_sub(1);
@@ -215,9 +244,12 @@ impl<B> OpenFiles<B> {
         // Closes the backing file's registration with the kernel, once the
         // table no longer names it.
         drop(closing);
-        if opens.passthrough == 0 && opens.cached == 0 {
+        let last = opens.passthrough == 0 && opens.cached == 0;
+        let kept_removed = last && opens.kept_removed;
+        if last {
             by_id.remove(&id);
         }
+        kept_removed
     }
 }
 

@@ -32,6 +32,7 @@ mod ops;
 mod order;
 mod origin_log;
 mod quota;
+mod removed;
 mod reset;
 mod tree;
 mod upper;
@@ -55,8 +56,8 @@ pub const IN_USE: &str = "already served by another layerfs (over NFS or FUSE); 
 pub const UNSTABLE_INODES: &str = "its filesystem does not keep inode numbers (an overlay \
 across filesystems, 9p, FUSE?); put the layers and the upper on ext4, xfs, btrfs or tmpfs";
 
-/// Where a served upper keeps its state (inode map, copy-up staging): a
-/// whiteout-style name, so never shown.
+/// Where a served upper keeps its state (inode map, copy-up staging, files
+/// removed while open): a whiteout-style name, so never shown.
 pub const STATE_IN_UPPER: &str = ".wh..wh..layerfs";
 
 /// A stack of layers served as one [`Filesystem`](layerfs_vfs::Filesystem):
@@ -64,6 +65,7 @@ pub const STATE_IN_UPPER: &str = ".wh..wh..layerfs";
 pub struct StackFs {
     tree: Tree,
     upper: Upper,
+    removed: removed::Removed,
 }
 
 fn open_root(path: &Path) -> Result<OwnedFd> {
@@ -124,9 +126,11 @@ impl StackFs {
         if rustix::fs::fstat(&work)?.st_dev != upper_dev {
             return Err(at(state, &"not on the upper's filesystem"));
         }
+        let removed = removed::Removed::open(state).map_err(|e| at(state, &e))?;
         Ok(StackFs {
             tree: Tree::new(layers, inodes, paths),
             upper: Upper::new(work, state.to_path_buf(), serving),
+            removed,
         })
     }
 

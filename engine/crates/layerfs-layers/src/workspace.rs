@@ -4,7 +4,7 @@
 //! ```text
 //! <dir>/stack       the stack: one directory per line, bottom first; the last is the upper
 //! <dir>/tree/<n>/   uppers, current and committed (a committed one is a layer)
-//! <dir>/state/      the inode map and copy-up staging
+//! <dir>/state/      the inode map, copy-up staging, files removed while open
 //! ```
 //!
 //! `stack` is the only record of which directories form the workspace; it

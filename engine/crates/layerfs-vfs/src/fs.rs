@@ -1,4 +1,4 @@
-use std::os::fd::OwnedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
 use crate::access::Caller;
@@ -14,6 +14,19 @@ pub struct ReadSource {
     pub len: usize,
     pub eof: bool,
     pub attr: Attr,
+}
+
+/// A file whose last name was removed while a door's opens held it, kept
+/// for the next server of the door's session (see
+/// [`HostFiles::keep_removed`]).
+#[derive(Debug)]
+pub struct RemovedFile {
+    pub id: FileId,
+    /// Opened for writing where `write`, else for reading.
+    pub file: OwnedFd,
+    /// Whether the opens held it for writing: a file held only for reading
+    /// may be a lower layer's, which is never written.
+    pub write: bool,
 }
 
 /// How a CREATE treats an existing name (RFC 1813 §3.3.8).
@@ -450,5 +463,27 @@ pub trait HostFiles {
     fn kept_is_host_file(&self, id: FileId, kept: &Arc<OwnedFd>, write: bool) -> bool {
         let _ = (id, kept, write);
         false
+    }
+
+    /// Keeps `file`, which a door holds for the opens of regular file `id`
+    /// (taken for writing with `write`), where the next server of the door's
+    /// session can open it again: the file's last name is about to be
+    /// removed, and the kernel's opens outlive the door's process (a crash,
+    /// an upgrade), where the descriptor does not. Kept until
+    /// [`forget_removed`](Self::forget_removed); false where nothing keeps it.
+    fn keep_removed(&self, id: FileId, file: BorrowedFd<'_>, write: bool) -> Result<bool> {
+        let _ = (id, file, write);
+        Ok(false)
+    }
+
+    /// The files [`keep_removed`](Self::keep_removed) kept, opened again.
+    fn kept_removed(&self) -> Result<Vec<RemovedFile>> {
+        Ok(Vec::new())
+    }
+
+    /// Lets go of the file kept for `id`, once no open holds it.
+    fn forget_removed(&self, id: FileId) -> Result<()> {
+        let _ = id;
+        Ok(())
     }
 }

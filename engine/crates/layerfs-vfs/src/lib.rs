@@ -22,7 +22,7 @@ pub use attr::{Attr, AttrBefore, Change, FileKind, SetAttr, SetTime, Timestamp};
 pub use error::{Error, Result};
 pub use fs::{
     Allocate, Create, DirEntry, DirPage, Filesystem, FsStat, Hints, HostFiles, Name, NewEntry,
-    NoHints, ReadSource, Stability, XattrFlags, READS_AT_HAND,
+    NoHints, ReadSource, RemovedFile, Stability, XattrFlags, READS_AT_HAND,
 };
 pub use local::LocalFs;
 

@@ -104,7 +104,10 @@ impl Door {
         }
         let (from, to) = (self.id(parent), self.id(new_parent));
         let caller = self.caller_of(who);
-        done(reply, self.fs.rename(&caller, from, name, to, new_name))
+        let kept = self.keep_if_last_name(to, new_name);
+        let renamed = self.fs.rename(&caller, from, name, to, new_name);
+        self.after_removal(kept, &renamed);
+        done(reply, renamed)
     }
 
     pub(crate) fn readlink_as(&self, who: Who, ino: INodeNo, reply: impl DataAnswer) {

@@ -151,7 +151,10 @@ impl Door {
         // Answered first: the release is counted once it is (see
         // [`crate::open_table`]).
         reply.ok();
-        self.opens.release(self.id(ino), fh);
+        let id = self.id(ino);
+        if self.opens.release(id, fh) {
+            self.forget_removed(id);
+        }
     }
 
     pub(crate) fn create_as(

@@ -12,7 +12,8 @@ use layerfs_vfs::hostdir::{
 use layerfs_vfs::XattrFlags;
 use layerfs_vfs::{
     Allocate, Attr, Change, Create, DirPage, Error, FileId, FileKind, Filesystem, FsStat, Hints,
-    HostFiles, NewEntry, ReadSource, Result, SetAttr, Stability, Timestamp, READS_AT_HAND,
+    HostFiles, NewEntry, ReadSource, RemovedFile, Result, SetAttr, Stability, Timestamp,
+    READS_AT_HAND,
 };
 use rustix::fs::AtFlags;
 
@@ -848,6 +849,20 @@ impl HostFiles for StackFs {
         }
         let (fd, _) = self.open_host_file(&layers, id, write, |_| Ok(()))?;
         Ok(Some(fd))
+    }
+
+    /// Linked under the state directory ([`super::removed`]).
+    fn keep_removed(&self, id: FileId, file: BorrowedFd<'_>, write: bool) -> Result<bool> {
+        self.removed.keep(id, file, write)?;
+        Ok(true)
+    }
+
+    fn kept_removed(&self) -> Result<Vec<RemovedFile>> {
+        Ok(self.removed.kept()?)
+    }
+
+    fn forget_removed(&self, id: FileId) -> Result<()> {
+        Ok(self.removed.forget(id)?)
     }
 
     fn read_source(
