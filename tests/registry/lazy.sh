@@ -23,7 +23,8 @@
 # lazily; a bearer token (from tokens.py) that runs out while a workspace
 # lives is renewed with the credentials the daemon keeps, which it never
 # logs, and a token service gone fails a read after LAYERFS_LAZY_WAIT; an
-# image with no table of contents is pulled whole and the pull says so.
+# image with no table of contents is pulled whole and the pull says so; a
+# user's daemon pulls lazily and fills files whose mode lets no one write.
 # LAYERFS_LAZY_DOOR=nfs mounts through the kernel's NFS client instead
 # (tests/kernel/lazy.sh runs it so in the QEMU guest) and leaves out the
 # steps no door changes; LAYERFS_LAZY_DIR is where its files go (default
@@ -99,6 +100,11 @@ ln -s hello.py $r/bin/link
 ln $r/bin/hello.py $r/bin/hard
 : >$r/bin/empty
 chmod 755 $r/bin/hello.py
+# Files whose mode lets no one write, as images hold them (/usr/bin/sudo
+# is 4755, many shipped files 0444 or 0555).
+chmod 444 $r/lib/a/m1.py
+chmod 555 $r/lib/b/d1.so
+chmod 500 $r/bin/big
 umoci repack --image gz:v1 bundle
 umoci unpack --image gz:v1 want >/dev/null
 cd - >/dev/null
@@ -205,6 +211,42 @@ cmp "$t/w-zc2/bin/big" "$t/want/rootfs/bin/big" || fail "bin/big of the second i
 cat "$t/w-zc2/lib/a/m1.py" >/dev/null
 [[ $(sent) == "$before" ]] || fail "files the first image fetched were fetched again: $(($(sent) - before)) bytes"
 [[ $(cat "$t/w-zc2/extra") == extra ]] || fail "the second image's own file reads wrong"
+
+step "a user's daemon pulls lazily: files whose mode lets no one write are filled, their modes kept"
+# Such a daemon owns its layers' files but is not let past their modes:
+# it lends itself write permission for the moment it writes a piece.
+as_user() {
+	setpriv --reuid 65534 --regid 65534 --clear-groups env HOME="$t/user" \
+		XDG_RUNTIME_DIR="$t/user/run" LAYERFS_STORE="$t/user/store" "$@"
+}
+if ! command -v fusermount3 >/dev/null || ! as_user sh -c ': <>/dev/fuse' 2>/dev/null; then
+	skip_or_fail "lazy pulls by a user's daemon" "needs fusermount3, and /dev/fuse open to users"
+else
+	mkdir -p "$t/user/run" "$t/user/mnt"
+	chmod 700 "$t/user/run"
+	chmod 711 "$t"
+	cp "$here/tree.py" "$t/user/"
+	chown -R 65534:65534 "$t/user"
+	coproc USER_DAEMON { exec setpriv --reuid 65534 --regid 65534 --clear-groups env HOME="$t/user" \
+		XDG_RUNTIME_DIR="$t/user/run" LAYERFS_STORE="$t/user/store" "$layerfs" daemon 2>>"$t/daemon.log"; }
+	user_daemon=$USER_DAEMON_PID
+	pids+=("$user_daemon")
+	read -r -t 30 ready <&"${USER_DAEMON[0]}" || fail "the user's daemon never said it was ready"
+	as_user "$layerfs" pull "$reg/lazy/zc:v1" --insecure-registry "$reg" --on-read >/dev/null ||
+		fail "the user's lazy pull"
+	as_user "$layerfs" create w-user --from "$reg/lazy/zc:v1" >/dev/null
+	as_user "$layerfs" mount w-user "$t/user/mnt" >/dev/null || fail "the user's mount"
+	# The user's workspace shows its files as the user's own.
+	as_user "$t/user/tree.py" "$t/user/mnt" | sed -E 's/ [0-9]+:[0-9]+ / /' >"$t/user.got" ||
+		fail "reading the user's workspace"
+	sed -E 's/ [0-9]+:[0-9]+ / /' "$t/zstd.want" | diff -u - "$t/user.got" ||
+		fail "the user's lazy workspace differs from umoci's unpack"
+	as_user "$layerfs" image ls | grep -q "^$reg/lazy/zc:v1 .* 100%$" ||
+		fail "the user's image is not whole after reading everything: $(as_user "$layerfs" image ls)"
+	kill -TERM "$user_daemon"
+	wait "$user_daemon" || fail "the user's daemon did not stop cleanly"
+	echo "   read-only files filled by a user's daemon: its tree equals umoci's unpack"
+fi
 
 fi
 

@@ -56,6 +56,13 @@ pub struct Piece {
 pub struct LazyFile {
     pub path: String,
     pub pieces: Vec<Piece>,
+    /// Its permission bits on the host. A daemon run as a user lends
+    /// itself write permission for the moment it writes a piece into a
+    /// file its mode keeps even its owner from writing; a crash in that
+    /// moment is undone from this when the layer is next attached. (None
+    /// in an index written before it was kept.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<u32>,
 }
 
 /// Where a lazy layer's data is: what a fetcher needs to reach it again,
@@ -128,6 +135,8 @@ pub enum EntryKind {
 }
 
 /// The file names in `lazy/<id>/`.
+/// The permission bits of a mode, setuid, setgid and sticky included.
+pub(crate) const PERMISSIONS: u32 = 0o7777;
 pub(crate) const INDEX: &str = "index.json";
 pub(crate) const FILLED: &str = "filled";
 pub(crate) const COMPLETE: &str = "complete";

@@ -337,6 +337,27 @@ fn a_piece_one_layer_has_is_lent_to_another_and_removal_takes_the_state() {
 }
 
 #[test]
+fn write_permission_lent_for_a_piece_and_not_taken_back_is_taken_back_at_attach() {
+    use std::os::unix::fs::PermissionsExt;
+    let t = tempfile::tempdir().unwrap();
+    let store = Store::open(&t.path().join("store")).unwrap();
+    let mut img = image(&[("data/ro", content(100, 1)), ("data/rw", content(100, 2))], 64);
+    img.entries[2].mode = 0o644;
+    let id = store.import_lazy(&img.entries, &source(&img.blob)).unwrap();
+    let mode = |name: &str| {
+        let path = store.layer_dir(&id).join("data").join(name);
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
+    };
+    assert_eq!((mode("ro"), mode("rw")), (0o444, 0o644));
+    // A daemon run as a user was killed while it wrote a piece into the
+    // read-only file, its write permission lent.
+    let lent = std::fs::Permissions::from_mode(0o644);
+    std::fs::set_permissions(store.layer_dir(&id).join("data/ro"), lent).unwrap();
+    store.attach_lazy(&id, Some(img.blob.clone())).unwrap();
+    assert_eq!((mode("ro"), mode("rw")), (0o444, 0o644));
+}
+
+#[test]
 fn a_store_reopened_keeps_what_was_fetched() {
     let t = tempfile::tempdir().unwrap();
     let root = t.path().join("store");

@@ -19,6 +19,7 @@ use super::attached::{HostKey, ATTACHED};
 use super::tree::Dirs;
 use super::{
     parse_digest, Fetch, Index, LazyFile, Piece, Source, COMPLETE, FILLED, INDEX, ON_READ,
+    PERMISSIONS,
 };
 use crate::LayerId;
 
@@ -127,6 +128,16 @@ impl LazyLayer {
                 continue;
             }
             let stat = dirs.stat(&lazy.path)?;
+            // Write permission lent for a piece by a process that ended
+            // before it took it back ([`LazyFile::mode`]).
+            let lent = Mode::WUSR.bits() as u32;
+            if lazy.mode.is_some_and(|m| m & lent == 0) && stat.st_mode as u32 & lent != 0 {
+                let mode =
+                    Mode::from_raw_mode(stat.st_mode as _) & Mode::from_raw_mode(PERMISSIONS as _);
+                let (parent, name) = dirs.parent(&lazy.path)?;
+                rustix::fs::chmodat(parent, name, mode - Mode::WUSR, AtFlags::empty())?;
+                tracing::info!(layer = %self.id, file = lazy.path, "write permission lent for a piece taken back");
+            }
             #[allow(clippy::unnecessary_cast)] // stat's field types differ between platforms
             keys.insert(file as u32, (stat.st_dev as u64, stat.st_ino as u64));
         }
@@ -424,7 +435,8 @@ impl LazyLayer {
             // A daemon run as a user owns the file, whose mode may not let
             // even its owner write: write is allowed for the moment.
             Err(Errno::ACCESS) => {
-                let mode = Mode::from_raw_mode(stat.st_mode as _) & Mode::from_raw_mode(0o7777);
+                let mode =
+                    Mode::from_raw_mode(stat.st_mode as _) & Mode::from_raw_mode(PERMISSIONS as _);
                 rustix::fs::chmodat(parent, name, mode | Mode::WUSR, AtFlags::empty())?;
                 (
                     rustix::fs::openat(parent, name, flags, Mode::empty())?,

@@ -11,7 +11,7 @@ use std::path::{Component, Path};
 use rustc_hash::FxHashMap;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 
-use super::{Entry, EntryKind, LazyFile};
+use super::{Entry, EntryKind, LazyFile, PERMISSIONS};
 
 pub(super) fn open_dir(path: &Path) -> io::Result<OwnedFd> {
     Ok(rustix::fs::open(
@@ -125,6 +125,7 @@ pub(crate) fn files_in(root: &Path, entries: &[Entry]) -> io::Result<Vec<LazyFil
                 files.push(LazyFile {
                     path: path.to_string(),
                     pieces: pieces.clone(),
+                    mode: Some(stat.st_mode as u32 & PERMISSIONS),
                 });
             }
         }

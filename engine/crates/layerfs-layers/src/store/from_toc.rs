@@ -53,6 +53,7 @@ pub(super) fn write(staged: &Path, entries: &[Entry]) -> io::Result<Made> {
                 lazy.push(LazyFile {
                     path: crate::lazy::utf8_path(&entry.path)?.to_owned(),
                     pieces: pieces.clone(),
+                    mode: Some(entry.mode & crate::lazy::PERMISSIONS),
                 });
             }
         }
