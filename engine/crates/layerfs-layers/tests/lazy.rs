@@ -341,7 +341,10 @@ fn write_permission_lent_for_a_piece_and_not_taken_back_is_taken_back_at_attach(
     use std::os::unix::fs::PermissionsExt;
     let t = tempfile::tempdir().unwrap();
     let store = Store::open(&t.path().join("store")).unwrap();
-    let mut img = image(&[("data/ro", content(100, 1)), ("data/rw", content(100, 2))], 64);
+    let mut img = image(
+        &[("data/ro", content(100, 1)), ("data/rw", content(100, 2))],
+        64,
+    );
     img.entries[2].mode = 0o644;
     let id = store.import_lazy(&img.entries, &source(&img.blob)).unwrap();
     let mode = |name: &str| {

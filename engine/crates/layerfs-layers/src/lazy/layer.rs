@@ -130,10 +130,10 @@ impl LazyLayer {
             let stat = dirs.stat(&lazy.path)?;
             // Write permission lent for a piece by a process that ended
             // before it took it back ([`LazyFile::mode`]).
-            let lent = Mode::WUSR.bits() as u32;
-            if lazy.mode.is_some_and(|m| m & lent == 0) && stat.st_mode as u32 & lent != 0 {
-                let mode =
-                    Mode::from_raw_mode(stat.st_mode as _) & Mode::from_raw_mode(PERMISSIONS as _);
+            let mode =
+                Mode::from_raw_mode(stat.st_mode as _) & Mode::from_raw_mode(PERMISSIONS as _);
+            let owner_may_not_write = |m: u32| !Mode::from_raw_mode(m as _).contains(Mode::WUSR);
+            if lazy.mode.is_some_and(owner_may_not_write) && mode.contains(Mode::WUSR) {
                 let (parent, name) = dirs.parent(&lazy.path)?;
                 rustix::fs::chmodat(parent, name, mode - Mode::WUSR, AtFlags::empty())?;
                 tracing::info!(layer = %self.id, file = lazy.path, "write permission lent for a piece taken back");

@@ -122,10 +122,12 @@ pub(crate) fn files_in(root: &Path, entries: &[Entry]) -> io::Result<Vec<LazyFil
         if let MapEntry::Vacant(v) = seen.entry(stat.st_ino) {
             v.insert(());
             if !pieces.is_empty() {
+                #[allow(clippy::unnecessary_cast)] // mode_t differs between platforms
+                let mode = stat.st_mode as u32 & PERMISSIONS;
                 files.push(LazyFile {
                     path: path.to_string(),
                     pieces: pieces.clone(),
-                    mode: Some(stat.st_mode as u32 & PERMISSIONS),
+                    mode: Some(mode),
                 });
             }
         }
