@@ -37,6 +37,15 @@ struct Opens<B> {
     cached: u32,
     passthrough: u32,
     backing: Option<B>,
+}
+
+/// What the opens of one inode hold: apart from the counts, under a lock
+/// of its own that is never held while anything else is taken, as the
+/// filesystem asks for it in the middle of a removal
+/// ([`layerfs_vfs::Holder`]), where an open may be waiting on the
+/// filesystem with the counts' lock held.
+#[derive(Default)]
+struct Holding {
     held: Option<Held>,
     /// Whether the filesystem keeps the held file for the next server, its
     /// last name removed: let go at the last release.
@@ -64,6 +73,8 @@ pub trait Registered {
 /// ([`crate::backing::Backing`]).
 pub struct OpenFiles<B> {
     state: Mutex<State<B>>,
+    /// Taken after `state` where both are.
+    holding: Mutex<HashMap<FileId, Holding>>,
 }
 
 struct State<B> {
@@ -79,6 +90,7 @@ impl<B> Default for OpenFiles<B> {
                 by_id: HashMap::new(),
                 table: None,
             }),
+            holding: Mutex::default(),
         }
     }
 }
@@ -110,12 +122,8 @@ impl<B> OpenFiles<B> {
             cached: 0,
             passthrough: 0,
             backing: None,
-            held: None,
-            kept_removed: false,
         });
-        if let Some(held) = held.filter(|h| h.write || opens.held.is_none()) {
-            opens.held = Some(held);
-        }
+        self.hold(id, held, false);
         if opens.cached == 0 && opens.backing.is_none() {
             opens.backing = backing(&reply);
         }
@@ -153,8 +161,6 @@ impl<B> OpenFiles<B> {
                     cached: row.cached,
                     passthrough: row.passthrough,
                     backing,
-                    held: None,
-                    kept_removed: false,
                 },
             );
         }
@@ -163,6 +169,7 @@ impl<B> OpenFiles<B> {
                 by_id,
                 table: Some(table),
             }),
+            holding: Mutex::default(),
         }
     }
 
@@ -194,27 +201,31 @@ impl<B> OpenFiles<B> {
 
     /// The host file the opens of `id` hold, while it is open.
     pub fn held(&self, id: FileId) -> Option<Held> {
-        self.state.lock().by_id.get(&id)?.held.clone()
+        self.holding.lock().get(&id)?.held.clone()
     }
 
-    /// Whether any file is open.
-    pub fn any(&self) -> bool {
-        !self.state.lock().by_id.is_empty()
-    }
-
-    /// Records that the filesystem keeps the file `id`'s opens hold, its
-    /// last name removed, until the last release (holding `held` from now,
-    /// where the opens held nothing yet); false where no open of `id` is
-    /// left to hold it.
-    pub fn keep_removed(&self, id: FileId, held: Option<Held>) -> bool {
-        let mut state = self.state.lock();
-        let Some(opens) = state.by_id.get_mut(&id) else {
-            return false;
-        };
-        opens.kept_removed = true;
-        if let Some(held) = held.filter(|h| h.write || opens.held.is_none()) {
-            opens.held = Some(held);
+    /// Has the opens of `id` hold `held` (a file taken for writing takes
+    /// the place of one taken for reading), and, with `kept_removed`, notes
+    /// that the filesystem keeps it, its last name removed, until the last
+    /// release.
+    fn hold(&self, id: FileId, held: Option<Held>, kept_removed: bool) {
+        let mut holding = self.holding.lock();
+        let holds = holding.entry(id).or_default();
+        if let Some(held) = held.filter(|h| h.write || holds.held.is_none()) {
+            holds.held = Some(held);
         }
+        holds.kept_removed |= kept_removed;
+    }
+
+    /// Has the opens of `id`, if any is left, hold `held`, a file the
+    /// filesystem kept for them when its last name was removed; false where
+    /// none is, and the file is to be let go.
+    pub fn hold_removed(&self, id: FileId, held: Held) -> bool {
+        let state = self.state.lock();
+        if !state.by_id.contains_key(&id) {
+            return false;
+        }
+        self.hold(id, Some(held), true);
         true
     }
 
@@ -244,12 +255,22 @@ impl<B> OpenFiles<B> {
         // Closes the backing file's registration with the kernel, once the
         // table no longer names it.
         drop(closing);
-        let last = opens.passthrough == 0 && opens.cached == 0;
-        let kept_removed = last && opens.kept_removed;
-        if last {
-            by_id.remove(&id);
+        if opens.passthrough > 0 || opens.cached > 0 {
+            return false;
         }
-        kept_removed
+        by_id.remove(&id);
+        let holds = self.holding.lock().remove(&id);
+        holds.is_some_and(|h| h.kept_removed)
+    }
+}
+
+impl<B: Send> layerfs_vfs::Holder for OpenFiles<B> {
+    fn keep(&self, id: FileId) -> Option<(Arc<OwnedFd>, bool)> {
+        let mut holding = self.holding.lock();
+        let holds = holding.get_mut(&id)?;
+        let held = holds.held.as_ref()?;
+        holds.kept_removed = true;
+        Some((held.file.clone(), held.write))
     }
 }
 

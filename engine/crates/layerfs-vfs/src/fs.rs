@@ -1,4 +1,4 @@
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use crate::access::Caller;
@@ -16,9 +16,20 @@ pub struct ReadSource {
     pub attr: Attr,
 }
 
+/// What a door's opens hold, for a filesystem that keeps a file whose last
+/// name is removed while it is open ([`HostFiles::hold_removed_for`]).
+pub trait Holder: Send + Sync {
+    /// The host file the opens of regular file `id` hold, if any, and
+    /// whether they took it for writing. Its last name is about to be
+    /// removed and the filesystem keeps it: the holder lets go of it at its
+    /// last release ([`HostFiles::forget_removed`]). Asked in the middle of
+    /// the removal: it must not call the filesystem.
+    fn keep(&self, id: FileId) -> Option<(Arc<OwnedFd>, bool)>;
+}
+
 /// A file whose last name was removed while a door's opens held it, kept
 /// for the next server of the door's session (see
-/// [`HostFiles::keep_removed`]).
+/// [`HostFiles::hold_removed_for`]).
 #[derive(Debug)]
 pub struct RemovedFile {
     pub id: FileId,
@@ -465,18 +476,19 @@ pub trait HostFiles {
         false
     }
 
-    /// Keeps `file`, which a door holds for the opens of regular file `id`
-    /// (taken for writing with `write`), where the next server of the door's
-    /// session can open it again: the file's last name is about to be
-    /// removed, and the kernel's opens outlive the door's process (a crash,
-    /// an upgrade), where the descriptor does not. Kept until
-    /// [`forget_removed`](Self::forget_removed); false where nothing keeps it.
-    fn keep_removed(&self, id: FileId, file: BorrowedFd<'_>, write: bool) -> Result<bool> {
-        let _ = (id, file, write);
-        Ok(false)
+    /// From now, before a removal (or a rename over a name) takes the last
+    /// name of a regular file, asks `holder` whether a door's opens hold
+    /// it, and keeps what they hold where the next server of the door's
+    /// session can open it again ([`kept_removed`](Self::kept_removed)):
+    /// the kernel's opens outlive a door's process (a crash, an upgrade),
+    /// its descriptors do not. Kept until
+    /// [`forget_removed`](Self::forget_removed). A filesystem that cannot
+    /// keep files ignores it.
+    fn hold_removed_for(&self, holder: Arc<dyn Holder>) {
+        let _ = holder;
     }
 
-    /// The files [`keep_removed`](Self::keep_removed) kept, opened again.
+    /// The files kept for a [`Holder`], opened again.
     fn kept_removed(&self) -> Result<Vec<RemovedFile>> {
         Ok(Vec::new())
     }

@@ -104,10 +104,7 @@ impl Door {
         }
         let (from, to) = (self.id(parent), self.id(new_parent));
         let caller = self.caller_of(who);
-        let kept = self.keep_if_last_name(to, new_name);
-        let renamed = self.fs.rename(&caller, from, name, to, new_name);
-        self.after_removal(kept, &renamed);
-        done(reply, renamed)
+        done(reply, self.fs.rename(&caller, from, name, to, new_name))
     }
 
     pub(crate) fn readlink_as(&self, who: Who, ino: INodeNo, reply: impl DataAnswer) {

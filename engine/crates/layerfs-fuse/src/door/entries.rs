@@ -87,11 +87,10 @@ impl Door {
         name: &[u8],
         reply: impl EmptyAnswer,
     ) {
-        let dir = self.id(parent);
-        let kept = self.keep_if_last_name(dir, name);
-        let removed = self.fs.remove(&self.caller_of(who), dir, name);
-        self.after_removal(kept, &removed);
-        done(reply, removed)
+        done(
+            reply,
+            self.fs.remove(&self.caller_of(who), self.id(parent), name),
+        )
     }
 
     /// ACCESS: what the caller `wants` of the file, as its mode allows.

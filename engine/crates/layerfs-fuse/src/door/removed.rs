@@ -3,65 +3,26 @@
 //! The door serves a file whose last name is gone from the host file its
 //! opens hold ([`crate::opens`]). The kernel's opens outlive the door's
 //! process (a crash, an upgrade: [`crate::handover`]), the descriptor does
-//! not. So a removal that takes the last name of a file open here has the
-//! filesystem keep the host file first ([`HostFiles::keep_removed`]); a
-//! server that starts holds again what the last one kept for the opens the
-//! session still has, and lets go of the rest; the last release lets go.
+//! not. So the filesystem asks the door's opens, before a removal takes a
+//! regular file's last name, what they hold of it, and keeps that
+//! ([`HostFiles::hold_removed_for`]); a server that starts holds again what
+//! the last one kept for the opens the session still has, and lets go of
+//! the rest; the last release lets go.
 
 use layerfs_vfs::RemovedFile;
 
 use super::*;
 
 impl Door {
-    /// Before `name` in `dir` is removed (UNLINK, or a RENAME over it): where
-    /// it is the last name of a regular file open here, has the filesystem
-    /// keep the host file the opens hold. The id kept, for
-    /// [`Door::after_removal`].
-    pub(super) fn keep_if_last_name(&self, dir: FileId, name: &[u8]) -> Option<FileId> {
-        if !self.opens.any() {
-            return None;
-        }
-        let files = self.fs.host_files()?;
-        let attr = self.fs.lookup(&Caller::root(), dir, name).ok()?;
-        if attr.kind != FileKind::Regular || attr.nlink > 1 {
-            return None;
-        }
-        let id = attr.fileid;
-        let held = self.opens.held(id)?;
-        match files.keep_removed(id, held.file.as_fd(), held.write) {
-            Ok(true) if self.opens.keep_removed(id, None) => Some(id),
-            // Released meanwhile: nothing holds it.
-            Ok(true) => {
-                self.forget_removed(id);
-                None
-            }
-            Ok(false) => None,
-            Err(e) => {
-                tracing::warn!(
-                    "file {id}, open and losing its last name, is not kept for a next \
-                     server ({e}): after a restart its opens are stale"
-                );
-                None
-            }
-        }
-    }
-
-    /// After the removal that [`Door::keep_if_last_name`] prepared: one that
-    /// failed lets go of the file kept (its opens still hold it, and its
-    /// name is still there).
-    pub(super) fn after_removal<T>(&self, kept: Option<FileId>, result: &layerfs_vfs::Result<T>) {
-        if let (Some(id), Err(_)) = (kept, result) {
-            self.forget_removed(id);
-        }
-    }
-
     /// At the start of a session: what the last server had the filesystem
     /// keep is held again for the opens still recorded, and let go where
-    /// none is (all of it, for a session mounted afresh).
+    /// none is (all of it, for a session mounted afresh); what this door's
+    /// opens hold is kept from now.
     pub(crate) fn adopt_removed(&self) {
         let Some(files) = self.fs.host_files() else {
             return;
         };
+        files.hold_removed_for(self.opens.clone());
         let kept = match files.kept_removed() {
             Ok(kept) => kept,
             Err(e) => {
@@ -74,7 +35,7 @@ impl Door {
                 file: Arc::new(file),
                 write,
             };
-            if self.opens.keep_removed(id, Some(held)) {
+            if self.opens.hold_removed(id, held) {
                 adopted += 1;
             } else {
                 self.forget_removed(id);

@@ -12,7 +12,7 @@ use layerfs_vfs::hostdir::{
 use layerfs_vfs::XattrFlags;
 use layerfs_vfs::{
     Allocate, Attr, Change, Create, DirPage, Error, FileId, FileKind, Filesystem, FsStat, Hints,
-    HostFiles, NewEntry, ReadSource, RemovedFile, Result, SetAttr, Stability, Timestamp,
+    Holder, HostFiles, NewEntry, ReadSource, RemovedFile, Result, SetAttr, Stability, Timestamp,
     READS_AT_HAND,
 };
 use rustix::fs::AtFlags;
@@ -491,6 +491,7 @@ impl Filesystem for StackFs {
         if f.kind() == FileKind::Directory {
             return Err(Error::IsDir);
         }
+        self.removed.before_removal(&f.attr);
         c.unlink_entry(dir, &d, &f, name)?;
         self.upper.quota.freed();
         Ok(change(&d.attr, self.dir_after(&layers, dir)))
@@ -611,6 +612,9 @@ impl Filesystem for StackFs {
         }
         if src_below {
             whiteout(up_from.as_fd(), from_name)?;
+        }
+        if let Some(dst) = &dst {
+            self.removed.before_removal(&dst.attr);
         }
         rustix::fs::renameat(&*up_from, &from_c, &*up_to, &to_c)?;
         // A file it replaced frees its room.
@@ -851,10 +855,9 @@ impl HostFiles for StackFs {
         Ok(Some(fd))
     }
 
-    /// Linked under the state directory ([`super::removed`]).
-    fn keep_removed(&self, id: FileId, file: BorrowedFd<'_>, write: bool) -> Result<bool> {
-        self.removed.keep(id, file, write)?;
-        Ok(true)
+    /// Linked under the state directory, in `removed/`.
+    fn hold_removed_for(&self, holder: Arc<dyn Holder>) {
+        self.removed.hold_for(holder);
     }
 
     fn kept_removed(&self) -> Result<Vec<RemovedFile>> {

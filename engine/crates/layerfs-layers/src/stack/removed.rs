@@ -5,12 +5,14 @@
 //! ([`HostFiles::file_to_keep`](layerfs_vfs::HostFiles::file_to_keep)).
 //! The kernel's opens outlive the door's process, though: a daemon killed
 //! or upgraded leaves its sessions to the next one, and the descriptor dies
-//! with it. So just before the last name goes, the door has the host file
-//! linked here, in `state/removed/`, named by its id: `<id>` for a file
-//! held for writing, `<id>.read` for one held only for reading (which may
-//! be a lower layer's, and is never opened for writing). The next server
-//! opens them again, and each link goes with the file's last release, or
-//! when a server starts with no open of it left.
+//! with it. So a removal that takes a regular file's last name asks the
+//! door's [`Holder`] first, and links what its opens hold here, in
+//! `state/removed/`, named by its id: `<id>` for a file held for writing,
+//! `<id>.read` for one held only for reading (which may be a lower
+//! layer's, and is never opened for writing). A removal of a file no open
+//! holds costs one look in the door's table. The next server opens them
+//! again, and each link goes with the file's last release, or when a
+//! server starts with no open of it left.
 //!
 //! Only the daemon's process ending is outlived: a link is not synced, as
 //! the kernel's opens do not outlive the host.
@@ -18,17 +20,20 @@
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
+use std::sync::Arc;
 
-use layerfs_vfs::{FileId, RemovedFile};
+use layerfs_vfs::{Attr, FileId, FileKind, Holder, RemovedFile};
+use parking_lot::RwLock;
 use rustix::fs::{AtFlags, Mode, OFlags, CWD};
 use rustix::io::Errno;
 
 /// The suffix of a file held only for reading.
 const READ_ONLY: &str = ".read";
 
-/// `state/removed/`, open.
+/// `state/removed/`, open, and whom to ask what to keep there.
 pub struct Removed {
     dir: OwnedFd,
+    holder: RwLock<Option<Arc<dyn Holder>>>,
 }
 
 impl Removed {
@@ -45,7 +50,37 @@ impl Removed {
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
             Mode::empty(),
         )?;
-        Ok(Removed { dir })
+        Ok(Removed {
+            dir,
+            holder: RwLock::new(None),
+        })
+    }
+
+    /// Asks `holder` from now ([`Removed::before_removal`]).
+    pub fn hold_for(&self, holder: Arc<dyn Holder>) {
+        *self.holder.write() = Some(holder);
+    }
+
+    /// Before the name of the file `attr` describes is removed: where it is
+    /// the file's last, keeps what the holder's opens hold of it. A file
+    /// that cannot be kept is said in the log, and removed all the same.
+    pub fn before_removal(&self, attr: &Attr) {
+        if attr.kind != FileKind::Regular || attr.nlink > 1 {
+            return;
+        }
+        let Some(holder) = &*self.holder.read() else {
+            return;
+        };
+        let Some((file, write)) = holder.keep(attr.fileid) else {
+            return;
+        };
+        if let Err(e) = self.keep(attr.fileid, file.as_fd(), write) {
+            tracing::warn!(
+                "file {}, open and losing its last name, is not kept for a next server \
+                 ({e}): after a restart its opens are stale",
+                attr.fileid
+            );
+        }
     }
 
     /// Links `file`, open for the opens of `id`, here; a link left for the
