@@ -148,9 +148,13 @@ held_go() { # held_go WHAT
 	holder=
 	# The file removed while open was kept for the restart; its last
 	# release (which the kernel sends a moment after the close) lets go.
-	local left
+	local left stores=("$t/store")
+	[[ -d $t/nobody/store ]] && stores+=("$t/nobody/store")
+	# Where files are kept: a search of the wrong place would find nothing.
+	[[ -n $(find "${stores[@]}" -xdev -type d -path '*/state/removed') ]] ||
+		fail "no state/removed/ in the stores, ${stores[*]}"
 	for _ in $(seq 100); do
-		left=$(find "$t/store" "$t/nobody/store" -xdev -path '*/state/removed/*' 2>/dev/null || true)
+		left=$(find "${stores[@]}" -xdev -path '*/state/removed/*')
 		[[ -z $left ]] && return
 		sleep 0.05
 	done
