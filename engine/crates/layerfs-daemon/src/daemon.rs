@@ -327,7 +327,10 @@ impl Daemon {
             }
             // Opening the workspace finishes the commit's own steps (the
             // copies of moved files) before its layer is read.
-            drop(Workspace::open(&self.workspace_dir(&name))?);
+            drop(Workspace::open_in(
+                &self.workspace_dir(&name),
+                Some(&self.store),
+            )?);
             for committed in &layers[record.layers.len()..] {
                 let layer = self.store.import_dir(committed)?;
                 tracing::info!(workspace = %name, %layer, "recording a commit a crash cut short");
@@ -406,7 +409,7 @@ impl Daemon {
     /// (for a workspace not recorded yet).
     fn open_with(&self, open: &mut Option<Open>, name: &str, limit: Option<u64>) -> Outcome<()> {
         self.attach_lazy_layers_of(name)?;
-        let workspace = Workspace::open(&self.workspace_dir(name))
+        let workspace = Workspace::open_in(&self.workspace_dir(name), Some(&self.store))
             .map_err(|e| host_error(format_args!("cannot open workspace {name}"), e))?;
         if limit.is_some() {
             workspace

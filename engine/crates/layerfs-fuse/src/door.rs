@@ -9,7 +9,7 @@
 
 use std::cell::RefCell;
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, OnceLock};
 
 use fuser::{
@@ -20,8 +20,8 @@ use layerfs_vfs::access::{permits, Perm};
 use layerfs_vfs::bounded::BoundedMap;
 use layerfs_vfs::hostdir;
 use layerfs_vfs::{
-    Allocate, Attr, Caller, Create, Error, FileId, FileKind, Filesystem, NewEntry, SetAttr,
-    SetTime, Stability, XattrFlags,
+    Allocate, Attr, Caller, Create, Error, FileId, FileKind, Filesystem, KeptFile, NewEntry,
+    SetAttr, SetTime, Stability, XattrFlags,
 };
 use rustix::fs::{Gid, Uid};
 
@@ -426,8 +426,8 @@ impl fuser::Filesystem for Door {
 }
 
 /// The attributes of `id`, open as `file` with no name left.
-fn held_attr(id: FileId, file: BorrowedFd<'_>) -> layerfs_vfs::Result<Attr> {
-    let mut attr = hostdir::host_attr(file)?;
+fn held_attr(id: FileId, kept: &KeptFile) -> layerfs_vfs::Result<Attr> {
+    let mut attr = hostdir::host_attr(kept.host().as_fd())?;
     attr.fileid = id;
     // A lower file of a stack still has its name in the layer.
     attr.nlink = 0;

@@ -24,7 +24,7 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use fuser::FileHandle;
-use layerfs_vfs::FileId;
+use layerfs_vfs::{FileId, KeptFile};
 
 use crate::open_table::{OpenTable, Row};
 
@@ -59,7 +59,7 @@ struct Holding {
 /// would allow it).
 #[derive(Clone)]
 pub struct Held {
-    pub file: Arc<OwnedFd>,
+    pub file: KeptFile,
     pub write: bool,
 }
 
@@ -270,7 +270,7 @@ impl<B: Send> layerfs_vfs::Holder for OpenFiles<B> {
         let holds = holding.get_mut(&id)?;
         let held = holds.held.as_ref()?;
         holds.kept_removed = true;
-        Some((held.file.clone(), held.write))
+        Some((held.file.host().clone(), held.write))
     }
 }
 
@@ -345,10 +345,13 @@ mod tests {
     #[test]
     fn an_inode_holds_its_first_file_until_a_writer_opens_it_and_until_its_last_release() {
         let files: OpenFiles<u32> = OpenFiles::default();
-        let file = || Arc::new(OwnedFd::from(std::fs::File::open("/dev/null").unwrap()));
-        let held = |id| files.held(id).map(|h| (h.file.as_raw_fd(), h.write));
+        let file = || {
+            let fd = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+            KeptFile::whole(Arc::new(fd))
+        };
+        let held = |id| files.held(id).map(|h| (h.file.host().as_raw_fd(), h.write));
         let hold = |held: Option<Held>| {
-            let seen = held.as_ref().map(|h| (h.file.as_raw_fd(), h.write));
+            let seen = held.as_ref().map(|h| (h.file.host().as_raw_fd(), h.write));
             files.open(7, held, (), |_| None, |(), _| {});
             seen
         };

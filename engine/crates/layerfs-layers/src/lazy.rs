@@ -7,21 +7,23 @@
 //! all holes), plus its state under `lazy/<id>/`:
 //! - `index.json`: each file's pieces, where its [`Source`] finds them and
 //!   their digests ([`Index`]);
-//! - `filled`: the number of each piece written (4 bytes, little-endian),
-//!   appended only once the piece's data is durable. A kill or a crash loses
-//!   at most pieces not yet noted, which are fetched again; a torn last
-//!   record is ignored;
+//! - `filled`: the number of each piece written, each record checked,
+//!   appended only once the piece's data is durable ([`log`]). A kill or a
+//!   crash loses at most pieces not yet noted, which are fetched again; a
+//!   torn record is cut before anything is appended, never read shifted;
 //! - `on-read`: data comes only when read: the layer is not completed in
 //!   the background;
 //! - `complete`: every piece is in. The index stays, so that another lazy
 //!   layer takes a piece it shares (by digest) from this one's file.
 //!
-//! The stack asks `before_read` before it reads a lower file: a file still
-//! waiting for data is found by its host (device, inode), and the pieces the
-//! read needs are brought in first. No piece is ever served unchecked: one
-//! that does not match its digest fails the read with EIO and the log names
-//! the image, the layer and the piece. While no file anywhere waits, a read
-//! pays one atomic load.
+//! A store attaches its lazy layers ([`Attached`], one per store). A stack
+//! over a lazy layer not yet complete is opened only through its store,
+//! and asks [`Attached::before_read`] before it reads a lower file: a file
+//! still waiting for data is found by its host (device, inode), and the
+//! pieces the read needs are brought in first. No piece is ever served
+//! unchecked: one that does not match its digest fails the read with EIO
+//! and the log names the image, the layer and the piece. While no file of
+//! the store waits, a read pays one atomic load.
 
 use std::io;
 use std::path::PathBuf;
@@ -31,10 +33,10 @@ use serde::{Deserialize, Serialize};
 
 mod attached;
 mod layer;
+mod log;
 mod tree;
 
-pub use attached::attached;
-pub(crate) use attached::{attach, before_read, detach};
+pub use attached::Attached;
 pub use layer::LazyLayer;
 pub(crate) use tree::{files_in, utf8_path};
 

@@ -21,6 +21,8 @@ use layerfs_vfs::hostdir::{self, Host};
 use layerfs_vfs::Result;
 use rustix::fs::{Mode, OFlags};
 
+use crate::lazy::Attached;
+
 mod caches;
 mod commit;
 mod copy_up;
@@ -84,7 +86,19 @@ impl StackFs {
     /// Serves `lowers` (bottom first) under the writable `upper`, keeping
     /// the inode map and staging copies in `state`, which must be on the
     /// upper's filesystem. The upper and state directories are made if missing.
+    /// A lazy layer of a store whose data is still coming is refused here:
+    /// [`Store::open_stack`](crate::Store::open_stack) opens it.
     pub fn open(lowers: &[PathBuf], upper: &Path, state: &Path) -> io::Result<StackFs> {
+        Self::open_with(lowers, upper, state, None)
+    }
+
+    /// [`StackFs::open`], reading lazy layers attached in `lazy`.
+    pub(crate) fn open_with(
+        lowers: &[PathBuf],
+        upper: &Path,
+        state: &Path,
+        lazy: Option<Arc<Attached>>,
+    ) -> io::Result<StackFs> {
         let at = |what: &Path, e: &dyn std::fmt::Display| {
             io::Error::other(format!("{}: {e}", what.display()))
         };
@@ -119,7 +133,9 @@ impl StackFs {
         let inodes = Inodes::open(&map).map_err(|e| at(&map, &e))?;
         let mut paths = vec![upper.canonicalize()?];
         for lower in lowers.iter().rev() {
-            paths.push(lower.canonicalize().map_err(|e| at(lower, &e))?);
+            let path = lower.canonicalize().map_err(|e| at(lower, &e))?;
+            crate::store::check_gated(&path, lazy.as_deref())?;
+            paths.push(path);
         }
         let layers = Self::layers_at(&inodes, &paths, 0).map_err(|e| at(upper, &e))?;
         let upper_dev = rustix::fs::fstat(&*layers.all[UPPER].root)?.st_dev;
@@ -128,7 +144,7 @@ impl StackFs {
         }
         let removed = removed::Removed::open(state).map_err(|e| at(state, &e))?;
         Ok(StackFs {
-            tree: Tree::new(layers, inodes, paths),
+            tree: Tree::new(layers, inodes, paths, lazy),
             upper: Upper::new(work, state.to_path_buf(), serving),
             removed,
         })

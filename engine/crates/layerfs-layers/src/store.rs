@@ -13,11 +13,14 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 
 use layerfs_vfs::hostdir;
 
 use crate::digest::tree_digest_with;
+use crate::lazy::{Attached, LazyLayer};
 use crate::stack::UNSTABLE_INODES;
+use crate::StackFs;
 
 mod from_dir;
 mod from_tar;
@@ -45,6 +48,8 @@ impl std::fmt::Display for LayerId {
 
 pub struct Store {
     root: PathBuf,
+    /// The lazy layers attached: this store's alone.
+    lazy: Arc<Attached>,
 }
 
 static STAGING_SEQ: AtomicU64 = AtomicU64::new(0);
@@ -79,6 +84,7 @@ impl Store {
         fs::create_dir_all(&staging)?;
         Ok(Store {
             root: root.to_path_buf(),
+            lazy: Arc::default(),
         })
     }
 
@@ -124,7 +130,7 @@ impl Store {
         fs::remove_dir(&doomed)?;
         fs::rename(self.layer_dir(id), &doomed)?;
         File::open(self.root.join("layers"))?.sync_all()?;
-        crate::lazy::detach(id);
+        self.lazy.detach(id);
         let lazy = self.lazy_dir(id);
         if lazy.exists() {
             remove_tree(&lazy)?;
@@ -206,14 +212,69 @@ impl Store {
         Ok(head.source)
     }
 
-    /// Attaches lazy layer `id` to this process: reads of its files that
-    /// wait for data bring it through `fetch` first.
+    /// Attaches lazy layer `id` to this store: reads of its files that
+    /// wait for data bring it through `fetch` first. Attached already, it
+    /// is given `fetch` (if one).
     pub fn attach_lazy(
         &self,
         id: &LayerId,
-        fetch: Option<std::sync::Arc<dyn crate::lazy::Fetch>>,
-    ) -> io::Result<std::sync::Arc<crate::lazy::LazyLayer>> {
-        crate::lazy::attach(id, &self.layer_dir(id), &self.lazy_dir(id), fetch)
+        fetch: Option<Arc<dyn crate::lazy::Fetch>>,
+    ) -> io::Result<Arc<LazyLayer>> {
+        self.lazy
+            .attach(id, &self.layer_dir(id), &self.lazy_dir(id), fetch)
+    }
+
+    /// The lazy layers this store has attached.
+    pub fn lazy(&self) -> &Attached {
+        &self.lazy
+    }
+
+    /// Lazy layer `id`, if attached.
+    pub fn lazy_layer(&self, id: &LayerId) -> Option<Arc<LazyLayer>> {
+        self.lazy.get(id)
+    }
+
+    /// Serves `lowers` (bottom first) under `upper`, as [`StackFs::open`],
+    /// each of this store's lazy layers among them read through its fill:
+    /// one not attached yet is attached here, without a fetcher until it is
+    /// given one ([`Store::attach_lazy`]), so that a read of what it lacks
+    /// fails rather than shows its holes.
+    pub fn open_stack(
+        &self,
+        lowers: &[PathBuf],
+        upper: &Path,
+        state: &Path,
+    ) -> io::Result<StackFs> {
+        self.attach_waiting(lowers)?;
+        StackFs::open_with(lowers, upper, state, Some(self.lazy.clone()))
+    }
+
+    /// [`Store::open_stack`] with the state inside the upper, as
+    /// [`StackFs::open_in_upper`].
+    pub fn open_stack_in_upper(&self, lowers: &[PathBuf], upper: &Path) -> io::Result<StackFs> {
+        std::fs::create_dir_all(upper)?;
+        self.open_stack(lowers, upper, &upper.join(crate::STATE_IN_UPPER))
+    }
+
+    /// Attaches every lazy layer of this store among `lowers` that still
+    /// waits for data and is not attached.
+    fn attach_waiting(&self, lowers: &[PathBuf]) -> io::Result<()> {
+        let layers = self.root.join("layers").canonicalize()?;
+        for lower in lowers {
+            let lower = lower.canonicalize()?;
+            let Some(id) = lower
+                .parent()
+                .filter(|&dir| dir == layers)
+                .and(lower.file_name())
+                .and_then(|name| self.layer(&name.to_string_lossy()))
+            else {
+                continue;
+            };
+            if self.lazy.get(&id).is_none() && waiting_state(&lower).is_some() {
+                self.attach_lazy(&id, None)?;
+            }
+        }
+        Ok(())
     }
 
     /// Imports a copy of the tree at `src` (symlinks copied, not followed).
@@ -322,6 +383,39 @@ impl Store {
         File::open(self.root.join("layers"))?.sync_all()?;
         tracing::info!(layer = %id, "imported");
         Ok(id)
+    }
+}
+
+/// The lazy state of the store layer at `layer_dir` (canonical), if it is
+/// a lazy layer not complete yet: its files may still be holes.
+pub(crate) fn waiting_state(layer_dir: &Path) -> Option<PathBuf> {
+    let layers = layer_dir.parent()?;
+    if layers.file_name()? != "layers" {
+        return None;
+    }
+    let state = layers.parent()?.join("lazy").join(layer_dir.file_name()?);
+    (state.is_dir() && !state.join(crate::lazy::COMPLETE).exists()).then_some(state)
+}
+
+/// Refuses the layer at `layer_dir` (canonical) where it is a lazy layer
+/// still waiting for data that `lazy`, its store's, has not attached:
+/// read any other way, its files would show their holes.
+pub(crate) fn check_gated(layer_dir: &Path, lazy: Option<&Attached>) -> io::Result<()> {
+    if waiting_state(layer_dir).is_none() {
+        return Ok(());
+    }
+    let id = LayerId(
+        layer_dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+    );
+    match lazy.and_then(|lazy| lazy.get(&id)) {
+        Some(layer) if layer.root() == layer_dir => Ok(()),
+        _ => Err(io::Error::other(format!(
+            "{}: a lazy layer whose data is still coming, opened without its store",
+            layer_dir.display()
+        ))),
     }
 }
 

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use layerfs_vfs::{Error, FileId};
 
-use crate::StackFs;
+use crate::{StackFs, Store};
 
 pub struct Workspace {
     dir: PathBuf,
@@ -37,6 +37,16 @@ impl Workspace {
     /// Makes a workspace in `dir` (which must not exist yet) over `layers`,
     /// bottom first, with an empty upper.
     pub fn create(dir: &Path, layers: &[PathBuf]) -> io::Result<Workspace> {
+        Self::create_in(dir, layers, None)
+    }
+
+    /// [`Workspace::create`] over layers of `store`, whose lazy layers are
+    /// read through their fill ([`Store::open_stack`]).
+    pub fn create_in(
+        dir: &Path,
+        layers: &[PathBuf],
+        store: Option<&Store>,
+    ) -> io::Result<Workspace> {
         std::fs::create_dir(dir)?;
         let dir = dir.canonicalize()?;
         let upper = dir.join("tree").join("1");
@@ -47,17 +57,28 @@ impl Workspace {
             .collect::<io::Result<Vec<_>>>()?;
         stack.push(upper);
         write_stack(&dir, &stack)?;
-        Self::open(&dir)
+        Self::open_in(&dir, store)
     }
 
+    /// Opens the workspace in `dir`; a lazy layer still waiting for data is
+    /// refused ([`Workspace::open_in`] reads it).
     pub fn open(dir: &Path) -> io::Result<Workspace> {
+        Self::open_in(dir, None)
+    }
+
+    /// Opens the workspace in `dir`, whose layers are `store`'s where given.
+    pub fn open_in(dir: &Path, store: Option<&Store>) -> io::Result<Workspace> {
         let dir = dir.canonicalize()?;
         let mut stack = read_stack(&dir)?;
         let upper = stack
             .pop()
             .ok_or_else(|| invalid(format!("{}: empty stack", dir.display())))?;
         remove_unstacked(&dir.join("tree"), &stack, &upper)?;
-        let fs = StackFs::open(&stack, &upper, &dir.join("state"))?;
+        let state = dir.join("state");
+        let fs = match store {
+            Some(store) => store.open_stack(&stack, &upper, &state)?,
+            None => StackFs::open(&stack, &upper, &state)?,
+        };
         Ok(Workspace {
             dir,
             fs: Arc::new(fs),

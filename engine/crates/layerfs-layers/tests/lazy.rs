@@ -182,7 +182,9 @@ fn a_lazy_layer_is_named_as_the_full_one_and_reads_bring_only_what_they_need() {
 
     let layer = store.attach_lazy(&id, Some(img.blob.clone())).unwrap();
     assert_eq!(layer.bytes(), (0, 6 * P as u64 + 106));
-    let fs = StackFs::open_in_upper(&[store.layer_dir(&id)], &t.path().join("upper")).unwrap();
+    let fs = store
+        .open_stack_in_upper(&[store.layer_dir(&id)], &t.path().join("upper"))
+        .unwrap();
     // Sizes and names come from the tree: nothing fetched.
     let attr = fs.getattr(at(&fs, "data/big")).unwrap();
     assert_eq!(attr.size, 6 * P as u64 + 100);
@@ -235,7 +237,9 @@ fn a_read_brings_in_the_files_beside_it_in_its_directory_and_no_others() {
     let img = image(&named, 1 << 20);
     let id = store.import_lazy(&img.entries, &source(&img.blob)).unwrap();
     store.attach_lazy(&id, Some(img.blob.clone())).unwrap();
-    let fs = StackFs::open_in_upper(&[store.layer_dir(&id)], &t.path().join("upper")).unwrap();
+    let fs = store
+        .open_stack_in_upper(&[store.layer_dir(&id)], &t.path().join("upper"))
+        .unwrap();
     let asked = || img.blob.pieces_asked.lock().unwrap().clone();
     // m3 and the six files after it in data/, in one request; not the one
     // in data/sub, which ends the run; nothing before m3. A damaged piece
@@ -267,7 +271,9 @@ fn a_piece_that_does_not_match_its_digest_is_never_served_nor_kept() {
     let img = image(&[("data/f", content(5000, 7))], 4096);
     let id = store.import_lazy(&img.entries, &source(&img.blob)).unwrap();
     store.attach_lazy(&id, Some(img.blob.clone())).unwrap();
-    let fs = StackFs::open_in_upper(&[store.layer_dir(&id)], &t.path().join("upper")).unwrap();
+    let fs = store
+        .open_stack_in_upper(&[store.layer_dir(&id)], &t.path().join("upper"))
+        .unwrap();
     img.blob.lie.store(true, Ordering::SeqCst);
     assert_eq!(read(&fs, "data/f", 0, 10), Err(Error::Io));
     // Nothing of it was written: the file is still holes on the host.
@@ -313,7 +319,9 @@ fn a_piece_one_layer_has_is_lent_to_another_and_removal_takes_the_state() {
             .import_lazy(&first.entries, &source(&first.blob))
             .unwrap();
         let layer = store.attach_lazy(&id1, Some(first.blob.clone())).unwrap();
-        let fs = StackFs::open_in_upper(&[store.layer_dir(&id1)], &t.path().join("u1")).unwrap();
+        let fs = store
+            .open_stack_in_upper(&[store.layer_dir(&id1)], &t.path().join("u1"))
+            .unwrap();
         assert_eq!(read(&fs, "data/shared", 0, 3000).unwrap(), shared);
         assert_eq!(first.blob.asked.load(Ordering::SeqCst), 3);
         assert!(!layer.is_complete());
@@ -324,10 +332,14 @@ fn a_piece_one_layer_has_is_lent_to_another_and_removal_takes_the_state() {
                 .unwrap(),
         )
     };
-    // A second layer with the same file takes it from the first: no fetch.
+    // A second layer with the same file takes it from the first, which
+    // the store attached (as a daemon attaches all at start): no fetch.
     let store = Store::open(&root).unwrap();
+    store.attach_lazy(&id1, None).unwrap();
     store.attach_lazy(&id2, Some(second.blob.clone())).unwrap();
-    let fs = StackFs::open_in_upper(&[store.layer_dir(&id2)], &t.path().join("u2")).unwrap();
+    let fs = store
+        .open_stack_in_upper(&[store.layer_dir(&id2)], &t.path().join("u2"))
+        .unwrap();
     assert_eq!(read(&fs, "data/shared", 0, 3000).unwrap(), shared);
     assert_eq!(second.blob.asked.load(Ordering::SeqCst), 0);
     assert_eq!(store.lazy_layers().unwrap().len(), 2);
@@ -366,21 +378,310 @@ fn a_store_reopened_keeps_what_was_fetched() {
     let root = t.path().join("store");
     const P: usize = 300 * 1024;
     let img = image(&[("data/f", content(P * 3, 3))], P);
+    let id = {
+        let store = Store::open(&root).unwrap();
+        let id = store.import_lazy(&img.entries, &source(&img.blob)).unwrap();
+        let layer = store.attach_lazy(&id, Some(img.blob.clone())).unwrap();
+        let fs = store
+            .open_stack_in_upper(&[store.layer_dir(&id)], &t.path().join("u"))
+            .unwrap();
+        read(&fs, "data/f", 0, 10).unwrap();
+        assert_eq!(layer.bytes(), (P as u64, P as u64 * 3));
+        id
+    };
+    // Another store on the same root reads the layer's state afresh, as
+    // the next process does: what was fetched is not fetched again.
     let store = Store::open(&root).unwrap();
-    let id = store.import_lazy(&img.entries, &source(&img.blob)).unwrap();
     let layer = store.attach_lazy(&id, Some(img.blob.clone())).unwrap();
-    let fs = StackFs::open_in_upper(&[store.layer_dir(&id)], &t.path().join("u")).unwrap();
-    read(&fs, "data/f", 0, 10).unwrap();
     assert_eq!(layer.bytes(), (P as u64, P as u64 * 3));
-    // What the log says is in stays in for the next process: read back
-    // without the one attached here.
-    let log = std::fs::read(root.join("lazy").join(id.as_str()).join("filled")).unwrap();
-    assert_eq!(log, 0u32.to_le_bytes());
-    assert!(root
-        .join("lazy")
-        .join(id.as_str())
-        .join("index.json")
-        .exists());
+    let fs = store
+        .open_stack_in_upper(&[store.layer_dir(&id)], &t.path().join("u"))
+        .unwrap();
+    assert_eq!(
+        read(&fs, "data/f", 0, 10).unwrap(),
+        img.files["data/f"][..10]
+    );
+    assert_eq!(img.blob.asked.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        read(&fs, "data/f", P as u64, 10).unwrap(),
+        img.files["data/f"][P..P + 10]
+    );
+    assert_eq!(img.blob.asked.load(Ordering::SeqCst), 2);
+}
+
+/// The files of [`torn`]'s layer: pieces of 32 bytes, numbered across
+/// both files, so that records name numbers past 255.
+const TORN_PIECE: usize = 32;
+
+fn torn_image() -> Image {
+    image(
+        &[
+            ("data/a", content(40 * TORN_PIECE, 4)),
+            ("data/b", content(300 * TORN_PIECE, 5)),
+        ],
+        TORN_PIECE,
+    )
+}
+
+/// Piece `n` of [`torn_image`]: its file and offset.
+fn torn_piece(n: usize) -> (&'static str, usize) {
+    match n {
+        0..40 => ("data/a", n * TORN_PIECE),
+        _ => ("data/b", (n - 40) * TORN_PIECE),
+    }
+}
+
+/// Writes pieces `numbers` of `img` into the layer's files by hand, as a
+/// daemon would have before it noted them.
+fn write_pieces(layer: &std::path::Path, img: &Image, numbers: &[usize]) {
+    use std::os::unix::fs::{FileExt, PermissionsExt};
+    for &n in numbers {
+        let (path, at) = torn_piece(n);
+        let file = layer.join(path);
+        let mode = std::fs::metadata(&file).unwrap().permissions();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let out = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+        out.write_all_at(&img.files[path][at..at + TORN_PIECE], at as u64)
+            .unwrap();
+        std::fs::set_permissions(&file, mode).unwrap();
+    }
+}
+
+/// A record of today's log, by hand: the piece number and its CRC-32.
+fn checked_record(n: u32) -> Vec<u8> {
+    let mut out = n.to_le_bytes().to_vec();
+    out.extend_from_slice(&crc32fast::hash(&n.to_le_bytes()).to_le_bytes());
+    out
+}
+
+/// Opens a new store on `root` (a restart), reads every file of layer
+/// `id` through a stack and compares it with the image.
+fn every_file_reads_right(root: &std::path::Path, upper: &std::path::Path, img: &Image, why: &str) {
+    let store = Store::open(root).unwrap();
+    let id = store.layers().unwrap().remove(0);
+    store.attach_lazy(&id, Some(img.blob.clone())).unwrap();
+    let fs = store
+        .open_stack_in_upper(&[store.layer_dir(&id)], upper)
+        .unwrap();
+    for (path, want) in &img.files {
+        let got = read(&fs, path, 0, want.len() + 1).unwrap();
+        assert!(&got == want, "{path} read wrong: {why}");
+    }
+}
+
+/// A log torn by a crash, cut at every byte and followed by records of
+/// low and high piece numbers, in today's format and in an earlier
+/// layerfs's (4-byte records appended after a torn tail, so read shifted):
+/// across two restarts, every file reads as the image has it, never a hole.
+#[test]
+fn a_torn_log_cut_at_every_byte_never_marks_a_piece_that_never_came() {
+    let t = tempfile::tempdir().unwrap();
+    let img = torn_image();
+    // Pieces whose data is in, low and high numbers among them.
+    let noted = [0usize, 1, 255, 256, 300, 339];
+    let later = [2usize, 338];
+    let mut today = b"LFSFILL2".to_vec();
+    noted
+        .iter()
+        .for_each(|&n| today.extend_from_slice(&checked_record(n as u32)));
+    let mut earlier = Vec::new();
+    noted
+        .iter()
+        .for_each(|&n| earlier.extend_from_slice(&(n as u32).to_le_bytes()));
+    for (format, whole) in [("today's", &today), ("an earlier layerfs's", &earlier)] {
+        for cut in 0..=whole.len() {
+            let root = t.path().join(format!("{}-{cut}", format.len()));
+            let store = Store::open(&root).unwrap();
+            let id = store.import_lazy(&img.entries, &source(&img.blob)).unwrap();
+            write_pieces(&store.layer_dir(&id), &img, &noted);
+            write_pieces(&store.layer_dir(&id), &img, &later);
+            let mut log = whole[..cut].to_vec();
+            for &n in &later {
+                match format {
+                    "today's" => log.extend_from_slice(&checked_record(n as u32)),
+                    _ => log.extend_from_slice(&(n as u32).to_le_bytes()),
+                }
+            }
+            let state = root.join("lazy").join(id.as_str());
+            std::fs::write(state.join("filled"), &log).unwrap();
+            drop(store);
+            let why = format!("{format} log cut at {cut}");
+            every_file_reads_right(&root, &t.path().join("u1"), &img, &why);
+            every_file_reads_right(&root, &t.path().join("u2"), &img, &why);
+            let _ = std::fs::remove_dir_all(t.path().join("u1"));
+            let _ = std::fs::remove_dir_all(t.path().join("u2"));
+        }
+    }
+}
+
+/// A layer of more than 65,536 pieces: numbers past 16 bits are noted,
+/// kept across a restart and served; the pieces around them are fetched.
+#[test]
+fn a_layer_of_more_than_65536_pieces_keeps_its_high_numbers() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("store");
+    const N: usize = 66_000;
+    let img = image(&[("data/many", content(N * 8, 6))], 8);
+    let high = 65_600usize;
+    let id = {
+        let store = Store::open(&root).unwrap();
+        let id = store.import_lazy(&img.entries, &source(&img.blob)).unwrap();
+        store.attach_lazy(&id, Some(img.blob.clone())).unwrap();
+        let fs = store
+            .open_stack_in_upper(&[store.layer_dir(&id)], &t.path().join("u"))
+            .unwrap();
+        let want = &img.files["data/many"][high * 8..high * 8 + 8];
+        assert_eq!(read(&fs, "data/many", high as u64 * 8, 8).unwrap(), want);
+        id
+    };
+    let asked = img.blob.asked.load(Ordering::SeqCst);
+    let store = Store::open(&root).unwrap();
+    let layer = store.attach_lazy(&id, Some(img.blob.clone())).unwrap();
+    let (local, all) = layer.bytes();
+    assert_eq!(all, N as u64 * 8);
+    assert!(local >= 8 && local < all, "{local} of {all} bytes in");
+    let fs = store
+        .open_stack_in_upper(&[store.layer_dir(&id)], &t.path().join("u"))
+        .unwrap();
+    let want = &img.files["data/many"][high * 8..high * 8 + 8];
+    assert_eq!(read(&fs, "data/many", high as u64 * 8, 8).unwrap(), want);
+    assert_eq!(
+        img.blob.asked.load(Ordering::SeqCst),
+        asked,
+        "noted, not fetched again"
+    );
+    let all_of_it = read(&fs, "data/many", 0, N * 8).unwrap();
+    assert!(all_of_it == img.files["data/many"]);
+}
+
+/// Two stores in one process that hold the same lazy layer: each reads
+/// its own files through its own fill, and a read in a store with no file
+/// waiting asks the host nothing.
+#[test]
+fn two_stores_in_one_process_never_see_each_others_layers() {
+    let t = tempfile::tempdir().unwrap();
+    const P: usize = 300 * 1024;
+    let img = image(&[("data/f", content(P * 2, 7))], P);
+    let first = Store::open(&t.path().join("one")).unwrap();
+    let second = Store::open(&t.path().join("two")).unwrap();
+    let id = first.import_lazy(&img.entries, &source(&img.blob)).unwrap();
+    assert_eq!(
+        second
+            .import_lazy(&img.entries, &source(&img.blob))
+            .unwrap(),
+        id
+    );
+    // The first store's layer is made whole; the second's waits.
+    let whole = first.attach_lazy(&id, Some(img.blob.clone())).unwrap();
+    assert!(whole.complete(1 << 20, &AtomicBool::new(false)).unwrap());
+    let waiting = second.attach_lazy(&id, Some(img.blob.clone())).unwrap();
+    assert!(!waiting.is_complete(), "not the first store's layer");
+    let one = first
+        .open_stack_in_upper(&[first.layer_dir(&id)], &t.path().join("u1"))
+        .unwrap();
+    let two = second
+        .open_stack_in_upper(&[second.layer_dir(&id)], &t.path().join("u2"))
+        .unwrap();
+    let want = &img.files["data/f"];
+    assert!(read(&two, "data/f", 0, 2 * P).unwrap() == *want);
+    assert!(read(&one, "data/f", 0, 2 * P).unwrap() == *want);
+    assert_eq!(
+        first.lazy().files_looked_up(),
+        0,
+        "no file of the first waits"
+    );
+    assert!(second.lazy().files_looked_up() > 0);
+}
+
+/// A lazy layer's file opened through the store's stack and kept for a
+/// door's open (FUSE keeps it): once its name is gone (removed, or renamed
+/// over), what the door reads through it is the file's data, brought in
+/// and checked, not the host file's holes.
+#[test]
+fn a_kept_file_that_loses_its_name_reads_its_data() {
+    use layerfs_vfs::HostFiles;
+    let t = tempfile::tempdir().unwrap();
+    let store = Store::open(&t.path().join("store")).unwrap();
+    const P: usize = 300 * 1024;
+    let img = image(
+        &[
+            ("data/held", content(P + 700, 8)),
+            ("data/over", content(5000, 9)),
+            ("data/other", content(100, 10)),
+        ],
+        P,
+    );
+    let id = store.import_lazy(&img.entries, &source(&img.blob)).unwrap();
+    store.attach_lazy(&id, Some(img.blob.clone())).unwrap();
+    let fs = store
+        .open_stack_in_upper(&[store.layer_dir(&id)], &t.path().join("upper"))
+        .unwrap();
+    let root = Caller::root();
+    let held = at(&fs, "data/held");
+    let over = at(&fs, "data/over");
+    let dir = at(&fs, "data");
+    let kept_held = fs.file_to_keep(held, false).unwrap().unwrap();
+    let kept_over = fs.file_to_keep(over, false).unwrap().unwrap();
+    fs.remove(&root, dir, b"held").unwrap();
+    fs.rename(&root, dir, b"other", dir, b"over").unwrap();
+    assert_eq!(fs.getattr(held), Err(Error::Stale));
+    let mut got = Vec::new();
+    kept_held.read(0, 2 * P, &mut got).unwrap();
+    assert!(got == img.files["data/held"], "the removed file");
+    got.clear();
+    kept_over.read(0, 2 * P, &mut got).unwrap();
+    assert!(got == img.files["data/over"], "the file renamed over");
+}
+
+/// `diff` compares an upper file with a lazy layer's through the fill:
+/// a file whose mode alone changed (its data copied up) differs in mode.
+#[test]
+fn diff_reads_a_lazy_file_through_its_fill() {
+    use layerfs_vfs::SetAttr;
+    let t = tempfile::tempdir().unwrap();
+    let store = Store::open(&t.path().join("store")).unwrap();
+    const P: usize = 300 * 1024;
+    let img = image(&[("data/f", content(3 * P, 11))], P);
+    let id = store.import_lazy(&img.entries, &source(&img.blob)).unwrap();
+    store.attach_lazy(&id, Some(img.blob.clone())).unwrap();
+    let fs = store
+        .open_stack_in_upper(&[store.layer_dir(&id)], &t.path().join("upper"))
+        .unwrap();
+    let set = SetAttr {
+        mode: Some(0o600),
+        ..SetAttr::default()
+    };
+    fs.setattr(&Caller::root(), at(&fs, "data/f"), &set, None)
+        .unwrap();
+    let changes = fs.diff().unwrap();
+    let of_f: Vec<_> = changes.iter().filter(|c| c.path == b"/data/f").collect();
+    assert_eq!(of_f.len(), 1, "{changes:?}");
+    assert_eq!(of_f[0].what, ["mode"]);
+}
+
+/// A lazy layer still waiting for data is refused to a stack opened
+/// without its store: its files would read as their holes.
+#[test]
+fn a_lazy_layer_is_read_only_through_its_store() {
+    let t = tempfile::tempdir().unwrap();
+    let store = Store::open(&t.path().join("store")).unwrap();
+    let img = image(&[("data/f", content(1000, 12))], 100);
+    let id = store.import_lazy(&img.entries, &source(&img.blob)).unwrap();
+    let refused = StackFs::open_in_upper(&[store.layer_dir(&id)], &t.path().join("u"));
+    let e = refused.err().expect("opened without its store");
+    assert!(e.to_string().contains("lazy layer"), "{e}");
+    // Through the store, without a fetcher: what is missing fails, never
+    // reads as zeros.
+    let fs = store
+        .open_stack_in_upper(&[store.layer_dir(&id)], &t.path().join("u"))
+        .unwrap();
+    assert_eq!(read(&fs, "data/f", 0, 10), Err(Error::Io));
+    // Once complete, any stack may read it.
+    let layer = store.attach_lazy(&id, Some(img.blob.clone())).unwrap();
+    assert!(layer.complete(1 << 20, &AtomicBool::new(false)).unwrap());
+    drop(fs);
+    let fs = StackFs::open_in_upper(&[store.layer_dir(&id)], &t.path().join("u")).unwrap();
+    assert!(read(&fs, "data/f", 0, 1000).unwrap() == img.files["data/f"]);
 }
 
 #[test]
@@ -516,7 +817,9 @@ fn a_large_table_written_side_by_side_makes_the_tree_it_would_in_order() {
     let all: u64 = files.iter().map(|(_, c)| c.len() as u64).sum();
     let lazy = store.attach_lazy(&id, Some(img.blob.clone())).unwrap();
     assert_eq!(lazy.bytes(), (0, all));
-    let fs = StackFs::open_in_upper(&[layer], &t.path().join("upper")).unwrap();
+    let fs = store
+        .open_stack_in_upper(&[layer], &t.path().join("upper"))
+        .unwrap();
     let (path, want) = &files[5 * 90 + 11];
     assert_eq!(&read(&fs, path, 0, 1000).unwrap(), want);
 }

@@ -1,4 +1,4 @@
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
 use crate::access::Caller;
@@ -14,6 +14,64 @@ pub struct ReadSource {
     pub len: usize,
     pub eof: bool,
     pub attr: Attr,
+}
+
+/// Brings in a host file's data before it is read, for a filesystem whose
+/// host files may not hold all of it yet (a lazy layer's).
+pub trait Fill: Send + Sync {
+    /// Makes the `len` bytes at `offset` of `file` what the filesystem
+    /// serves there, or fails (`Io`) without a byte of it being read.
+    fn fill(&self, file: BorrowedFd<'_>, offset: u64, len: u64) -> Result<()>;
+}
+
+/// A host file a door keeps for an open ([`HostFiles::file_to_keep`]). Its
+/// bytes are read only through [`KeptFile::read`], which brings in first
+/// what a filesystem's [`Fill`] says is missing: a file that loses its name
+/// while held reads what it read before, never the host's holes.
+#[derive(Clone)]
+pub struct KeptFile {
+    host: Arc<OwnedFd>,
+    fill: Option<Arc<dyn Fill>>,
+}
+
+impl KeptFile {
+    /// A host file that holds all its data.
+    pub fn whole(host: Arc<OwnedFd>) -> KeptFile {
+        KeptFile { host, fill: None }
+    }
+
+    /// A host file whose data `fill` brings in before each read.
+    pub fn filled_by(host: Arc<OwnedFd>, fill: Arc<dyn Fill>) -> KeptFile {
+        KeptFile {
+            host,
+            fill: Some(fill),
+        }
+    }
+
+    /// Up to `count` bytes at `offset`, as [`crate::hostdir::read`] reads
+    /// them, after they are brought in.
+    pub fn read(&self, offset: u64, count: usize, dst: &mut Vec<u8>) -> Result<(bool, Attr)> {
+        let file = self.host.as_fd();
+        if let Some(fill) = &self.fill {
+            fill.fill(file, offset, count as u64)?;
+        }
+        crate::hostdir::read(file, crate::hostdir::host_attr(file)?, offset, count, dst)
+    }
+
+    /// The host descriptor, for the file's attributes, writes, syncs and a
+    /// link to it; its bytes are read through [`KeptFile::read`].
+    pub fn host(&self) -> &Arc<OwnedFd> {
+        &self.host
+    }
+}
+
+impl std::fmt::Debug for KeptFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeptFile")
+            .field("host", &self.host)
+            .field("filled", &self.fill.is_some())
+            .finish()
+    }
 }
 
 /// What a door's opens hold, for a filesystem that keeps a file whose last
@@ -34,7 +92,7 @@ pub trait Holder: Send + Sync {
 pub struct RemovedFile {
     pub id: FileId,
     /// Opened for writing where `write`, else for reading.
-    pub file: OwnedFd,
+    pub file: KeptFile,
     /// Whether the opens held it for writing: a file held only for reading
     /// may be a lower layer's, which is never written.
     pub write: bool,
@@ -461,7 +519,7 @@ pub trait HostFiles {
     /// filesystem lets a process use a file it holds open after an unlink
     /// (FUSE has opens; NFS has none). No permission check: the door checked
     /// the open. `None` where no one host file holds the file.
-    fn file_to_keep(&self, id: FileId, write: bool) -> Result<Option<Arc<OwnedFd>>> {
+    fn file_to_keep(&self, id: FileId, write: bool) -> Result<Option<KeptFile>> {
         let _ = (id, write);
         Ok(None)
     }

@@ -21,8 +21,9 @@ pub use access::{Caller, Groups};
 pub use attr::{Attr, AttrBefore, Change, FileKind, SetAttr, SetTime, Timestamp};
 pub use error::{Error, Result};
 pub use fs::{
-    Allocate, Create, DirEntry, DirPage, Filesystem, FsStat, Hints, Holder, HostFiles, Name,
-    NewEntry, NoHints, ReadSource, RemovedFile, Stability, XattrFlags, READS_AT_HAND,
+    Allocate, Create, DirEntry, DirPage, Filesystem, Fill, FsStat, Hints, Holder, HostFiles,
+    KeptFile, Name, NewEntry, NoHints, ReadSource, RemovedFile, Stability, XattrFlags,
+    READS_AT_HAND,
 };
 pub use local::LocalFs;
 

@@ -19,8 +19,8 @@ use crate::access::{self, Caller, Perm};
 use crate::attr::{Attr, Change, FileKind, SetAttr, Timestamp};
 use crate::error::{Error, Result};
 use crate::fs::{
-    Allocate, Create, DirPage, Filesystem, FsStat, Hints, HostFiles, NewEntry, ReadSource,
-    Stability,
+    Allocate, Create, DirPage, Filesystem, FsStat, Hints, HostFiles, KeptFile, NewEntry,
+    ReadSource, Stability,
 };
 use crate::ids::{IdTable, Place, Seen};
 use crate::stripes::Stripes;
@@ -714,8 +714,8 @@ impl HostFiles for LocalFs {
         Ok(Some(fd))
     }
 
-    fn file_to_keep(&self, id: FileId, _write: bool) -> Result<Option<Arc<OwnedFd>>> {
-        self.file_fd(id).map(Some)
+    fn file_to_keep(&self, id: FileId, _write: bool) -> Result<Option<KeptFile>> {
+        self.file_fd(id).map(|fd| Some(KeptFile::whole(fd)))
     }
 
     fn read_source(

@@ -48,7 +48,7 @@ impl Daemon {
             else {
                 continue;
             };
-            if self.store.is_lazy(&id) && layerfs_layers::lazy::attached(&id).is_none() {
+            if self.store.is_lazy(&id) && self.store.lazy_layer(&id).is_none() {
                 let layer = self.attach_lazy(&id).map_err(|e| {
                     host_error(
                         format_args!(
@@ -94,7 +94,7 @@ impl Daemon {
     /// (`on_read`), or are completed in the background.
     pub(super) fn set_on_read(&self, layers: &[LayerId], on_read: bool) -> Outcome<()> {
         for id in layers {
-            if let Some(layer) = layerfs_layers::lazy::attached(id) {
+            if let Some(layer) = self.store.lazy_layer(id) {
                 layer.set_on_read(on_read)?;
                 self.start_completion(&layer);
             }
@@ -104,10 +104,15 @@ impl Daemon {
 
     /// Brings in every missing piece of the lazy layers among `layers`,
     /// waiting: what reads the layers' files directly (a push) needs them
-    /// whole.
+    /// whole. One not attached (it could not be at start) is attached now.
     pub(super) fn complete_layers(&self, layers: &[LayerId]) -> Outcome<()> {
         for id in layers {
-            if let Some(layer) = layerfs_layers::lazy::attached(id) {
+            let layer = match self.store.lazy_layer(id) {
+                Some(layer) => Some(layer),
+                None if self.store.is_lazy(id) => Some(self.attach_lazy(id)?),
+                None => None,
+            };
+            if let Some(layer) = layer {
                 let never = AtomicBool::new(false);
                 if !layer
                     .complete(BATCH, &never)
@@ -127,7 +132,7 @@ impl Daemon {
             let Some(layer) = self
                 .store
                 .layer(id)
-                .and_then(|id| layerfs_layers::lazy::attached(&id))
+                .and_then(|id| self.store.lazy_layer(&id))
             else {
                 continue;
             };

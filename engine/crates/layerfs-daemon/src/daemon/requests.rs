@@ -250,7 +250,7 @@ impl Daemon {
         };
         // Made first, recorded second: a crash between leaves a directory
         // the next start removes.
-        let made = Workspace::create(&self.workspace_dir(name), &dirs)
+        let made = Workspace::create_in(&self.workspace_dir(name), &dirs, Some(&self.store))
             .map_err(|e| host_error(format_args!("cannot make workspace {name}"), e))?;
         drop(made);
         // Mounted before it is recorded, as a mount alone is: a crash

@@ -57,8 +57,9 @@ impl Door {
             .and_then(|c| self.after(id, c.after));
         // A file with no name left is still changed through an open
         // (ftruncate, fchmod, the kernel's writeback setting times).
-        let result = self.or_held(id, true, result, |file| {
-            let set = hostdir::check_setattr(&caller, &held_attr(id, file)?, &set)?;
+        let result = self.or_held(id, true, result, |kept| {
+            let set = hostdir::check_setattr(&caller, &held_attr(id, kept)?, &set)?;
+            let file = kept.host();
             if let Some(size) = set.size {
                 rustix::fs::ftruncate(file, size)?;
             }
@@ -72,7 +73,7 @@ impl Door {
             if let Some(times) = hostdir::timestamps(&set) {
                 rustix::fs::futimens(file, &times)?;
             }
-            held_attr(id, file)
+            held_attr(id, kept)
         });
         match result {
             Ok(a) => reply.attr(&self.caching.ttl(), &self.inos.attr(&a)),

@@ -17,7 +17,7 @@ impl Door {
         &self,
         caller: &Caller,
         attr: &Attr,
-        kept: Option<&Arc<OwnedFd>>,
+        kept: Option<&KeptFile>,
         write: bool,
     ) -> Option<Backing> {
         // A write to a file with setuid or setgid comes to the door, which
@@ -28,7 +28,9 @@ impl Door {
         let device = self.device.get()?;
         let files = self.fs.host_files()?;
         let fd = match kept {
-            Some(fd) if files.kept_is_host_file(attr.fileid, fd, write) => fd.clone(),
+            Some(kept) if files.kept_is_host_file(attr.fileid, kept.host(), write) => {
+                kept.host().clone()
+            }
             _ => files.host_file(caller, attr.fileid, write).ok()??,
         };
         let registered = match self.caching {
@@ -48,7 +50,7 @@ impl Door {
     /// write by a caller without `CAP_FSETID` does before it writes; says
     /// whether there were any.
     pub(super) fn drop_privilege(&self, id: FileId) -> layerfs_vfs::Result<bool> {
-        let attr = self.or_held(id, false, self.fs.getattr(id), |file| held_attr(id, file))?;
+        let attr = self.or_held(id, false, self.fs.getattr(id), |kept| held_attr(id, kept))?;
         let Some(mode) = hostdir::mode_without_privilege(&attr) else {
             return Ok(false);
         };
@@ -57,8 +59,8 @@ impl Door {
             ..SetAttr::default()
         };
         let changed = self.fs.setattr(&Caller::root(), id, &set, None).map(drop);
-        self.or_held(id, true, changed, |file| {
-            Ok(rustix::fs::fchmod(file, hostdir::permissions(mode))?)
+        self.or_held(id, true, changed, |kept| {
+            Ok(rustix::fs::fchmod(kept.host(), hostdir::permissions(mode))?)
         })?;
         Ok(true)
     }
@@ -86,11 +88,11 @@ impl Door {
         id: FileId,
         write: bool,
         result: layerfs_vfs::Result<T>,
-        on_held: impl FnOnce(BorrowedFd<'_>) -> layerfs_vfs::Result<T>,
+        on_held: impl FnOnce(&KeptFile) -> layerfs_vfs::Result<T>,
     ) -> layerfs_vfs::Result<T> {
         match result {
             Err(Error::Stale) => match self.opens.held(id).filter(|h| h.write || !write) {
-                Some(held) => on_held(held.file.as_fd()),
+                Some(held) => on_held(&held.file),
                 None => Err(Error::Stale),
             },
             other => other,

@@ -31,10 +31,7 @@ impl Door {
         };
         let mut adopted = 0;
         for RemovedFile { id, file, write } in kept {
-            let held = Held {
-                file: Arc::new(file),
-                write,
-            };
+            let held = Held { file, write };
             if self.opens.hold_removed(id, held) {
                 adopted += 1;
             } else {

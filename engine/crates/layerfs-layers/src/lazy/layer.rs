@@ -3,19 +3,20 @@
 //! with its file's times kept; synced; noted.
 
 use std::fs::File;
-use std::io::{self, Read, Write};
+use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use rustc_hash::FxHashMap;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, Timespec, Timestamps};
 use rustix::io::Errno;
 use sha2::{Digest, Sha256};
 
-use super::attached::{HostKey, ATTACHED};
+use super::attached::{Attached, HostKey};
+use super::log::{Log, Noted};
 use super::tree::Dirs;
 use super::{
     parse_digest, Fetch, Index, LazyFile, Piece, Source, COMPLETE, FILLED, INDEX, ON_READ,
@@ -44,8 +45,12 @@ pub struct LazyLayer {
     digests: Vec<[u8; 32]>,
     filled: Vec<AtomicBool>,
     left: AtomicUsize,
-    log: Mutex<File>,
-    fetch: Option<Arc<dyn Fetch>>,
+    log: Mutex<Log>,
+    fetch: RwLock<Option<Arc<dyn Fetch>>>,
+    /// The store's lazy layers, which this one lends pieces to and borrows
+    /// them from, and this layer as they know it.
+    store: Weak<Attached>,
+    me: Weak<LazyLayer>,
     stripes: Vec<Mutex<()>>,
     /// Each waiting file's host (device, inode), by file number.
     pub(super) keys: Mutex<FxHashMap<u32, HostKey>>,
@@ -60,7 +65,8 @@ impl LazyLayer {
         root: &Path,
         state: &Path,
         fetch: Option<Arc<dyn Fetch>>,
-    ) -> io::Result<LazyLayer> {
+        store: Weak<Attached>,
+    ) -> io::Result<Arc<LazyLayer>> {
         let index: Index = serde_json::from_slice(&std::fs::read(state.join(INDEX))?)
             .map_err(|e| io::Error::other(format!("lazy layer {id}: its index: {e}")))?;
         let mut first = Vec::with_capacity(index.files.len() + 1);
@@ -78,30 +84,9 @@ impl LazyLayer {
         }
         first.push(digests.len() as u32);
         let filled: Vec<AtomicBool> = digests.iter().map(|_| AtomicBool::new(false)).collect();
-        let mut noted = Vec::new();
-        match File::open(state.join(FILLED)) {
-            Ok(mut log) => {
-                log.read_to_end(&mut noted)?;
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
-        }
-        // A torn last record (a kill mid-append) is left out.
-        for record in noted.chunks_exact(4) {
-            let n = u32::from_le_bytes(record.try_into().expect("4 bytes")) as usize;
-            if let Some(piece) = filled.get(n) {
-                piece.store(true, Ordering::Relaxed);
-            }
-        }
-        if state.join(COMPLETE).exists() {
-            filled.iter().for_each(|p| p.store(true, Ordering::Relaxed));
-        }
-        let left = filled.iter().filter(|p| !p.load(Ordering::Relaxed)).count();
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(state.join(FILLED))?;
-        Ok(LazyLayer {
+        let complete = state.join(COMPLETE).exists();
+        let (log, noted) = Log::open(&state.join(FILLED))?;
+        let mut layer = LazyLayer {
             id: id.clone(),
             root: root.to_path_buf(),
             state: state.to_path_buf(),
@@ -110,13 +95,77 @@ impl LazyLayer {
             first,
             digests,
             filled,
-            left: AtomicUsize::new(left),
+            left: AtomicUsize::new(0),
             log: Mutex::new(log),
-            fetch,
+            fetch: RwLock::new(fetch),
+            store,
+            me: Weak::new(),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             keys: Mutex::default(),
             detached: AtomicBool::new(false),
-        })
+        };
+        let noted = match noted {
+            Noted::Checked(pieces) => pieces,
+            Noted::Unchecked(pieces) if complete => pieces,
+            // An earlier layerfs's log may name pieces that never came:
+            // only those whose data is in the file are kept.
+            Noted::Unchecked(pieces) => {
+                let kept = layer.in_their_files(pieces);
+                *layer.log.get_mut() = Log::rewrite(&state.join(FILLED), &kept)?;
+                tracing::info!(layer = %id, pieces = kept.len(),
+                    "an earlier layerfs's log of pieces in: checked against the data and rewritten");
+                kept
+            }
+        };
+        for n in noted {
+            if let Some(piece) = layer.filled.get(n as usize) {
+                piece.store(true, Ordering::Relaxed);
+            }
+        }
+        if complete {
+            layer
+                .filled
+                .iter()
+                .for_each(|p| p.store(true, Ordering::Relaxed));
+        }
+        let left = layer
+            .filled
+            .iter()
+            .filter(|p| !p.load(Ordering::Relaxed))
+            .count();
+        layer.left = AtomicUsize::new(left);
+        Ok(Arc::new_cyclic(|me| LazyLayer {
+            me: me.clone(),
+            ..layer
+        }))
+    }
+
+    /// Of pieces `numbers`, those whose bytes in their file match their
+    /// digest (duplicates and numbers past the last piece left out).
+    fn in_their_files(&self, mut numbers: Vec<u32>) -> Vec<u32> {
+        numbers.sort_unstable();
+        numbers.dedup();
+        numbers.retain(|&n| (n as usize) < self.digests.len());
+        let Ok(mut dirs) = Dirs::new(&self.root) else {
+            return Vec::new();
+        };
+        let mut open: Option<(u32, File)> = None;
+        numbers.retain(|&n| {
+            let (file, piece) = self.piece(n);
+            if open.as_ref().is_none_or(|(f, _)| *f != file) {
+                open = dirs
+                    .open(&self.files[file as usize].path, OFlags::RDONLY)
+                    .ok()
+                    .map(|fd| (file, File::from(fd)));
+            }
+            let Some((_, fd)) = &open else {
+                return false;
+            };
+            let mut bytes = vec![0; piece.len as usize];
+            fd.read_exact_at(&mut bytes, piece.at).is_ok()
+                && <[u8; 32]>::from(Sha256::digest(&bytes)) == self.digests[n as usize]
+        });
+        numbers
     }
 
     /// The host (device, inode) of each file still waiting for data.
@@ -153,8 +202,18 @@ impl LazyLayer {
         self.digests[n as usize]
     }
 
+    /// Fetches from now through `fetch`.
+    pub(super) fn set_fetch(&self, fetch: Arc<dyn Fetch>) {
+        *self.fetch.write() = Some(fetch);
+    }
+
     pub(super) fn detach(&self) {
         self.detached.store(true, Ordering::Release);
+    }
+
+    /// Its tree on the host.
+    pub(crate) fn root(&self) -> &Path {
+        &self.root
     }
 
     pub fn id(&self) -> &LayerId {
@@ -316,7 +375,8 @@ impl LazyLayer {
         let mut data: Vec<Option<Vec<u8>>> = numbers.iter().map(|&n| self.shared(n)).collect();
         let to_fetch: Vec<usize> = (0..numbers.len()).filter(|&i| data[i].is_none()).collect();
         if !to_fetch.is_empty() {
-            let fetch = self.fetch.as_ref().ok_or_else(|| {
+            let fetch = self.fetch.read().clone();
+            let fetch = fetch.as_ref().ok_or_else(|| {
                 io::Error::other(format!(
                     "lazy layer {}: no way to reach {} to fetch its data",
                     self.id, self.source.reference
@@ -384,10 +444,10 @@ impl LazyLayer {
         Ok(())
     }
 
-    /// Piece `n` as another attached layer holds it, checked.
+    /// Piece `n` as another layer of the store holds it, checked.
     fn shared(&self, n: u32) -> Option<Vec<u8>> {
         let digest = self.digests[n as usize];
-        let (owner, m) = ATTACHED.pieces.read().get(&digest).cloned()?;
+        let (owner, m) = self.store.upgrade()?.piece(&digest)?;
         let owner = owner.upgrade()?;
         let (file, piece) = owner.piece(m);
         let fd = Dirs::new(&owner.root)
@@ -470,39 +530,30 @@ impl LazyLayer {
 
     /// Notes pieces `numbers` as in (their data durable already).
     fn note(&self, numbers: &[u32]) -> io::Result<()> {
-        let mut record = Vec::with_capacity(numbers.len() * 4);
-        let mut newly = Vec::new();
-        for &n in numbers {
-            if !self.filled[n as usize].load(Ordering::Acquire) {
-                record.extend_from_slice(&n.to_le_bytes());
-                newly.push(n);
-            }
-        }
-        self.log.lock().write_all(&record)?;
-        let Some(me) = ATTACHED.layers.lock().get(&self.id).map(Arc::downgrade) else {
+        let newly: Vec<u32> = numbers
+            .iter()
+            .copied()
+            .filter(|&n| !self.filled[n as usize].load(Ordering::Acquire))
+            .collect();
+        self.log.lock().append(&newly)?;
+        let Some(store) = self.store.upgrade().filter(|_| !self.is_detached()) else {
             return Ok(());
         };
         for &n in &newly {
             if !self.filled[n as usize].swap(true, Ordering::AcqRel) {
                 self.left.fetch_sub(1, Ordering::AcqRel);
-                ATTACHED
-                    .pieces
-                    .write()
-                    .entry(self.digests[n as usize])
-                    .or_insert((me.clone(), n));
+                store.lend(&self.me, n, self.digests[n as usize]);
             }
         }
         let file = self.piece(numbers[0]).0;
         if self.file_is_whole(file) {
             let key = self.keys.lock().remove(&file);
             if let Some(key) = key {
-                let mut waiting = ATTACHED.waiting.write();
-                waiting.remove(&key);
-                ATTACHED.count.store(waiting.len(), Ordering::Release);
+                store.whole(key);
             }
         }
         if self.is_complete() {
-            self.log.lock().sync_all()?;
+            self.log.lock().sync()?;
             let marker = File::create(self.state.join(COMPLETE))?;
             marker.sync_all()?;
             File::open(&self.state)?.sync_all()?;

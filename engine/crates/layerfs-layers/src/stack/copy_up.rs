@@ -296,10 +296,7 @@ impl Changing<'_> {
     /// [`copy_data`] of a lower file of `size` bytes, with no clone tried
     /// once the upper's filesystem has refused one.
     fn copy_data(&self, src: OwnedFd, dst: &OwnedFd, size: u64) -> Result<()> {
-        crate::lazy::before_read(src.as_fd(), 0, size).map_err(|e| {
-            tracing::warn!(error = %e, "a copy-up of a lazy layer's file cannot get its data");
-            Error::Io
-        })?;
+        self.tree.before_read(src.as_fd(), 0, size)?;
         #[cfg(target_os = "linux")]
         if !self.upper.unsynced.no_clone.load(Relaxed) {
             match rustix::fs::ioctl_ficlone(dst, &src) {

@@ -19,6 +19,7 @@ use layerfs_vfs::{Attr, FileKind, Result};
 
 use super::commit::is_client_debris;
 use super::merge::{Found, Layers, Part, UPPER};
+use super::tree::Tree;
 use super::whiteouts::{named, Named};
 use super::xattrs;
 use super::StackFs;
@@ -104,7 +105,7 @@ impl StackFs {
                     }
                 }
                 Some(f) => {
-                    let what = differences(upper, &c, &mine, &f)?;
+                    let what = differences(&self.tree, upper, &c, &mine, &f)?;
                     if !what.is_empty() {
                         out.push(change(&at, ChangeKind::Changed, what));
                     }
@@ -190,6 +191,7 @@ fn change(path: &[u8], kind: ChangeKind, what: Vec<&'static str>) -> Change {
 /// How the upper's entry `name` in `upper` (`mine`) differs from what the
 /// layers show there (`below`).
 fn differences(
+    tree: &Tree,
     upper: BorrowedFd<'_>,
     name: &CString,
     mine: &Attr,
@@ -202,7 +204,8 @@ fn differences(
     let mut what = Vec::new();
     let data = match mine.kind {
         FileKind::Regular => {
-            mine.size != theirs.size || !same_bytes(upper, name, below.parent.as_fd(), &below.name)?
+            mine.size != theirs.size
+                || !same_bytes(tree, upper, name, below.parent.as_fd(), &below.name)?
         }
         FileKind::Symlink => {
             let target =
@@ -232,8 +235,10 @@ fn differences(
     Ok(what)
 }
 
-/// Whether two regular files of one size hold the same bytes.
+/// Whether two regular files of one size hold the same bytes: `a` the
+/// upper's, `b` a lower layer's, read through `tree`'s fill.
 fn same_bytes(
+    tree: &Tree,
     a_dir: BorrowedFd<'_>,
     a: &CString,
     b_dir: BorrowedFd<'_>,
@@ -247,6 +252,7 @@ fn same_bytes(
     let mut offset = 0;
     loop {
         let n = rustix::io::pread(&a, &mut x, offset)?;
+        tree.before_read(b.as_fd(), offset, n.max(1) as u64)?;
         let m = rustix::io::pread(&b, &mut y[..n.max(1)], offset)?;
         if n != m || x[..n] != y[..m] {
             return Ok(false);

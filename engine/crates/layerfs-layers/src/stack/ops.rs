@@ -12,8 +12,8 @@ use layerfs_vfs::hostdir::{
 use layerfs_vfs::XattrFlags;
 use layerfs_vfs::{
     Allocate, Attr, Change, Create, DirPage, Error, FileId, FileKind, Filesystem, FsStat, Hints,
-    Holder, HostFiles, NewEntry, ReadSource, RemovedFile, Result, SetAttr, Stability, Timestamp,
-    READS_AT_HAND,
+    Holder, HostFiles, KeptFile, NewEntry, ReadSource, RemovedFile, Result, SetAttr, Stability,
+    Timestamp, READS_AT_HAND,
 };
 use rustix::fs::AtFlags;
 
@@ -294,7 +294,7 @@ impl Filesystem for StackFs {
         dst: &mut Vec<u8>,
     ) -> Result<(bool, Attr)> {
         let (fd, attr) = self.readable(&self.tree.current(), caller, id)?;
-        lazy_data(&fd, offset, count)?;
+        self.tree.before_read(fd.as_fd(), offset, count as u64)?;
         hostdir::read(fd.as_fd(), attr, offset, count, dst)
     }
 
@@ -842,17 +842,19 @@ impl HostFiles for StackFs {
         matches!(self.tree.caches.file(id, generation), Some((UPPER, fd)) if Arc::ptr_eq(&fd, kept))
     }
 
-    fn file_to_keep(&self, id: FileId, write: bool) -> Result<Option<Arc<OwnedFd>>> {
+    /// A lower file is read through the fill of the store's lazy layers.
+    fn file_to_keep(&self, id: FileId, write: bool) -> Result<Option<KeptFile>> {
         let layers = self.tree.current();
         // The door's open has just found the file: a descriptor kept for it
         // is taken without asking the host again (one stat per open less).
         if let Some((layer, fd)) = self.tree.caches.file(id, layers.generation) {
             if layer == UPPER || !write {
-                return Ok(Some(fd));
+                return Ok(Some(self.tree.kept(fd, layer == UPPER)));
             }
         }
+        // For writing, the upper's (a copy-up's); for reading, either.
         let (fd, _) = self.open_host_file(&layers, id, write, |_| Ok(()))?;
-        Ok(Some(fd))
+        Ok(Some(self.tree.kept(fd, write)))
     }
 
     /// Linked under the state directory, in `removed/`.
@@ -861,7 +863,7 @@ impl HostFiles for StackFs {
     }
 
     fn kept_removed(&self) -> Result<Vec<RemovedFile>> {
-        Ok(self.removed.kept()?)
+        Ok(self.removed.kept(|fd, write| self.tree.kept(fd, write))?)
     }
 
     fn forget_removed(&self, id: FileId) -> Result<()> {
@@ -876,18 +878,9 @@ impl HostFiles for StackFs {
         count: usize,
     ) -> Result<Option<ReadSource>> {
         let (file, attr) = self.readable(&self.tree.current(), caller, id)?;
-        lazy_data(&file, offset, count)?;
+        self.tree.before_read(file.as_fd(), offset, count as u64)?;
         Ok(Some(hostdir::read_source(file, attr, offset, count)))
     }
-}
-
-/// Brings in what a read of a lazy layer's file needs ([`crate::lazy`]);
-/// a piece that cannot be had fails the read with EIO.
-fn lazy_data(fd: &OwnedFd, offset: u64, count: usize) -> Result<()> {
-    crate::lazy::before_read(fd.as_fd(), offset, count as u64).map_err(|e| {
-        tracing::warn!(error = %e, "a read of a lazy layer's file failed");
-        Error::Io
-    })
 }
 
 fn link_at(src_dir: BorrowedFd<'_>, src: &CStr, dir: BorrowedFd<'_>, name: &CStr) -> Result<()> {

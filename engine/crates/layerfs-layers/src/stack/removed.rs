@@ -22,7 +22,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::sync::Arc;
 
-use layerfs_vfs::{Attr, FileId, FileKind, Holder, RemovedFile};
+use layerfs_vfs::{Attr, FileId, FileKind, Holder, KeptFile, RemovedFile};
 use parking_lot::RwLock;
 use rustix::fs::{AtFlags, Mode, OFlags, CWD};
 use rustix::io::Errno;
@@ -100,9 +100,13 @@ impl Removed {
         Ok(())
     }
 
-    /// Every file kept here, opened again; a name that is no kept file's is
-    /// removed.
-    pub fn kept(&self) -> io::Result<Vec<RemovedFile>> {
+    /// Every file kept here, opened again and made a [`KeptFile`] by
+    /// `keep` (told whether it was held for writing); a name that is no
+    /// kept file's is removed.
+    pub fn kept(
+        &self,
+        keep: impl Fn(Arc<OwnedFd>, bool) -> KeptFile,
+    ) -> io::Result<Vec<RemovedFile>> {
         let mut kept = Vec::new();
         for entry in rustix::fs::Dir::read_from(&self.dir)? {
             let entry = entry?;
@@ -120,7 +124,11 @@ impl Removed {
                 rustix::fs::openat(&self.dir, &name, flags, Mode::empty()).map(|file| (id, file))
             });
             match opened {
-                Some(Ok((id, file))) => kept.push(RemovedFile { id, file, write }),
+                Some(Ok((id, file))) => kept.push(RemovedFile {
+                    id,
+                    file: keep(Arc::new(file), write),
+                    write,
+                }),
                 Some(Err(e)) => {
                     tracing::warn!("{name}, kept removed, cannot be opened again: {e}");
                     remove(self.dir.as_fd(), &name)?;
@@ -159,6 +167,10 @@ fn remove(dir: BorrowedFd<'_>, name: &str) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn file_of(kept: KeptFile) -> std::fs::File {
+        std::fs::File::from(kept.host().try_clone().unwrap())
+    }
     use std::io::{Read, Seek, Write};
 
     fn removed_file(dir: &Path, name: &str, bytes: &[u8]) -> std::fs::File {
@@ -195,15 +207,15 @@ mod tests {
 
         // A server that starts again, as after a crash.
         let again = Removed::open(dir.path()).unwrap();
-        let mut kept = again.kept().unwrap();
+        let mut kept = again.kept(|fd, _| KeptFile::whole(fd)).unwrap();
         kept.sort_by_key(|k| k.id);
         let seen: Vec<_> = kept.iter().map(|k| (k.id, k.write)).collect();
         assert_eq!(seen, [(7, true), (8, false)]);
-        let file = std::fs::File::from(kept.remove(0).file);
+        let file = file_of(kept.remove(0).file);
         assert_eq!(contents(&file), b"w");
         (&file).write_all(b"ritten").unwrap();
         assert_eq!(contents(&file), b"written", "opened for writing");
-        let read_only = std::fs::File::from(kept.remove(0).file);
+        let read_only = file_of(kept.remove(0).file);
         assert_eq!(contents(&read_only), b"r");
         assert!(
             (&read_only).write_all(b"x").is_err(),
@@ -211,11 +223,11 @@ mod tests {
         );
 
         // Kept until forgotten, then gone.
-        assert_eq!(again.kept().unwrap().len(), 2);
+        assert_eq!(again.kept(|fd, _| KeptFile::whole(fd)).unwrap().len(), 2);
         again.forget(7).unwrap();
         again.forget(8).unwrap();
         again.forget(9).unwrap();
-        assert!(again.kept().unwrap().is_empty());
+        assert!(again.kept(|fd, _| KeptFile::whole(fd)).unwrap().is_empty());
         assert_eq!(
             std::fs::read_dir(dir.path().join("removed"))
                 .unwrap()
@@ -233,11 +245,11 @@ mod tests {
         removed.keep(3, first.as_fd(), false).unwrap();
         removed.keep(3, second.as_fd(), true).unwrap();
         std::fs::write(dir.path().join("removed/not-an-id"), b"").unwrap();
-        let kept = removed.kept().unwrap();
+        let kept = removed.kept(|fd, _| KeptFile::whole(fd)).unwrap();
         assert_eq!(kept.len(), 1);
         assert_eq!((kept[0].id, kept[0].write), (3, true));
         assert_eq!(
-            contents(&std::fs::File::from(kept.into_iter().next().unwrap().file)),
+            contents(&file_of(kept.into_iter().next().unwrap().file)),
             b"second"
         );
         let left: Vec<_> = std::fs::read_dir(dir.path().join("removed"))

@@ -7,14 +7,16 @@
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::collections::VecDeque;
 use std::ffi::CStr;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use layerfs_vfs::access::{self, Caller, Perm};
 use layerfs_vfs::hostdir::{self, cstr, may_change_entries, name_cookie};
 use layerfs_vfs::ids::{IdTable, Place, Seen};
-use layerfs_vfs::{Attr, Error, FileId, FileKind, Result};
+use layerfs_vfs::{Attr, Error, FileId, FileKind, Fill, KeptFile, Result};
+
+use crate::lazy::Attached;
 
 use super::caches::{Caches, LinkIndex, Listing};
 use super::inodes::{Inodes, ROOT};
@@ -31,16 +33,44 @@ pub(super) struct Tree {
     pub caches: Caches,
     /// The upper's path and each layer's, top first, as opened.
     pub paths: Mutex<Vec<PathBuf>>,
+    /// The lazy layers of the store the stack was opened through.
+    lazy: Option<Arc<Attached>>,
 }
 
 impl Tree {
-    pub fn new(layers: Layers, inodes: Inodes, paths: Vec<PathBuf>) -> Tree {
+    pub fn new(
+        layers: Layers,
+        inodes: Inodes,
+        paths: Vec<PathBuf>,
+        lazy: Option<Arc<Attached>>,
+    ) -> Tree {
         Tree {
             layers: RwLock::new(Arc::new(layers)),
             inodes,
             ids: IdTable::new(ROOT),
             caches: Caches::for_layers(paths.len()),
             paths: Mutex::new(paths),
+            lazy,
+        }
+    }
+
+    /// Brings in what a read of `len` bytes at `offset` of the lower file
+    /// `fd` needs, where it is a lazy layer's file still waiting for data
+    /// ([`crate::lazy`]); a piece that cannot be had fails with EIO.
+    pub fn before_read(&self, fd: BorrowedFd<'_>, offset: u64, len: u64) -> Result<()> {
+        match &self.lazy {
+            Some(lazy) => lazy.fill(fd, offset, len),
+            None => Ok(()),
+        }
+    }
+
+    /// The file `fd` for a door to keep: one that may be a lower layer's
+    /// (not `in_upper`) is read through the fill of the store's lazy
+    /// layers, where the stack has any.
+    pub fn kept(&self, fd: Arc<OwnedFd>, in_upper: bool) -> KeptFile {
+        match &self.lazy {
+            Some(lazy) if !in_upper => KeptFile::filled_by(fd, lazy.clone()),
+            _ => KeptFile::whole(fd),
         }
     }
 
