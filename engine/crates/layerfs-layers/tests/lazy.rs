@@ -478,8 +478,10 @@ fn a_torn_log_cut_at_every_byte_never_marks_a_piece_that_never_came() {
     let t = tempfile::tempdir().unwrap();
     let img = torn_image();
     // Pieces whose data is in, low and high numbers among them.
-    let noted = [0usize, 1, 255, 256, 300, 339];
-    let later = [2usize, 338];
+    // Piece 0 after a record cut short is what an earlier layerfs's log
+    // read shifted as another piece (339's first byte, then zeros: 83).
+    let noted = [1usize, 255, 256, 300, 339];
+    let later = [0usize, 2, 338];
     let mut today = b"LFSFILL2".to_vec();
     noted
         .iter()
@@ -633,11 +635,12 @@ fn a_kept_file_that_loses_its_name_reads_its_data() {
     assert!(got == img.files["data/over"], "the file renamed over");
 }
 
-/// `diff` compares an upper file with a lazy layer's through the fill:
-/// a file whose mode alone changed (its data copied up) differs in mode.
+/// `diff` compares an upper file with a lazy layer's through the fill: a
+/// file removed and made again with the same bytes differs in its times,
+/// not its data.
 #[test]
 fn diff_reads_a_lazy_file_through_its_fill() {
-    use layerfs_vfs::SetAttr;
+    use layerfs_vfs::{Create, SetAttr, Stability};
     let t = tempfile::tempdir().unwrap();
     let store = Store::open(&t.path().join("store")).unwrap();
     const P: usize = 300 * 1024;
@@ -647,16 +650,23 @@ fn diff_reads_a_lazy_file_through_its_fill() {
     let fs = store
         .open_stack_in_upper(&[store.layer_dir(&id)], &t.path().join("upper"))
         .unwrap();
-    let set = SetAttr {
-        mode: Some(0o600),
+    let root = Caller::root();
+    let dir = at(&fs, "data");
+    fs.remove(&root, dir, b"f").unwrap();
+    let mode = SetAttr {
+        mode: Some(0o444),
         ..SetAttr::default()
     };
-    fs.setattr(&Caller::root(), at(&fs, "data/f"), &set, None)
+    let (made, _) = fs
+        .create(&root, dir, b"f", Create::Unchecked(mode))
+        .unwrap();
+    let bytes = &img.files["data/f"];
+    fs.write(&root, made.fileid, 0, bytes, Stability::FileSync)
         .unwrap();
     let changes = fs.diff().unwrap();
     let of_f: Vec<_> = changes.iter().filter(|c| c.path == b"/data/f").collect();
     assert_eq!(of_f.len(), 1, "{changes:?}");
-    assert_eq!(of_f[0].what, ["mode"]);
+    assert!(!of_f[0].what.contains(&"data"), "{:?}", of_f[0].what);
 }
 
 /// A lazy layer still waiting for data is refused to a stack opened
