@@ -193,6 +193,37 @@ full_ids=$(LAYERFS_STORE=$t/full-store "$layerfs" image ls --json | python3 -c '
 kill -TERM "$daemon"; wait "$daemon" || true
 start_daemon
 
+step "a held file that loses its name reads its data through the door, never its holes"
+# FUSE keeps the host file an open holds; a lazy layer's is holes until read.
+# (NFS has no opens: its client renames such a file away and reads it by handle.)
+kill -TERM "$daemon"; wait "$daemon" || true
+LAYERFS_STORE=$t/held-store start_daemon
+LAYERFS_STORE=$t/held-store "$layerfs" pull "$reg/lazy/zc:v1" --insecure-registry "$reg" --on-read >/dev/null ||
+	fail "lazy pull into a second store"
+LAYERFS_STORE=$t/held-store "$layerfs" create held --from "$reg/lazy/zc:v1" >/dev/null
+mkdir "$t/held"
+LAYERFS_STORE=$t/held-store "$layerfs" mount held "$t/held" --fuse >/dev/null
+python3 - "$t/held" "$t/want/rootfs" <<'PY' || fail "a held lazy file read wrong once its name was gone"
+import os, sys
+ws, want = sys.argv[1], sys.argv[2]
+def held_read(path, lose):
+    fd = os.open(os.path.join(ws, path), os.O_RDONLY)
+    lose()
+    data = b""
+    while chunk := os.pread(fd, 1 << 20, len(data)):
+        data += chunk
+    os.close(fd)
+    expected = open(os.path.join(want, path), "rb").read()
+    if data != expected:
+        zeros = data.count(0)
+        sys.exit(f"{path}: {len(data)} bytes read, {zeros} of them zeros, not its {len(expected)} bytes")
+    print(f"   {path}: {len(data)} bytes read right after its name was gone")
+held_read("bin/big", lambda: os.unlink(os.path.join(ws, "bin/big")))
+held_read("lib/b/d40.so", lambda: os.rename(os.path.join(ws, "lib/b/d39.so"), os.path.join(ws, "lib/b/d40.so")))
+PY
+kill -TERM "$daemon"; wait "$daemon" || true
+start_daemon
+
 step "a file two images share is fetched once"
 # The gzip form's tree again, as a zstd:chunked image of its own, with one file more.
 cd "$t"
