@@ -8,7 +8,7 @@
 //! - `index.json`: each file's pieces, where its [`Source`] finds them and
 //!   their digests ([`Index`]);
 //! - `filled`: the number of each piece written, each record checked,
-//!   appended only once the piece's data is durable ([`log`]). A kill or a
+//!   appended only once the piece's data is durable (`lazy/log.rs`). A kill or a
 //!   crash loses at most pieces not yet noted, which are fetched again; a
 //!   torn record is cut before anything is appended, never read shifted;
 //! - `on-read`: data comes only when read: the layer is not completed in
