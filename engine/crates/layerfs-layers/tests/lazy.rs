@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use layerfs_layers::lazy::{check_pieces, Entry, EntryKind, Fetch, Piece, Source};
-use layerfs_layers::{StackFs, Store};
+use layerfs_layers::{LayerId, StackFs, Store};
 use layerfs_vfs::{Caller, Error, FileId, Filesystem};
 use sha2::{Digest, Sha256};
 
@@ -147,6 +147,17 @@ fn at(fs: &StackFs, path: &str) -> FileId {
     id
 }
 
+/// `img` imported lazily into `store`, attached with its blob as fetcher,
+/// and served under `upper` through the store.
+fn lazy_stack(store: &Store, img: &Image, upper: &std::path::Path) -> (LayerId, StackFs) {
+    let id = store.import_lazy(&img.entries, &source(&img.blob)).unwrap();
+    store.attach_lazy(&id, Some(img.blob.clone())).unwrap();
+    let fs = store
+        .open_stack_in_upper(&[store.layer_dir(&id)], upper)
+        .unwrap();
+    (id, fs)
+}
+
 fn read(fs: &StackFs, path: &str, offset: u64, count: usize) -> Result<Vec<u8>, Error> {
     let mut out = Vec::new();
     fs.read(&Caller::root(), at(fs, path), offset, count, &mut out)?;
@@ -235,11 +246,7 @@ fn a_read_brings_in_the_files_beside_it_in_its_directory_and_no_others() {
     files.push(("data/z.py".into(), content(10_000, 98)));
     let named: Vec<(&str, Vec<u8>)> = files.iter().map(|(p, c)| (p.as_str(), c.clone())).collect();
     let img = image(&named, 1 << 20);
-    let id = store.import_lazy(&img.entries, &source(&img.blob)).unwrap();
-    store.attach_lazy(&id, Some(img.blob.clone())).unwrap();
-    let fs = store
-        .open_stack_in_upper(&[store.layer_dir(&id)], &t.path().join("upper"))
-        .unwrap();
+    let (_, fs) = lazy_stack(&store, &img, &t.path().join("upper"));
     let asked = || img.blob.pieces_asked.lock().unwrap().clone();
     // m3 and the six files after it in data/, in one request; not the one
     // in data/sub, which ends the run; nothing before m3. A damaged piece
@@ -269,11 +276,7 @@ fn a_piece_that_does_not_match_its_digest_is_never_served_nor_kept() {
     let t = tempfile::tempdir().unwrap();
     let store = Store::open(&t.path().join("store")).unwrap();
     let img = image(&[("data/f", content(5000, 7))], 4096);
-    let id = store.import_lazy(&img.entries, &source(&img.blob)).unwrap();
-    store.attach_lazy(&id, Some(img.blob.clone())).unwrap();
-    let fs = store
-        .open_stack_in_upper(&[store.layer_dir(&id)], &t.path().join("upper"))
-        .unwrap();
+    let (id, fs) = lazy_stack(&store, &img, &t.path().join("upper"));
     img.blob.lie.store(true, Ordering::SeqCst);
     assert_eq!(read(&fs, "data/f", 0, 10), Err(Error::Io));
     // Nothing of it was written: the file is still holes on the host.
@@ -613,11 +616,7 @@ fn a_kept_file_that_loses_its_name_reads_its_data() {
         ],
         P,
     );
-    let id = store.import_lazy(&img.entries, &source(&img.blob)).unwrap();
-    store.attach_lazy(&id, Some(img.blob.clone())).unwrap();
-    let fs = store
-        .open_stack_in_upper(&[store.layer_dir(&id)], &t.path().join("upper"))
-        .unwrap();
+    let (_, fs) = lazy_stack(&store, &img, &t.path().join("upper"));
     let root = Caller::root();
     let held = at(&fs, "data/held");
     let over = at(&fs, "data/over");
@@ -645,11 +644,7 @@ fn diff_reads_a_lazy_file_through_its_fill() {
     let store = Store::open(&t.path().join("store")).unwrap();
     const P: usize = 300 * 1024;
     let img = image(&[("data/f", content(3 * P, 11))], P);
-    let id = store.import_lazy(&img.entries, &source(&img.blob)).unwrap();
-    store.attach_lazy(&id, Some(img.blob.clone())).unwrap();
-    let fs = store
-        .open_stack_in_upper(&[store.layer_dir(&id)], &t.path().join("upper"))
-        .unwrap();
+    let (_, fs) = lazy_stack(&store, &img, &t.path().join("upper"));
     let root = Caller::root();
     let dir = at(&fs, "data");
     fs.remove(&root, dir, b"f").unwrap();
