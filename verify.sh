@@ -210,6 +210,7 @@ check "daemon killed at every step" tests/daemon/crash.sh target/release/layerfs
 echo "-- images from a registry: docker-registry on 127.0.0.1, umoci and skopeo to compare"
 check "registry pulls" tests/registry/pull.sh target/release/layerfs
 check "lazy pulls" tests/registry/lazy.sh target/release/layerfs
+check "lazy pulls of converters' images" tests/registry/converters.sh target/release/layerfs
 check "podman reads layerfs's lazy images" tests/registry/podman.sh target/release/layerfs
 
 step "end to end: the Linux kernel NFSv3 client (QEMU)"
@@ -245,7 +246,7 @@ if command -v qemu-system-x86_64 >/dev/null && command -v busybox >/dev/null; th
 	echo "-- the daemon killed at every step over NFS: 10 cycles (each about half a minute under TCG)"
 	check "kernel client crash cycles" kc --no-mount --workload tests/kernel/crash.sh \
 		--server "exec $PWD/target/release/layerfs daemon --store /run/lfs-kc-store --nfs-port 20490"
-	echo "-- lazy pull over NFS: zstd:chunked and eStargz read at first read, a corrupted piece, a registry gone"
+	echo "-- lazy pull over NFS: zstd:chunked and eStargz read at first read, a corrupted piece, a registry gone, ctr-remote's images"
 	check "kernel client lazy pulls" kc --no-mount --workload tests/kernel/lazy.sh \
 		--server "exec $PWD/target/release/layerfs daemon --store /run/lfs-store --nfs-port 20490"
 	echo "-- fifty workspaces of one daemon mounted over NFS at once"

@@ -5,7 +5,8 @@ client asks and what the server sends, and can shape the traffic.
 usage: proxy.py LISTEN_PORT TARGET_PORT STATS_FILE [--rate BYTES_PER_S] [--latency MS]
 
 STATS_FILE holds {"requests": N, "bytes": M} (HTTP requests seen, bytes
-sent to the client), rewritten as they change. --rate caps what the server
+sent to the client), rewritten as they change; a relay started again over
+the same file counts on from what it holds. --rate caps what the server
 sends; --latency delays each request on its way to the server."""
 import argparse
 import asyncio
@@ -19,7 +20,11 @@ p.add_argument("stats")
 p.add_argument("--rate", type=float, default=0)
 p.add_argument("--latency", type=float, default=0)
 args = p.parse_args()
-stats = {"requests": 0, "bytes": 0}
+try:
+    with open(args.stats) as f:
+        stats = json.load(f)
+except FileNotFoundError:
+    stats = {"requests": 0, "bytes": 0}
 CHUNK = 64 * 1024
 METHODS = (b"GET ", b"HEAD ", b"POST ", b"PUT ", b"PATCH ", b"DELETE ")
 

@@ -326,18 +326,21 @@ impl Store {
 
     /// Imports the uncompressed tar stream `reader`, as [`Store::import_tar`].
     pub fn import_tar_stream(&self, reader: impl Read) -> io::Result<LayerId> {
-        self.stage(|layer| from_tar::unpack(reader, layer))
+        self.stage(|layer| from_tar::unpack(reader, layer, &[]))
     }
 
     /// Imports a tar stream that `feed` hands to the unpacker it is given,
-    /// as [`Store::import_tar`]. `feed` may check what it read afterwards
-    /// (digests of the compressed and uncompressed bytes): until it returns
-    /// `Ok` nothing is in `layers/`, and an error leaves nothing at all.
+    /// as [`Store::import_tar`], but for its entries at the paths
+    /// `leave_out` (what a format adds for its own readers, not files of
+    /// the layer). `feed` may check what it read afterwards (digests of the
+    /// compressed and uncompressed bytes): until it returns `Ok` nothing is
+    /// in `layers/`, and an error leaves nothing at all.
     pub fn import_tar_checked(
         &self,
+        leave_out: &[&str],
         feed: impl FnOnce(Unpack<'_>) -> io::Result<()>,
     ) -> io::Result<LayerId> {
-        self.stage(|layer| feed(&mut |reader| from_tar::unpack(reader, &mut *layer)))
+        self.stage(|layer| feed(&mut |reader| from_tar::unpack(reader, &mut *layer, leave_out)))
     }
 
     /// Builds a layer in a fresh staging directory with `build`, then

@@ -56,15 +56,16 @@ pub enum BlobFormat {
 
 impl BlobFormat {
     /// Whether `blob` is of this format: a lazy format's blob carries its
-    /// table's annotation; for gzip, any blob but an eStargz one does (a
-    /// blob of another compression is taken as it is).
+    /// table's annotation; for gzip, any blob but an eStargz or a zstd one
+    /// (which tools older than zstd in OCI cannot read) does: an
+    /// uncompressed one is taken as it is.
     pub fn is_of(self, blob: &BlobInfo) -> bool {
         let noted = |key: &str| blob.annotations.iter().any(|(k, _)| k == key);
         let estargz = blob.media_type == LAYER_GZIP && noted(TOC_DIGEST);
         match self {
             BlobFormat::Estargz => estargz,
             BlobFormat::ZstdChunked => blob.media_type == LAYER_ZSTD && noted(MANIFEST_CHECKSUM),
-            BlobFormat::Gzip => !estargz,
+            BlobFormat::Gzip => !estargz && blob.media_type != LAYER_ZSTD,
         }
     }
 }
@@ -374,7 +375,7 @@ mod tests {
                 let at = estargz_toc_offset(&blob[blob.len() - 51..]).unwrap();
                 let end = blob.len() - 51;
                 let member = &blob[at as usize..end];
-                let (json, _) = crate::lazy::toc::estargz_toc_json(member, toc_digest).unwrap();
+                let json = crate::lazy::toc::estargz_toc_json(member, toc_digest).unwrap();
                 (json, at)
             }
             Format::ZstdChunked {
@@ -449,6 +450,28 @@ mod tests {
     #[test]
     fn a_zstd_chunked_blob_reads_back_whole_and_in_pieces() {
         round_trip(BlobFormat::ZstdChunked);
+    }
+
+    #[test]
+    fn a_gzip_push_takes_no_blob_an_older_tool_cannot_read() {
+        let blob = |media_type: &str, note: Option<&str>| BlobInfo {
+            digest: String::new(),
+            size: 0,
+            media_type: media_type.into(),
+            diff_id: String::new(),
+            repository: None,
+            annotations: note
+                .map(|n| (n.to_owned(), "x".to_owned()))
+                .into_iter()
+                .collect(),
+        };
+        assert!(BlobFormat::Gzip.is_of(&blob(LAYER_GZIP, None)));
+        assert!(BlobFormat::Gzip.is_of(&blob("application/vnd.oci.image.layer.v1.tar", None)));
+        assert!(!BlobFormat::Gzip.is_of(&blob(LAYER_GZIP, Some(TOC_DIGEST))));
+        assert!(!BlobFormat::Gzip.is_of(&blob(LAYER_ZSTD, None)));
+        assert!(!BlobFormat::Gzip.is_of(&blob(LAYER_ZSTD, Some(MANIFEST_CHECKSUM))));
+        assert!(BlobFormat::ZstdChunked.is_of(&blob(LAYER_ZSTD, Some(MANIFEST_CHECKSUM))));
+        assert!(!BlobFormat::ZstdChunked.is_of(&blob(LAYER_ZSTD, None)));
     }
 
     #[test]

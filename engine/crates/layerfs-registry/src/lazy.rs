@@ -58,7 +58,7 @@ pub(crate) fn import(
         no_tls_verify: transport.no_tls_verify,
     };
     let remote = remote::Remote::open(&source, transport)?;
-    let (json, toc_offset, toc_file) = match format {
+    let (json, toc_offset) = match format {
         Format::Estargz { toc_digest } => {
             if size < toc::ESTARGZ_FOOTER {
                 return Err(Error::new(
@@ -75,8 +75,8 @@ pub(crate) fn import(
                     format!("its eStargz table at {offset} is not inside the blob, or is over {MAX_TOC} bytes"),
                 ));
             }
-            let (json, file) = toc::estargz_toc_json(&remote.range(offset, end)?, toc_digest)?;
-            (json, offset, Some(file))
+            let json = toc::estargz_toc_json(&remote.range(offset, end)?, toc_digest)?;
+            (json, offset)
         }
         Format::ZstdChunked {
             offset,
@@ -93,12 +93,10 @@ pub(crate) fn import(
                 ));
             };
             let json = toc::zstd_chunked_toc_json(&remote.range(*offset, end)?, checksum)?;
-            (json, *offset, None)
+            (json, *offset)
         }
     };
-    let mut entries = toc::entries(&json, format, size, toc_offset)?;
-    // eStargz's table is the layer's last tar entry: a file like any other.
-    entries.extend(toc_file);
+    let entries = toc::entries(&json, format, size, toc_offset)?;
     store
         .import_lazy(&entries, &source)
         .map_err(Error::unpacking)

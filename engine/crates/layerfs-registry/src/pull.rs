@@ -260,6 +260,11 @@ async fn fetch_layer<'scope>(
     done: &AtomicU64,
 ) -> Result<LayerId, Error> {
     let compression = Compression::of(&descriptor.media_type)?;
+    // A lazy format's metadata is no file of the layer, pulled lazily or not.
+    let leave_out: &[&str] = match crate::lazy::Format::of(descriptor)? {
+        Some(_) => &crate::lazy::toc::METADATA,
+        None => &[],
+    };
     let mut stream = client
         .pull_blob_stream(image, descriptor)
         .await
@@ -272,7 +277,7 @@ async fn fetch_layer<'scope>(
             received,
             current: Default::default(),
         };
-        let _ = result_tx.send(unpack_layer(store, blob, compression, diff_id));
+        let _ = result_tx.send(unpack_layer(store, blob, compression, diff_id, leave_out));
     });
     loop {
         let chunk = stream.try_next().await;
@@ -310,9 +315,11 @@ fn unpack_layer(
     mut blob: Chunks,
     compression: Compression,
     diff_id: &str,
+    leave_out: &[&str],
 ) -> io::Result<LayerId> {
-    let imported =
-        store.import_tar_checked(|unpack| unpack_checked(unpack, &mut blob, compression, diff_id));
+    let imported = store.import_tar_checked(leave_out, |unpack| {
+        unpack_checked(unpack, &mut blob, compression, diff_id)
+    });
     // Bytes that are not the blob's make a damaged archive first; the rest
     // of the blob says whether that is the reason.
     if imported.is_err() {

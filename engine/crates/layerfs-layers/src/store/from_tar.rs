@@ -17,7 +17,7 @@
 use std::ffi::OsString;
 use std::io::{self, Read};
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 use rustix::fs::Timespec;
 use tar::EntryType;
@@ -25,8 +25,13 @@ use tar::EntryType;
 use super::sparse::{Records, Sparse};
 use super::writer::{Body, LayerWriter, Meta, Refused};
 
-/// Unpacks every entry of the tar stream `reader` into `layer`.
-pub(super) fn unpack(reader: impl Read, layer: &mut LayerWriter) -> io::Result<()> {
+/// Unpacks every entry of the tar stream `reader` into `layer` but those
+/// at the paths `leave_out`.
+pub(super) fn unpack(
+    reader: impl Read,
+    layer: &mut LayerWriter,
+    leave_out: &[&str],
+) -> io::Result<()> {
     let mut archive = tar::Archive::new(EndPadded::new(reader));
     // Where the data of the last entry read ends in the stream.
     let mut data_end = (PathBuf::new(), 0u64);
@@ -34,6 +39,13 @@ pub(super) fn unpack(reader: impl Read, layer: &mut LayerWriter) -> io::Result<(
         let mut entry = entry.map_err(damaged)?;
         let path = entry.path().map_err(damaged)?.into_owned();
         data_end = (path.clone(), entry.raw_file_position() + entry.size());
+        let plain: PathBuf = path
+            .components()
+            .filter(|c| !matches!(c, Component::CurDir | Component::RootDir))
+            .collect();
+        if leave_out.iter().any(|&left| plain == Path::new(left)) {
+            continue;
+        }
         let (meta, sparse) = meta_of(&mut entry).map_err(damaged)?;
         let link = entry.link_name().map_err(damaged)?.map(|l| l.into_owned());
         let header = entry.header();

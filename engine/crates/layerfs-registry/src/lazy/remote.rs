@@ -8,6 +8,7 @@
 //! ([`layerfs_layers::lazy`]).
 
 use std::io::{self, Read};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures_util::TryStreamExt;
@@ -29,12 +30,22 @@ const GAP: u64 = 256 * 1024;
 /// `LAYERFS_LAZY_WAIT` (seconds) says otherwise.
 const WAIT: Duration = Duration::from_secs(30);
 
+/// The least time a request is given, the last one at the deadline too.
+const LAST_TRY: Duration = Duration::from_secs(1);
+
+/// How long after a read gave up on the registry another read asks it once
+/// and does not wait: the kernel follows a failed READ with more (its
+/// read-ahead, then the page alone), which would each wait again.
+const JUST_GAVE_UP: Duration = Duration::from_secs(2);
+
 /// A lazy layer's blob in its registry.
 pub(crate) struct Remote {
     session: Session,
     blob: OciDescriptor,
     compression: Compression,
     wait: Duration,
+    /// When a read last gave up on the registry.
+    gave_up: Mutex<Option<Instant>>,
 }
 
 impl Remote {
@@ -55,19 +66,37 @@ impl Remote {
             session,
             blob,
             wait,
+            gave_up: Mutex::new(None),
         })
     }
 
     /// Bytes `start..end` of the blob, asked again (a token renewed, a
     /// registry away) until the wait runs out.
     pub(crate) fn range(&self, start: u64, end: u64) -> Result<Vec<u8>, Error> {
-        let deadline = Instant::now() + self.wait;
+        let gave_up = *self.gave_up.lock().unwrap_or_else(PoisonError::into_inner);
+        let got = self.asking_until(
+            start,
+            end,
+            match gave_up {
+                Some(at) if at.elapsed() < JUST_GAVE_UP => Instant::now(),
+                _ => Instant::now() + self.wait,
+            },
+        );
+        *self.gave_up.lock().unwrap_or_else(PoisonError::into_inner) =
+            got.is_err().then(Instant::now);
+        got
+    }
+
+    /// Bytes `start..end` of the blob, asked until `deadline` (at least once).
+    fn asking_until(&self, start: u64, end: u64, deadline: Instant) -> Result<Vec<u8>, Error> {
         let mut pause = Duration::from_millis(100);
         // A token is asked for at most once between two pauses: a registry
         // that refuses the one it just issued is not asked in a tight loop.
         let mut renewed = false;
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
+            let left = deadline
+                .saturating_duration_since(Instant::now())
+                .max(LAST_TRY);
             let tried = self
                 .session
                 .block_on(async { tokio::time::timeout(left, self.get(start, end)).await });
@@ -103,11 +132,14 @@ impl Remote {
                     ),
                 ),
             };
-            if Instant::now() + pause >= deadline {
+            // Asked last at the deadline: a read fails after the whole wait,
+            // not a pause before it.
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
                 return Err(failed);
             }
             tracing::warn!(registry = %self.session.registry, error = %failed, "a lazy read waits for the registry");
-            std::thread::sleep(pause);
+            std::thread::sleep(pause.min(left));
             renewed = false;
             pause = (pause * 2).min(Duration::from_secs(2));
         }

@@ -37,6 +37,21 @@ pub const MAX_TOC: u64 = 256 * 1024 * 1024;
 
 pub(crate) const ESTARGZ_TOC_DIGEST: &str = "containerd.io/snapshot/stargz/toc.digest";
 
+/// Entries the lazy formats add to a layer's tar for their readers, not
+/// files of the image: eStargz's table and the landmarks that say which
+/// files to prefetch. stargz-snapshotter and podman's partial pull show
+/// none of them; a pull (lazy or whole) of such a layer leaves them out.
+pub(crate) const METADATA: [&str; 3] = [
+    "stargz.index.json",
+    ".prefetch.landmark",
+    ".no.prefetch.landmark",
+];
+
+/// Whether tar entry `name` is one of the formats' [`METADATA`].
+pub(crate) fn is_metadata(name: &str) -> bool {
+    METADATA.contains(&name.trim_start_matches("./").trim_start_matches('/'))
+}
+
 /// The size of an eStargz blob's footer.
 pub(crate) const ESTARGZ_FOOTER: u64 = 51;
 
@@ -124,9 +139,8 @@ pub(crate) fn estargz_toc_offset(footer: &[u8]) -> Result<u64, Error> {
 }
 
 /// The JSON of an eStargz table from the gzip member(s) holding its tar
-/// entry, checked against `digest`; and the entry, a file of the layer as
-/// any tool unpacks it.
-pub(crate) fn estargz_toc_json(member: &[u8], digest: &str) -> Result<(Vec<u8>, Entry), Error> {
+/// entry, checked against `digest`.
+pub(crate) fn estargz_toc_json(member: &[u8], digest: &str) -> Result<Vec<u8>, Error> {
     let mut archive = tar::Archive::new(flate2::read::MultiGzDecoder::new(member));
     let broken = |e: &dyn std::fmt::Display| bad(format!("its eStargz table cannot be read: {e}"));
     let mut entries = archive.entries().map_err(|e| broken(&e))?;
@@ -145,20 +159,7 @@ pub(crate) fn estargz_toc_json(member: &[u8], digest: &str) -> Result<(Vec<u8>, 
         .read_to_end(&mut json)
         .map_err(|e| broken(&e))?;
     pinned(&json, digest, "eStargz table")?;
-    let header = entry.header();
-    let file = Entry {
-        path: PathBuf::from("stargz.index.json"),
-        kind: EntryKind::Inline(json.clone()),
-        mode: header.mode().unwrap_or(0o644) & 0o7777,
-        uid: header.uid().unwrap_or(0) as u32,
-        gid: header.gid().unwrap_or(0) as u32,
-        mtime: header.mtime().ok().map(|secs| rustix::fs::Timespec {
-            tv_sec: secs as _,
-            tv_nsec: 0,
-        }),
-        xattrs: Vec::new(),
-    };
-    Ok((json, file))
+    Ok(json)
 }
 
 /// The JSON of a zstd:chunked table from its compressed bytes, checked
@@ -234,7 +235,10 @@ pub(crate) fn entries(
             toc.version
         )));
     }
-    // eStargz: a piece's member ends where the next begins, the last at the table.
+    // A piece ends where the next begins, the last at the table: each of
+    // eStargz's files and chunks is a gzip member, and a zstd:chunked table
+    // with no `endOffset` (stargz-snapshotter's writer) is laid out alike,
+    // in zstd frames.
     let mut starts: Vec<u64> = toc
         .entries
         .iter()
@@ -247,14 +251,20 @@ pub(crate) fn entries(
     let end_of = |start: u64| starts.get(starts.partition_point(|&s| s <= start)).copied();
 
     let mut out: Vec<Entry> = Vec::with_capacity(toc.entries.len());
+    // The last file: whether it is the formats' metadata (left out, its
+    // chunks too), and whether its chunks are pieces of their own.
+    let (mut metadata, mut piecewise) = (false, false);
     for e in &toc.entries {
         let named = |why: String| bad(format!("its table of contents: {:?}: {why}", e.name));
         if e.kind == "chunk" {
+            if metadata {
+                continue;
+            }
             let Some(EntryKind::File { pieces, size, .. }) = out.last_mut().map(|f| &mut f.kind)
             else {
                 return Err(named("a chunk with no file before it".into()));
             };
-            if let Format::Estargz { .. } = format {
+            if piecewise {
                 let start = e.offset;
                 let end = end_of(start).ok_or_else(|| named("a chunk past the table".into()))?;
                 // The last chunk's size is left 0: the rest of the file.
@@ -272,6 +282,13 @@ pub(crate) fn entries(
             }
             continue;
         }
+        metadata = is_metadata(&e.name);
+        if metadata {
+            continue;
+        }
+        // containers/storage's zstd:chunked gives each file its frames'
+        // end, and a digest of the whole file checks them.
+        piecewise = matches!(format, Format::Estargz { .. }) || e.end_offset == 0;
         let kind = match e.kind.as_str() {
             "dir" => EntryKind::Dir,
             "reg" => {
@@ -283,33 +300,31 @@ pub(crate) fn entries(
                     (None, _) => return Err(named("a file with no digest".into())),
                 };
                 let mut pieces = Vec::new();
-                if e.size > 0 {
-                    match format {
-                        Format::Estargz { .. } => {
-                            let end = end_of(e.offset)
-                                .ok_or_else(|| named("a file past the table".into()))?;
-                            let len = if e.chunk_size > 0 {
-                                e.chunk_size
-                            } else {
-                                e.size
-                            };
-                            pieces.push(Piece {
-                                at: 0,
-                                len,
-                                start: e.offset,
-                                end,
-                                digest: e.chunk_digest.clone().unwrap_or_default(),
-                            });
-                        }
-                        // The file's frames, whole: its own digest checks them.
-                        Format::ZstdChunked { .. } => pieces.push(Piece {
-                            at: 0,
-                            len: e.size,
-                            start: e.offset,
-                            end: e.end_offset,
-                            digest: e.digest.clone().unwrap_or_default(),
-                        }),
-                    }
+                if e.size > 0 && piecewise {
+                    let end =
+                        end_of(e.offset).ok_or_else(|| named("a file past the table".into()))?;
+                    let len = match e.chunk_size {
+                        0 => e.size,
+                        n => n.min(e.size),
+                    };
+                    // A file of one piece may carry only its own digest.
+                    let whole = (len == e.size).then(|| e.digest.clone()).flatten();
+                    pieces.push(Piece {
+                        at: 0,
+                        len,
+                        start: e.offset,
+                        end,
+                        digest: e.chunk_digest.clone().or(whole).unwrap_or_default(),
+                    });
+                } else if e.size > 0 {
+                    // The file's frames, whole: its own digest checks them.
+                    pieces.push(Piece {
+                        at: 0,
+                        len: e.size,
+                        start: e.offset,
+                        end: e.end_offset,
+                        digest: e.digest.clone().unwrap_or_default(),
+                    });
                 }
                 EntryKind::File {
                     size: e.size,
@@ -460,6 +475,61 @@ mod tests {
         assert_eq!(pieces.len(), 1);
         assert_eq!((pieces[0].len, pieces[0].start, pieces[0].end), (3, 10, 30));
         assert_eq!(pieces[0].digest, D);
+    }
+
+    #[test]
+    fn a_zstd_chunked_table_without_end_offsets_is_read_as_stargz_snapshotter_writes_it() {
+        // ctr-remote's zstd:chunked: eStargz's layout in zstd frames, each
+        // file or chunk ending where the next begins, the last at the table.
+        let json = format!(
+            r#"{{"version":1,"entries":[
+            {{"name":".no.prefetch.landmark","type":"reg","size":1,"offset":96,"digest":"{D}","chunkDigest":"{D}"}},
+            {{"name":"big","type":"reg","size":10,"offset":140,"chunkSize":6,"digest":"{D}","chunkDigest":"{D}"}},
+            {{"name":"big","type":"chunk","offset":180,"chunkOffset":6,"chunkDigest":"{D}"}},
+            {{"name":"small","type":"reg","size":3,"offset":230,"digest":"{D}"}}
+            ]}}"#
+        );
+        let format = Format::ZstdChunked {
+            offset: 300,
+            length: 50,
+            checksum: String::new(),
+        };
+        let entries = entries(json.as_bytes(), &format, 400, 300).unwrap();
+        let spans = |i: usize| -> Vec<_> {
+            let EntryKind::File { pieces, .. } = &entries[i].kind else {
+                panic!("not a file: {:?}", entries[i]);
+            };
+            pieces
+                .iter()
+                .map(|p| (p.at, p.len, p.start, p.end, p.digest.as_str()))
+                .collect()
+        };
+        let names: Vec<_> = entries.iter().map(|e| e.path.clone()).collect();
+        assert_eq!(names, [PathBuf::from("big"), PathBuf::from("small")]);
+        assert_eq!(spans(0), [(0, 6, 140, 180, D), (6, 4, 180, 230, D)]);
+        // A file of one piece with no chunk digest: its own digest checks it.
+        assert_eq!(spans(1), [(0, 3, 230, 300, D)]);
+    }
+
+    #[test]
+    fn the_formats_metadata_is_no_file_of_the_tree() {
+        let json = format!(
+            r#"{{"version":1,"entries":[
+            {{"name":"./.prefetch.landmark","type":"reg","size":1,"offset":50,"chunkDigest":"{D}"}},
+            {{"name":".no.prefetch.landmark","type":"reg","size":1,"offset":60,"chunkDigest":"{D}"}},
+            {{"name":"stargz.index.json","type":"reg","size":9,"offset":70,"chunkSize":4,"chunkDigest":"{D}"}},
+            {{"name":"stargz.index.json","type":"chunk","offset":80,"chunkOffset":4,"chunkDigest":"{D}"}},
+            {{"name":"d/","type":"dir","mode":16877}},
+            {{"name":"d/stargz.index.json","type":"reg","size":1,"offset":90,"digest":"{D}","chunkDigest":"{D}"}}
+            ]}}"#
+        );
+        let entries = entries(json.as_bytes(), &estargz(), 200, 100).unwrap();
+        let names: Vec<_> = entries.iter().map(|e| e.path.clone()).collect();
+        // Only at the root: a file of that name elsewhere is the image's.
+        assert_eq!(
+            names,
+            [PathBuf::from("d/"), PathBuf::from("d/stargz.index.json")]
+        );
     }
 
     #[test]
