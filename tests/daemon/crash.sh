@@ -5,12 +5,16 @@
 # pull and push against a docker-registry on 127.0.0.1, rm, layer and
 # image prune); then kill -9
 # of the daemon at a random moment (of the keeper too, in one cycle in
-# five), a restart, and checks: every record the writer had fsync'd is in
-# its file; every layer the catalog lists is whole in the store and the
-# store holds no other (no half layer), every image's layers are there;
-# `ls` names exactly the workspaces in the store; every workspace recorded
-# as mounted is mounted, answers, and every file in it opens; one daemon
-# and one keeper. Prints the seed, which a run can be given again.
+# five), a restart, and checks: the writer met no error (but ENOTCONN,
+# the mount gone, where the keeper died too) and every record it had
+# fsync'd is in its file; each request succeeded or was refused only as a
+# client is when its daemon dies; every layer the catalog lists is in the
+# store and the store holds no other (no half layer), each hashing to its
+# id (`layer check`); every image's layers are there; `ls` names exactly
+# the workspaces in the store; every workspace recorded as mounted is
+# mounted, and each entry in it stats and each file opens, errors raised;
+# one daemon and one keeper. Prints the seed, which a run can be given
+# again.
 # LAYERFS_CRASH_DOOR=nfs mounts through the kernel's NFS client instead
 # (tests/kernel/crash.sh runs it so in the QEMU guest), and
 # LAYERFS_CRASH_DIR says where the store goes (default /tmp; it must keep
@@ -83,14 +87,22 @@ if [[ -n $reg ]]; then
 		fail "the first push to the test's registry"
 fi
 
-# The requests a cycle may have in flight: each its own process, whose
-# outcome (done or cut off) does not matter, only what it leaves.
+# The requests a cycle may have in flight, each its own process. Each is
+# one the daemon grants while it lives (on a workspace of its own where it
+# changes one), so each command ends in success or in the refusal a client
+# sees when its daemon dies under it: nothing else.
 request() {
 	local c=$1 kind=$2
 	case $kind in
 	create) "$layerfs" create "c$c" --from "$base" ;;
-	mount) mkdir -p "$t/m/scratch" && "$layerfs" mount scratch "$t/m/scratch" "--$door" ;;
-	unmount) "$layerfs" unmount scratch ;;
+	mount)
+		"$layerfs" create "m$c" --from "$base" && mkdir -p "$t/m/m$c" &&
+			"$layerfs" mount "m$c" "$t/m/m$c" "--$door"
+		;;
+	unmount)
+		"$layerfs" create "u$c" --from "$base" && mkdir -p "$t/m/u$c" &&
+			"$layerfs" mount "u$c" "$t/m/u$c" "--$door" && "$layerfs" unmount "u$c"
+		;;
 	commit) "$layerfs" commit steady --message "cycle $c" ;;
 	reset) "$layerfs" reset scratch ;;
 	diff) "$layerfs" diff steady ;;
@@ -100,35 +112,43 @@ request() {
 		for i in $(seq 200); do echo "$c $i" >"$t/imports/$c/f$i"; done
 		"$layerfs" layer import "$t/imports/$c"
 		;;
-	pull) [[ -z $reg ]] || "$layerfs" pull "$reg/crash/base:v1" --insecure-registry "$reg" ;;
-	push) [[ -z $reg ]] || "$layerfs" push steady "$reg/crash/steady:c$c" --insecure-registry "$reg" ;;
-	rm) "$layerfs" rm --force "c$((c - 1))" ;;
+	pull) "$layerfs" pull "$reg/crash/base:v1" --insecure-registry "$reg" ;;
+	# scratch is never written: it has nothing uncommitted to refuse.
+	push) "$layerfs" push scratch "$reg/crash/scratch:c$c" --insecure-registry "$reg" ;;
+	rm) "$layerfs" create "r$c" --from "$base" && "$layerfs" rm --force "r$c" ;;
 	prune) "$layerfs" layer prune ;;
 	image-prune) "$layerfs" image prune ;;
 	esac
 }
-kinds=(create mount unmount commit reset diff size import pull push rm prune image-prune)
+kinds=(create mount unmount commit reset diff size import rm prune image-prune)
+[[ -z $reg ]] || kinds+=(pull push)
+# What a command says when the daemon it asked dies before answering, or
+# is dead when it asks (workspaces.rs in layerfs-cli).
+died="the layerfs daemon stopped before it answered|no layerfs daemon is running for the store"
 
 # One writer per cycle, on a file of its own in the steady workspace:
 # numbered records, each fsync'd, the count fsync'd written to a file
-# outside the workspace after each fsync. It stops at its first error (a
-# mount whose keeper died too) or when told.
+# outside the workspace after each fsync. Its first error ends it, named
+# (errno) in $t/writer-error, with status 1; told to stop, it ends with 0.
 start_writer() {
-	python3 - "$t/m/steady/w$1" "$t/synced" "$t/stop-writer" <<-'PY' &
-		import os, sys
-		path, synced, stop = sys.argv[1:4]
-		fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+	rm -f "$t/writer-error"
+	python3 - "$t/m/steady/w$1" "$t/synced" "$t/stop-writer" "$t/writer-error" <<-'PY' &
+		import errno, os, sys
+		path, synced, stop, error = sys.argv[1:5]
 		n = 0
-		while not os.path.exists(stop) and n < 100000:
-		    try:
+		try:
+		    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+		    while not os.path.exists(stop) and n < 100000:
 		        os.write(fd, b"record %08d\n" % n)
 		        os.fsync(fd)
-		    except OSError:
-		        break
-		    n += 1
-		    with open(synced + ".new", "w") as f:
-		        f.write(str(n))
-		    os.rename(synced + ".new", synced)
+		        n += 1
+		        with open(synced + ".new", "w") as f:
+		            f.write(str(n))
+		        os.rename(synced + ".new", synced)
+		except OSError as e:
+		    with open(error, "w") as f:
+		        f.write(f"{errno.errorcode.get(e.errno, e.errno)} after {n} records: {e}")
+		    sys.exit(1)
 		PY
 	writer=$!
 }
@@ -176,17 +196,28 @@ for image in json.load(sys.stdin):
 		if names != held:
 		    sys.exit(f"ls names {names}, the store holds {held}")
 		mounts = {line.split()[1] for line in open("/proc/mounts")}
+		def raise_it(e):
+		    raise e
 		for w in listed:
 		    m = w.get("mount")
 		    if not m:
 		        continue
 		    if m["path"] not in mounts:
 		        sys.exit(f"{w['name']} is recorded mounted on {m['path']}, which is no mount")
-		    for dirpath, dirs, files in os.walk(m["path"]):
+		    # Every error raised: a dead mount fails here, not quietly.
+		    seen = 0
+		    for dirpath, dirs, files in os.walk(m["path"], onerror=raise_it):
+		        for name in dirs + files:
+		            os.lstat(os.path.join(dirpath, name))
 		        for name in files:
 		            with open(os.path.join(dirpath, name), "rb") as f:
 		                f.read(1)
+		            seen += 1
+		    if seen == 0:
+		        sys.exit(f"{w['name']}, mounted on {m['path']}, shows no file")
 		PY
+	# Every layer's files still hash to its id.
+	"$layerfs" layer check >"$t/check.out" || fail "layer check after the restart: $(grep -v ' sound$' "$t/check.out")"
 	local daemons=0 keepers pid
 	# This store's daemons: those started with it in their environment.
 	for pid in $(pgrep -f "^$layerfs daemon" || true); do
@@ -196,7 +227,7 @@ for image in json.load(sys.stdin):
 	[[ $daemons == 1 && $keepers == 1 ]] || fail "$daemons daemons and $keepers keepers after the restart: $(pgrep -fa "layerfs (daemon|keeper)")"
 }
 
-killed_keeper=0 total_synced=0
+killed_keeper=0 total_synced=0 answered=0 cut=0
 for cycle in $(seq "$cycles"); do
 	rm -f "$t/stop-writer" "$t/synced"
 	mounted=$(json ls | python3 -c 'import json,sys; print(any(w["name"] == "steady" and w.get("mount") for w in json.load(sys.stdin)))')
@@ -206,23 +237,42 @@ for cycle in $(seq "$cycles"); do
 	# (a python3 start takes seconds in a TCG guest).
 	for _ in $(seq 600); do [[ -s $t/synced ]] && break; sleep 0.05; done
 	[[ -s $t/synced ]] || fail "the writer fsync'd nothing in 30 s"
-	pids=()
-	for _ in 1 2 3; do
-		kind=${kinds[RANDOM % ${#kinds[@]}]}
-		request "$cycle" "$kind" >/dev/null 2>&1 &
-		pids+=($!)
+	# Three kinds, none twice: two of one kind may refuse each other.
+	pids=() asked=()
+	for kind in $(printf '%s\n' "${kinds[@]}" | shuf --random-source=<(yes "$seed.$cycle")); do
+		((${#asked[@]} < 3)) || break
+		request "$cycle" "$kind" >/dev/null 2>"$t/request-$kind.err" &
+		pids+=($!) asked+=("$kind")
 	done
-	sleep "0.$((RANDOM % 400 + 20))"
+	# Most requests take milliseconds: the kill comes within 0.3 s, and in
+	# one cycle in three within 30 ms, often before they are answered.
+	sleep "0.$(printf %03d $((RANDOM % (cycle % 3 ? 300 : 30))))"
+	keeper_killed=false
 	if ((RANDOM % 5 == 0)); then
 		pkill -9 -f "layerfs keeper --store $t/" || true
-		killed_keeper=$((killed_keeper + 1))
+		killed_keeper=$((killed_keeper + 1)) keeper_killed=true
 	fi
 	kill -9 "$daemon"
 	wait "$daemon" 2>/dev/null || true
-	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+	for i in "${!pids[@]}"; do
+		if wait "${pids[i]}"; then
+			answered=$((answered + 1))
+			continue
+		fi
+		err=$(cat "$t/request-${asked[i]}.err")
+		[[ $err =~ $died ]] || fail "the ${asked[i]} request failed otherwise than by the daemon's death: $err"
+		cut=$((cut + 1))
+	done
 	start_daemon
 	touch "$t/stop-writer"
-	wait "$writer" 2>/dev/null || true
+	if ! wait "$writer"; then
+		# A mount whose keeper died too is gone: its writes fail so, and
+		# only so (ECONNABORTED for one in flight as the connection went,
+		# ENOTCONN after); any other error is the daemon's.
+		error=$(cat "$t/writer-error")
+		[[ $keeper_killed == true && $error =~ ^(ENOTCONN|ECONNABORTED) ]] ||
+			fail "the writer (the keeper killed: $keeper_killed): $error"
+	fi
 	writer=
 	check_store "$cycle"
 	# The next cycle's writer needs its workspace mounted: after a keeper's
@@ -231,5 +281,9 @@ for cycle in $(seq "$cycles"); do
 	rm -f "$t/m/steady/w$cycle"
 done
 ((total_synced > 0)) || fail "the writers fsync'd nothing before the kills: nothing was checked"
+# The digest check can fail: a file of a layer changed behind the store's back.
+echo changed >>"$LAYERFS_STORE/layers/$base/etc/f1"
+if out=$("$layerfs" layer check 2>&1); then fail "layer check passed a changed layer: $out"; fi
+[[ $out == *"$base DIFFERS"* ]] || fail "layer check of a changed layer said: $out"
 echo "$cycles cycles (the keeper killed too in $killed_keeper), $total_synced records fsync'd before the kills:"
-echo "every one there; store, catalog and mounts agreeing"
+echo "every one there; store, catalog and mounts agreeing; $answered requests done, $cut cut off by the kill"

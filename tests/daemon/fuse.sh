@@ -27,6 +27,7 @@ set -euo pipefail
 layerfs=$(realpath "$1")
 route=${2:-dev-fuse}
 source "$(dirname "$0")/../skip.sh"
+source "$(dirname "$0")/../fusectl.sh"
 if [[ ! -c /dev/fuse || $(id -u) != 0 ]]; then
 	skip_or_fail "the daemon through FUSE" "needs root and /dev/fuse"
 	exit 0
@@ -205,7 +206,9 @@ mkdir "$t/dev"
 "$layerfs" mount dev "$t/dev" >/dev/null
 [[ -c $t/dev/null && $(stat -c %t,%T "$t/dev/null") == 1,3 ]] || fail "dev/null: $(stat -c '%F %t,%T' "$t/dev/null" 2>&1)"
 [[ -p $t/dev/pipe ]] || fail "dev/pipe: $(stat -c %F "$t/dev/pipe" 2>&1)"
-if echo x 2>/dev/null >"$t/dev/null"; then fail "a device in a workspace was opened"; fi
+if err=$(sh -c "echo x >'$t/dev/null'" 2>&1); then fail "a device in a workspace was opened"; fi
+# nodev: the kernel refuses the open (EACCES) before the door is asked.
+[[ $err == *"Permission denied"* ]] || fail "opening a device in a nodev workspace said: $err"
 "$layerfs" unmount dev >/dev/null
 
 step "create --mount: made and mounted in one request; a mount that fails leaves no workspace"
@@ -456,14 +459,16 @@ rm -f "$t/synced-blocks" "$t/stop" "$t/ls-failed"
 	done
 ) &
 writer=$!
-# A descriptor held on a lower file (w2's, from w's commit), read again and
-# again through the door.
+# A descriptor held on a lower file (w2's, from w's commit: never passed
+# through), read again and again through the door: each read dropped from
+# the page cache first, so that each is a READ the daemon answers.
 python3 -c '
 import os, sys, time
 fd = os.open(sys.argv[1], os.O_RDONLY)
 first = os.pread(fd, 64, 0)
 end = time.monotonic() + 8
 while time.monotonic() < end:
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     if os.pread(fd, 64, 0) != first:
         sys.exit("the lower file read wrong")
 ' "$t/w2/new" &
@@ -479,6 +484,11 @@ wait "$daemon" 2>/dev/null || true
 daemon=
 sleep 1
 mounted "$t/w" || fail "w's mount went with the daemon"
+# The reader's READ waits in the kernel for the next daemon: it reaches
+# the door (its connection's count of requests waiting).
+waiting=$(fuse_waiting "$t/w2")
+[[ $waiting =~ ^[1-9] ]] ||
+	fail "no request of w2's waits while no daemon serves it (waiting: $waiting): the reader does not reach the door"
 start_daemon
 held_go "a kill -9 and restart"
 wait "$writer" || fail "the writer got an error across the kill and restart"

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use layerfs_daemon::catalog::Door;
 use layerfs_daemon::protocol::{
-    Answer, DiffEntry, LayerInfo, Progress, Reply, Request, Stats, WorkspaceInfo,
+    Answer, DiffEntry, Found, LayerCheck, LayerInfo, Progress, Reply, Request, Stats, WorkspaceInfo,
 };
 use layerfs_rpc::{Admission, ServerConfig};
 
@@ -67,6 +67,13 @@ pub enum LayerCommand {
     },
     /// Remove every layer no workspace stacks on and no image lists.
     Prune,
+    /// Hash each layer's files again and compare the digest with its id
+    /// (a lazy layer still filling: each piece is checked as it comes).
+    /// Fails if one differs or cannot be read.
+    Check {
+        /// One layer's id, or its first characters (at least 4); all if none.
+        id: Option<String>,
+    },
 }
 
 #[derive(clap::Args)]
@@ -289,6 +296,10 @@ fn absolute(path: &Path) -> Result<PathBuf, String> {
     })
 }
 
+/// What a command says when its daemon stops before answering.
+const DAEMON_GONE: &str = "the layerfs daemon stopped before it answered, and what was asked \
+     may or may not be done (see `layerfs ls` once it is back)";
+
 impl Client {
     fn store_path(&self) -> Result<PathBuf, String> {
         match &self.store {
@@ -319,6 +330,10 @@ impl Client {
             layerfs_daemon::control::call_with_progress(&socket, &request, &mut |p| bar.show(p))
                 .map_err(|e| match e.kind() {
                     io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused => no_daemon(),
+                    // Killed, crashed or stopped in the middle of the request.
+                    io::ErrorKind::UnexpectedEof
+                    | io::ErrorKind::ConnectionReset
+                    | io::ErrorKind::BrokenPipe => format!("{DAEMON_GONE}: {e}"),
                     _ => format!("cannot talk to the daemon at {}: {e}", socket.display()),
                 })?;
         drop(bar);
@@ -360,6 +375,38 @@ impl Client {
                 }
             }
             LayerCommand::Prune => self.prune(Request::LayerPrune)?,
+            LayerCommand::Check { id } => {
+                let Some(checked) = self.call::<Vec<LayerCheck>>(Request::LayerCheck { id })?
+                else {
+                    return Ok(());
+                };
+                let mut bad = 0;
+                for layer in &checked {
+                    let what = match &layer.found {
+                        Found::Sound => "sound".to_owned(),
+                        Found::Filling { here, total } => format!(
+                            "lazy, {} of {} here: each piece checked as it comes",
+                            human(*here),
+                            human(*total)
+                        ),
+                        Found::Differs { digest } => {
+                            bad += 1;
+                            format!("DIFFERS: its files hash to {digest}")
+                        }
+                        Found::Unreadable { why } => {
+                            bad += 1;
+                            format!("UNREADABLE: {why}")
+                        }
+                    };
+                    println!("{} {what}", layer.id);
+                }
+                if bad > 0 {
+                    return Err(format!(
+                        "{bad} of {} layers are not what their ids say",
+                        checked.len()
+                    ));
+                }
+            }
         }
         Ok(())
     }

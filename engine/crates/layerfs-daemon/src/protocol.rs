@@ -28,6 +28,12 @@ pub enum Request {
     LayerRm {
         id: String,
     },
+    /// Hashes each layer's files again (or one layer's: an id or its first
+    /// 4+ characters) and compares the digest with its id.
+    LayerCheck {
+        #[serde(default)]
+        id: Option<String>,
+    },
     Create {
         name: String,
         /// Workspaces, layers, or image references (pulled if missing).
@@ -219,6 +225,28 @@ pub enum Response {
     HandingOver(u32),
     Space(Space),
     Pruned(Pruned),
+    Checked(Vec<LayerCheck>),
+}
+
+/// What `layer check` found of one layer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LayerCheck {
+    pub id: String,
+    pub found: Found,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum Found {
+    /// Its files hash to its id.
+    Sound,
+    /// A lazy layer whose data is still coming: each piece is checked
+    /// against its digest as it comes, the whole once it is complete.
+    Filling { here: u64, total: u64 },
+    /// Its files hash to another digest: changed since it was made.
+    Differs { digest: String },
+    /// Its files cannot be read.
+    Unreadable { why: String },
 }
 
 /// What the store's parts take on disk (each file counted once, where it
@@ -283,6 +311,7 @@ answers! {
     Pushed => PushInfo,
     HandingOver => u32,
     Space => Space,
+    Checked => Vec<LayerCheck>,
     Pruned => Pruned,
 }
 

@@ -15,8 +15,8 @@ use super::{
 use crate::catalog::{Door, LayerNote, MountRecord, WorkspaceRecord};
 use crate::mounting;
 use crate::protocol::{
-    ControlError, DiffEntry, ErrorKind, LayerInfo, ProcedureFigures, Progress, RegistryOptions,
-    Reply, Request, Response, Stats, WorkspaceInfo,
+    ControlError, DiffEntry, ErrorKind, Found, LayerCheck, LayerInfo, ProcedureFigures, Progress,
+    RegistryOptions, Reply, Request, Response, Stats, WorkspaceInfo,
 };
 
 impl Daemon {
@@ -27,6 +27,7 @@ impl Daemon {
                 self.layer_import(&source, progress).map(Response::Layer)
             }
             Request::LayerLs => self.layer_ls().map(Response::Layers),
+            Request::LayerCheck { id } => self.layer_check(id.as_deref()).map(Response::Checked),
             Request::LayerRm { id } => self.layer_rm(&id).map(Response::Removed),
             Request::Create {
                 name,
@@ -130,6 +131,35 @@ impl Daemon {
     fn layer_ls(&self) -> Outcome<Vec<LayerInfo>> {
         let ids = self.store.layers()?;
         ids.iter().map(|id| self.layer_info(id)).collect()
+    }
+
+    /// Each layer's files (or `id`'s) hashed again against its id. Layers
+    /// do not come or go meanwhile.
+    fn layer_check(&self, id: Option<&str>) -> Outcome<Vec<LayerCheck>> {
+        let _layers = self.layer_changes.lock();
+        let ids = match id {
+            Some(id) => vec![self.find_layer(id)?],
+            None => self.store.layers()?,
+        };
+        let check = |id: &LayerId| {
+            let filling = self.store.lazy_layer(id).filter(|l| !l.is_complete());
+            let found = match filling {
+                Some(lazy) => {
+                    let (here, total) = lazy.bytes();
+                    Found::Filling { here, total }
+                }
+                None => match layerfs_layers::tree_digest(&self.store.layer_dir(id)) {
+                    Ok(digest) if digest == id.as_str() => Found::Sound,
+                    Ok(digest) => Found::Differs { digest },
+                    Err(e) => Found::Unreadable { why: e.to_string() },
+                },
+            };
+            LayerCheck {
+                id: id.as_str().to_owned(),
+                found,
+            }
+        };
+        Ok(ids.iter().map(check).collect())
     }
 
     /// The layer an id names, or the one layer it is a prefix of (at least
