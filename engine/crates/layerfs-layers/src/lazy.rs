@@ -18,9 +18,10 @@
 //!
 //! A store attaches its lazy layers ([`Attached`], one per store). A stack
 //! over a lazy layer not yet complete is opened only through its store,
-//! and asks [`Attached::before_read`] before it reads a lower file: a file
-//! still waiting for data is found by its host (device, inode), and the
-//! pieces the read needs are brought in first. No piece is ever served
+//! and reads a host file only through a `KeptFile` (layerfs-vfs), which
+//! asks [`Attached::before_read`] first: a file still waiting for data is
+//! found by its host (device, inode), and the pieces the read needs are
+//! brought in first. No piece is ever served
 //! unchecked: one that does not match its digest fails the read with EIO
 //! and the log names the image, the layer and the piece. While no file of
 //! the store waits, a read pays one atomic load.

@@ -24,10 +24,11 @@ pub trait Fill: Send + Sync {
     fn fill(&self, file: BorrowedFd<'_>, offset: u64, len: u64) -> Result<()>;
 }
 
-/// A host file a door keeps for an open ([`HostFiles::file_to_keep`]). Its
-/// bytes are read only through [`KeptFile::read`], which brings in first
-/// what a filesystem's [`Fill`] says is missing: a file that loses its name
-/// while held reads what it read before, never the host's holes.
+/// A host file whose bytes are read only through it: each read brings in
+/// first what a filesystem's [`Fill`] says is missing, so a file that is a
+/// lazy layer's reads its data, never the host's holes. A door keeps one
+/// for an open ([`HostFiles::file_to_keep`]); a filesystem reads its own
+/// files through one.
 #[derive(Clone)]
 pub struct KeptFile {
     host: Arc<OwnedFd>,
@@ -48,18 +49,62 @@ impl KeptFile {
         }
     }
 
+    /// The host file once the `len` bytes at `offset` are in: the one way
+    /// to its bytes.
+    fn filled(&self, offset: u64, len: u64) -> Result<BorrowedFd<'_>> {
+        let file = self.host.as_fd();
+        if let Some(fill) = &self.fill {
+            fill.fill(file, offset, len)?;
+        }
+        Ok(file)
+    }
+
     /// Up to `count` bytes at `offset`, as [`crate::hostdir::read`] reads
     /// them, after they are brought in.
     pub fn read(&self, offset: u64, count: usize, dst: &mut Vec<u8>) -> Result<(bool, Attr)> {
-        let file = self.host.as_fd();
-        if let Some(fill) = &self.fill {
-            fill.fill(file, offset, count as u64)?;
-        }
+        let file = self.filled(offset, count as u64)?;
         crate::hostdir::read(file, crate::hostdir::host_attr(file)?, offset, count, dst)
     }
 
+    /// [`KeptFile::read`] for a filesystem that shows the file as `attr`.
+    pub fn read_shown(
+        &self,
+        attr: Attr,
+        offset: u64,
+        count: usize,
+        dst: &mut Vec<u8>,
+    ) -> Result<(bool, Attr)> {
+        let file = self.filled(offset, count as u64)?;
+        crate::hostdir::read(file, attr, offset, count, dst)
+    }
+
+    /// Where a door reads `count` bytes at `offset` itself
+    /// ([`HostFiles::read_source`]), once they are in.
+    pub fn read_source(&self, attr: Attr, offset: u64, count: usize) -> Result<ReadSource> {
+        self.filled(offset, count as u64)?;
+        Ok(crate::hostdir::read_source(
+            self.host.clone(),
+            attr,
+            offset,
+            count,
+        ))
+    }
+
+    /// Up to `buf.len()` bytes at `offset` (fewer at the end), once in.
+    pub fn pread(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
+        let file = self.filled(offset, buf.len().max(1) as u64)?;
+        Ok(rustix::io::pread(file, buf, offset)?)
+    }
+
+    /// The host file once its first `len` bytes are all in, for a copy the
+    /// kernel makes of them (a clone, `copy_file_range`).
+    pub fn all_in(&self, len: u64) -> Result<BorrowedFd<'_>> {
+        self.filled(0, len)
+    }
+
     /// The host descriptor, for the file's attributes, writes, syncs and a
-    /// link to it; its bytes are read through [`KeptFile::read`].
+    /// link to it; never for its bytes, which come through the methods
+    /// above.
     pub fn host(&self) -> &Arc<OwnedFd> {
         &self.host
     }

@@ -296,10 +296,11 @@ impl Changing<'_> {
     /// [`copy_data`] of a lower file of `size` bytes, with no clone tried
     /// once the upper's filesystem has refused one.
     fn copy_data(&self, src: OwnedFd, dst: &OwnedFd, size: u64) -> Result<()> {
-        self.tree.before_read(src.as_fd(), 0, size)?;
+        let src = self.tree.bytes_of(Arc::new(src));
+        let src = src.all_in(size)?;
         #[cfg(target_os = "linux")]
         if !self.upper.unsynced.no_clone.load(Relaxed) {
-            match rustix::fs::ioctl_ficlone(dst, &src) {
+            match rustix::fs::ioctl_ficlone(dst, src) {
                 Ok(()) => return Ok(()),
                 // Another layer's file (XDEV) may clone where this one did not.
                 Err(rustix::io::Errno::OPNOTSUPP) => {
@@ -332,13 +333,13 @@ pub(super) fn copy_data(src: OwnedFd, dst: &OwnedFd) -> Result<()> {
 /// kernel's copy, one `copy_file_range` per GiB and no call to learn the
 /// length; where the kernel refuses, [`copy_bytes`] goes on from where the
 /// offsets are.
-fn copy_sized(src: OwnedFd, dst: &OwnedFd, size: u64) -> Result<()> {
+fn copy_sized(src: BorrowedFd<'_>, dst: &OwnedFd, size: u64) -> Result<()> {
     #[cfg(target_os = "linux")]
     {
         let mut left = size;
         while left > 0 {
             let chunk = usize::try_from(left.min(1 << 30)).unwrap_or(1 << 30);
-            match rustix::fs::copy_file_range(&src, None, dst, None, chunk) {
+            match rustix::fs::copy_file_range(src, None, dst, None, chunk) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => left -= n as u64,
             }
@@ -350,7 +351,9 @@ fn copy_sized(src: OwnedFd, dst: &OwnedFd, size: u64) -> Result<()> {
     // Elsewhere std finds the length itself.
     #[cfg(not(target_os = "linux"))]
     let _ = size;
-    copy_bytes(src, dst)
+    // A second descriptor of the same open file: the copy goes on from
+    // its offset.
+    copy_bytes(src.try_clone_to_owned()?, dst)
 }
 
 /// Copies a file's data by the kernel's copy or one buffer at a time.
@@ -457,7 +460,7 @@ mod tests {
             .append(append)
             .open(dir.path().join("dst"))
             .unwrap();
-        copy_sized(src.into(), &dst.into(), said).unwrap();
+        copy_sized(src.as_fd(), &dst.into(), said).unwrap();
         let mut got = Vec::new();
         File::open(dir.path().join("dst"))
             .unwrap()

@@ -13,6 +13,7 @@
 
 use std::ffi::CString;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
 
 use layerfs_vfs::hostdir::{self, cstr};
 use layerfs_vfs::{Attr, FileKind, Result};
@@ -247,13 +248,12 @@ fn same_bytes(
     let open = |dir, name| -> Result<OwnedFd> {
         hostdir::open_regular(dir, name, rustix::fs::OFlags::RDONLY)
     };
-    let (a, b) = (open(a_dir, a)?, open(b_dir, b)?);
+    let (a, b) = (open(a_dir, a)?, tree.bytes_of(Arc::new(open(b_dir, b)?)));
     let (mut x, mut y) = (vec![0u8; 64 << 10], vec![0u8; 64 << 10]);
     let mut offset = 0;
     loop {
         let n = rustix::io::pread(&a, &mut x, offset)?;
-        tree.before_read(b.as_fd(), offset, n.max(1) as u64)?;
-        let m = rustix::io::pread(&b, &mut y[..n.max(1)], offset)?;
+        let m = b.pread(&mut y[..n.max(1)], offset)?;
         if n != m || x[..n] != y[..m] {
             return Ok(false);
         }

@@ -149,19 +149,15 @@ impl StackFs {
         Ok(change(before, Some(after)))
     }
 
-    fn readable(
-        &self,
-        layers: &Layers,
-        caller: &Caller,
-        id: FileId,
-    ) -> Result<(Arc<OwnedFd>, Attr)> {
+    fn readable(&self, layers: &Layers, caller: &Caller, id: FileId) -> Result<(KeptFile, Attr)> {
         // The owner may read its own file whatever the mode, as in LocalFs.
-        self.open_file(layers, id, false, |attr| {
+        let (file, attr) = self.open_file(layers, id, false, |attr| {
             if !access::owner_may(attr, caller, Perm::READ) {
                 return Err(Error::Access);
             }
             Ok(())
-        })
+        })?;
+        Ok((self.tree.bytes_of(file), attr))
     }
 
     /// Directory `dir` and its entry `name`, which `caller` may remove or
@@ -293,9 +289,8 @@ impl Filesystem for StackFs {
         count: usize,
         dst: &mut Vec<u8>,
     ) -> Result<(bool, Attr)> {
-        let (fd, attr) = self.readable(&self.tree.current(), caller, id)?;
-        self.tree.before_read(fd.as_fd(), offset, count as u64)?;
-        hostdir::read(fd.as_fd(), attr, offset, count, dst)
+        let (file, attr) = self.readable(&self.tree.current(), caller, id)?;
+        file.read_shown(attr, offset, count, dst)
     }
 
     fn write(
@@ -878,8 +873,7 @@ impl HostFiles for StackFs {
         count: usize,
     ) -> Result<Option<ReadSource>> {
         let (file, attr) = self.readable(&self.tree.current(), caller, id)?;
-        self.tree.before_read(file.as_fd(), offset, count as u64)?;
-        Ok(Some(hostdir::read_source(file, attr, offset, count)))
+        Ok(Some(file.read_source(attr, offset, count)?))
     }
 }
 

@@ -7,14 +7,14 @@
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::collections::VecDeque;
 use std::ffi::CStr;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use layerfs_vfs::access::{self, Caller, Perm};
 use layerfs_vfs::hostdir::{self, cstr, may_change_entries, name_cookie};
 use layerfs_vfs::ids::{IdTable, Place, Seen};
-use layerfs_vfs::{Attr, Error, FileId, FileKind, Fill, KeptFile, Result};
+use layerfs_vfs::{Attr, Error, FileId, FileKind, KeptFile, Result};
 
 use crate::lazy::Attached;
 
@@ -54,14 +54,12 @@ impl Tree {
         }
     }
 
-    /// Brings in what a read of `len` bytes at `offset` of the lower file
-    /// `fd` needs, where it is a lazy layer's file still waiting for data
-    /// ([`crate::lazy`]); a piece that cannot be had fails with EIO.
-    pub fn before_read(&self, fd: BorrowedFd<'_>, offset: u64, len: u64) -> Result<()> {
-        match &self.lazy {
-            Some(lazy) => lazy.fill(fd, offset, len),
-            None => Ok(()),
-        }
+    /// Host file `fd` of the stack (a lower layer's or the upper's), whose
+    /// bytes are read only through what this gives: where the stack has
+    /// lazy layers, a read first brings in what it needs of a file still
+    /// waiting for data ([`crate::lazy`]), or fails with EIO.
+    pub fn bytes_of(&self, fd: Arc<OwnedFd>) -> KeptFile {
+        self.kept(fd, false)
     }
 
     /// The file `fd` for a door to keep: one that may be a lower layer's
