@@ -56,10 +56,11 @@ if ((free_gb < 8)); then
 fi
 export LAYERFS_SKIPS=$PWD/target/verify-skips
 : >"$LAYERFS_SKIPS"
+: >target/verify-times
 passed=0
 failed=()
 check() { # check NAME COMMAND...: a command that is one check
-	local name=$1 skips
+	local name=$1 skips started=$SECONDS
 	shift
 	skips=$(wc -l <"$LAYERFS_SKIPS")
 	if ! "$@"; then
@@ -68,6 +69,8 @@ check() { # check NAME COMMAND...: a command that is one check
 	elif [[ $(wc -l <"$LAYERFS_SKIPS") == "$skips" ]]; then
 		passed=$((passed + 1))
 	fi
+	# Where a run's time goes (CI has 90 minutes): each check's, in one place.
+	echo "$((SECONDS - started)) s: $name" >>target/verify-times
 	# A command that said SKIPPED for itself or any of its parts (adding
 	# their names to the list) and exited 0 is counted under skipped, by
 	# those names, and not as passed too.
@@ -85,6 +88,7 @@ summary() {
 	skips=$(sort -u "$LAYERFS_SKIPS" | paste -sd ';' | sed 's/;/; /g')
 	echo
 	[[ ${#failed[@]} == 0 ]] || printf 'failed: %s\n' "$(IFS=';'; echo "${failed[*]}" | sed 's/;/; /g')"
+	echo "slowest checks: $(sort -rn target/verify-times | head -n 8 | paste -sd ';' | sed 's/;/; /g')"
 	echo "skipped: ${skips:-none}"
 	echo "verify: $passed passed, ${#failed[@]} failed, $(sort -u "$LAYERFS_SKIPS" | grep -c .) skipped"
 }

@@ -125,15 +125,7 @@ fn source(blob: &Blob) -> Source {
 
 /// `n` bytes that repeat nowhere (no two pieces alike), by `seed`.
 fn content(n: usize, seed: u8) -> Vec<u8> {
-    let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ u64::from(seed);
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    layerfs_testkit::bytes_from(u64::from(seed), n)
 }
 
 fn at(fs: &StackFs, path: &str) -> FileId {

@@ -117,15 +117,10 @@ async fn connect(port: u16) -> Conn {
 /// The bytes written at `offset` of file `file` (never the same twice, so a
 /// region holds what one write put there or nothing).
 fn pattern(file: usize, offset: u64) -> Vec<u8> {
-    let mut x = (file as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ offset;
-    (0..CHUNK)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    layerfs_testkit::bytes_from(
+        (file as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ offset ^ 0x9E37_79B9_7F4A_7C15,
+        CHUNK,
+    )
 }
 
 fn lower_byte(i: usize) -> u8 {

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use layerfs_layers::{LayerId, StackFs, Store};
 use layerfs_registry::{pull, write_layer_blob, BlobFormat, PullOptions, Transport};
+use layerfs_testkit::bytes_from;
 use layerfs_vfs::{Caller, Error, FileId, Filesystem};
 use sha2::{Digest, Sha256};
 
@@ -287,30 +288,17 @@ fn host_arch() -> &'static str {
     }
 }
 
-/// `n` bytes that repeat nowhere, by `seed`.
-fn content(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ seed;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 /// A tree of one file per directory (a read brings along only files of its
 /// own directory), `big` first: its 9 MB are three of the writer's pieces.
 fn tree(dir: &Path) -> Vec<(String, Vec<u8>)> {
-    let mut files = vec![("big/f".to_owned(), content(9_000_000, 1))];
+    let mut files = vec![("big/f".to_owned(), bytes_from(1, 9_000_000))];
     for (i, name) in ["flip", "short", "whole", "416", "stall", "after"]
         .iter()
         .enumerate()
     {
         files.push((
             format!("{name}/f"),
-            content(100_000 + i * 1000, 2 + i as u64),
+            bytes_from(2 + i as u64, 100_000 + i * 1000),
         ));
     }
     for (path, bytes) in &files {

@@ -78,6 +78,21 @@ fn mount(args: &[&str], at: &Path) -> Result<Mounted, String> {
     Ok(Mounted(at.to_path_buf()))
 }
 
+/// `n` bytes from a xorshift sequence started at `seed`: data that
+/// repeats nowhere (no two pieces of a file alike) and that a test can make
+/// again to compare.
+pub fn bytes_from(seed: u64, n: usize) -> Vec<u8> {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ seed;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
 /// The first line `child` printed on its stdout (piped; taken here): a
 /// server a test started says there that it is ready, and where.
 pub fn first_line(child: &mut std::process::Child) -> String {
