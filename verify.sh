@@ -247,7 +247,7 @@ if command -v qemu-system-x86_64 >/dev/null && command -v busybox >/dev/null; th
 	echo "-- the workspace daemon over NFS: a kill -9 under a writer and a restart"
 	check "kernel client daemon" kc --no-mount --workload tests/kernel/daemon.sh \
 		--server "exec $PWD/target/release/layerfs daemon --store /run/lfs-store --nfs-port 20490"
-	echo "-- the daemon killed at every step over NFS: 10 cycles (each about half a minute under TCG)"
+	echo "-- the daemon killed at every step over NFS: 8 cycles (each about 50 s under TCG)"
 	check "kernel client crash cycles" kc --no-mount --workload tests/kernel/crash.sh \
 		--server "exec $PWD/target/release/layerfs daemon --store /run/lfs-kc-store --nfs-port 20490"
 	echo "-- lazy pull over NFS: zstd:chunked and eStargz read at first read, a corrupted piece, a registry gone, ctr-remote's images"

@@ -12,8 +12,9 @@
 # - the lazy layer, and a whole pull of the same form in a store of its
 #   own, get the original image's layer id.
 # LAYERFS_LAZY_DOOR=nfs mounts through the kernel's NFS client instead
-# (tests/kernel/lazy.sh runs it so in the QEMU guest); LAYERFS_LAZY_DIR is
-# where its files go (default /tmp).
+# (tests/kernel/lazy.sh runs it so in the QEMU guest) and leaves out the
+# layer ids, which no door changes; LAYERFS_LAZY_DIR is where its files go
+# (default /tmp).
 # Needs root, /dev/fuse (for FUSE), docker-registry, umoci, skopeo,
 # containerd and ctr-remote (Debian's stargz-snapshotter); says SKIPPED
 # without them (tests/skip.sh).
@@ -151,6 +152,9 @@ for form in es zc; do
 	"$layerfs" image rm "$reg/conv/$form:v1" >/dev/null
 	"$layerfs" layer prune >/dev/null
 done
+
+# The rest no door changes.
+[[ $door == fuse ]] || { echo "converters' lazy images through $door: all checks passed"; exit 0; }
 
 step "the original image's layer id, for each form pulled lazily and whole"
 "$layerfs" pull "$reg/conv/gz:v1" --insecure-registry "$reg" >/dev/null
