@@ -78,9 +78,9 @@ pub struct Source {
     /// The blob's digest and size.
     pub blob: String,
     pub size: u64,
+    /// How a piece is compressed, as its descriptor says. (An index
+    /// written before may also hold `format`, which nothing reads.)
     pub media_type: String,
-    /// `estargz` or `zstd:chunked`: how a piece is compressed.
-    pub format: String,
     /// Its registry is reached over plain HTTP (as the pull was asked).
     #[serde(default)]
     pub insecure: bool,

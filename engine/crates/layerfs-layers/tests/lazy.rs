@@ -117,7 +117,6 @@ fn source(blob: &Blob) -> Source {
         blob: digest(&blob.bytes),
         size: blob.bytes.len() as u64,
         media_type: "application/vnd.oci.image.layer.v1.tar+zstd".into(),
-        format: "zstd:chunked".into(),
         insecure: false,
         no_tls_verify: false,
     }

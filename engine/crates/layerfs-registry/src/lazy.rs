@@ -53,7 +53,6 @@ pub(crate) fn import(
         blob: blob.digest.clone(),
         size,
         media_type: blob.media_type.clone(),
-        format: format.name().to_string(),
         insecure: transport.insecure.contains(&session.registry),
         no_tls_verify: transport.no_tls_verify,
     };

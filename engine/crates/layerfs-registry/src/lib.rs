@@ -9,6 +9,7 @@
 
 mod auth;
 mod blob;
+mod crfs;
 mod decompress;
 mod error;
 pub mod lazy;

@@ -15,8 +15,9 @@ use std::io::{self, Read, Write};
 use std::rc::Rc;
 
 use base64::Engine;
-use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
+
+use crate::crfs::TocEntry;
 
 use super::Hashing;
 
@@ -217,7 +218,7 @@ pub(super) struct Finished<W> {
 pub(super) struct Toc {
     layout: Layout,
     cuts: Rc<RefCell<Cuts>>,
-    entries: Vec<Value>,
+    entries: Vec<TocEntry>,
     /// zstd:chunked: each entry whose `endOffset` is the end of the frame
     /// that begins at the position given, known once the next one begins.
     open_ends: Vec<(usize, u64)>,
@@ -283,34 +284,30 @@ impl Toc {
         xattrs: &[(String, Vec<u8>)],
         data: Option<ChunkedFile<R>>,
     ) {
-        let mut entry = json!({
-            "name": name,
-            "type": kind,
-            "mode": meta.mode,
-            "uid": meta.uid,
-            "gid": meta.gid,
-            "modtime": chrono::DateTime::from_timestamp(meta.mtime.0, meta.mtime.1)
+        let mut entry = TocEntry {
+            name: name.to_owned(),
+            kind: kind.to_owned(),
+            mode: meta.mode.into(),
+            uid: meta.uid,
+            gid: meta.gid,
+            modtime: chrono::DateTime::from_timestamp(meta.mtime.0, meta.mtime.1)
                 .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)),
-        });
-        if let Some(link) = link {
-            entry["linkName"] = json!(link);
-        }
+            link_name: link.map(str::to_owned),
+            ..TocEntry::default()
+        };
         if kind == "char" || kind == "block" {
             let rdev = meta.rdev as _;
-            entry["devMajor"] = json!(rustix::fs::major(rdev));
-            entry["devMinor"] = json!(rustix::fs::minor(rdev));
+            entry.dev_major = rustix::fs::major(rdev);
+            entry.dev_minor = rustix::fs::minor(rdev);
         }
         if !xattrs.is_empty() {
-            let encoded: serde_json::Map<String, Value> = xattrs
-                .iter()
-                .map(|(n, v)| {
-                    (
-                        n.clone(),
-                        json!(base64::engine::general_purpose::STANDARD.encode(v)),
-                    )
-                })
-                .collect();
-            entry["xattrs"] = Value::Object(encoded);
+            let encoded = xattrs.iter().map(|(n, v)| {
+                (
+                    n.clone(),
+                    base64::engine::general_purpose::STANDARD.encode(v),
+                )
+            });
+            entry.xattrs = Some(encoded.collect());
         }
         let Some(mut data) = data else {
             self.entries.push(entry);
@@ -320,18 +317,18 @@ impl Toc {
             data.end_chunk();
         }
         let size = data.at;
-        entry["size"] = json!(size);
+        entry.size = size;
         let digest = format!("sha256:{}", crate::hex(&data.whole.finalize()));
         let starts = std::mem::take(&mut self.cuts.borrow_mut().starts);
         if size == 0 {
             // zstd:chunked leaves an empty file's digest out.
             if self.layout == Layout::Estargz {
-                entry["digest"] = json!(digest);
+                entry.digest = Some(digest);
             }
             self.entries.push(entry);
             return;
         }
-        entry["digest"] = json!(digest);
+        entry.digest = Some(digest);
         let last = data.chunks.len() - 1;
         // eStargz leaves the last chunk's size 0 (the rest of the file), and
         // names a file's one chunk; zstd:chunked gives each its size, and
@@ -346,14 +343,19 @@ impl Toc {
         let first = self.entries.len();
         for (i, (&start, digest)) in starts.iter().zip(&data.chunks).enumerate() {
             let mut piece = if i == 0 {
-                std::mem::replace(&mut entry, Value::Null)
+                std::mem::take(&mut entry)
             } else {
-                json!({"name": name, "type": "chunk", "chunkOffset": i as u64 * CHUNK})
+                TocEntry {
+                    name: name.to_owned(),
+                    kind: "chunk".to_owned(),
+                    chunk_offset: i as u64 * CHUNK,
+                    ..TocEntry::default()
+                }
             };
-            piece["offset"] = json!(start);
+            piece.offset = start;
             if chunked {
-                piece["chunkSize"] = json!(chunk_size(i));
-                piece["chunkDigest"] = json!(digest);
+                piece.chunk_size = chunk_size(i);
+                piece.chunk_digest = Some(digest.clone());
             }
             if self.layout == Layout::ZstdChunked && i == last {
                 // The file's frames end where its last chunk's frame does.
@@ -369,9 +371,12 @@ impl Toc {
         let all = std::mem::take(&mut self.cuts.borrow_mut().all);
         for (entry, start) in std::mem::take(&mut self.open_ends) {
             let end = all.get(all.partition_point(|&c| c <= start)).copied();
-            self.entries[entry]["endOffset"] = json!(end.expect("a file's frame ends"));
+            self.entries[entry].end_offset = end.expect("a file's frame ends");
         }
-        serde_json::to_vec(&json!({"version": 1, "entries": self.entries}))
-            .expect("a table serialises")
+        let toc = crate::crfs::Toc {
+            version: 1,
+            entries: self.entries,
+        };
+        serde_json::to_vec(&toc).expect("a table serialises")
     }
 }

@@ -18,16 +18,15 @@
 //! The manifest's digest pins the annotations, they pin the table, and the
 //! table pins every piece: nothing read lazily is taken on trust.
 
-use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::PathBuf;
 
 use base64::Engine;
 use layerfs_layers::lazy::{check_pieces, parse_digest, Entry, EntryKind, Piece};
 use oci_client::manifest::OciDescriptor;
-use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
+use crate::crfs::Toc;
 use crate::decompress::Compression;
 use crate::{Error, ErrorKind};
 
@@ -69,14 +68,6 @@ pub(crate) enum Format {
 }
 
 impl Format {
-    /// The name a lazy layer's source keeps.
-    pub(crate) fn name(&self) -> &'static str {
-        match self {
-            Format::Estargz { .. } => "estargz",
-            Format::ZstdChunked { .. } => "zstd:chunked",
-        }
-    }
-
     /// The lazy format `layer`'s descriptor announces, if any.
     pub(crate) fn of(layer: &OciDescriptor) -> Result<Option<Format>, Error> {
         let Some(notes) = &layer.annotations else {
@@ -188,35 +179,6 @@ fn pinned(bytes: &[u8], digest: &str, what: &str) -> Result<(), Error> {
             "its {what} does not match the digest {digest} its descriptor names"
         ))),
     }
-}
-
-#[derive(Deserialize)]
-struct Toc {
-    version: u32,
-    entries: Vec<TocEntry>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default, rename_all = "camelCase")]
-struct TocEntry {
-    name: String,
-    #[serde(rename = "type")]
-    kind: String,
-    size: u64,
-    modtime: Option<String>,
-    link_name: Option<String>,
-    mode: u64,
-    uid: u32,
-    gid: u32,
-    dev_major: u32,
-    dev_minor: u32,
-    xattrs: Option<BTreeMap<String, String>>,
-    digest: Option<String>,
-    offset: u64,
-    end_offset: u64,
-    chunk_offset: u64,
-    chunk_size: u64,
-    chunk_digest: Option<String>,
 }
 
 /// The tree `json` describes, each file's pieces where `format` puts them
