@@ -205,8 +205,8 @@ echo "-- the workspace daemon through FUSE: import, create, mount, commit, kill 
 check "daemon through FUSE" tests/daemon/fuse.sh target/release/layerfs
 echo "-- the daemon's mounts on its rings (--io-uring): twenty mounts, a kill -9, requests made meanwhile"
 check "daemon through FUSE over io_uring" tests/daemon/fuse.sh target/release/layerfs io-uring
-echo "-- 16 clients on workspaces of their own for 2 minutes, each step checked"
-check "daemon under many clients" tests/daemon/soak.sh target/release/layerfs 120 16
+echo "-- 16 clients on workspaces of their own for 90 s, each step checked"
+check "daemon under many clients" tests/daemon/soak.sh target/release/layerfs 90 16
 echo "-- the daemon as a service: the units, readiness, SIGUSR1's hand-over, SIGTERM"
 check "daemon as a service" tests/daemon/service.sh target/release/layerfs
 echo "-- the daemon killed at every step: 50 cycles of kill -9 under a writer and requests in flight"
@@ -247,7 +247,7 @@ if command -v qemu-system-x86_64 >/dev/null && command -v busybox >/dev/null; th
 	echo "-- the workspace daemon over NFS: a kill -9 under a writer and a restart"
 	check "kernel client daemon" kc --no-mount --workload tests/kernel/daemon.sh \
 		--server "exec $PWD/target/release/layerfs daemon --store /run/lfs-store --nfs-port 20490"
-	echo "-- the daemon killed at every step over NFS: 8 cycles (each about 50 s under TCG)"
+	echo "-- the daemon killed at every step over NFS: 6 cycles (each about 50 s under TCG)"
 	check "kernel client crash cycles" kc --no-mount --workload tests/kernel/crash.sh \
 		--server "exec $PWD/target/release/layerfs daemon --store /run/lfs-kc-store --nfs-port 20490"
 	echo "-- lazy pull over NFS: zstd:chunked and eStargz read at first read, a corrupted piece, a registry gone, ctr-remote's images"
