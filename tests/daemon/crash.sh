@@ -281,6 +281,7 @@ for cycle in $(seq "$cycles"); do
 	rm -f "$t/m/steady/w$cycle"
 done
 ((total_synced > 0)) || fail "the writers fsync'd nothing before the kills: nothing was checked"
+((answered > 0)) || fail "no request was answered in $cycles cycles: every one refused, none checked"
 # The digest check can fail: a file of a layer changed behind the store's back.
 echo changed >>"$LAYERFS_STORE/layers/$base/etc/f1"
 if out=$("$layerfs" layer check 2>&1); then fail "layer check passed a changed layer: $out"; fi
