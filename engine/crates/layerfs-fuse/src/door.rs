@@ -426,8 +426,13 @@ impl fuser::Filesystem for Door {
 }
 
 /// The attributes of `id`, open as `file` with no name left.
-fn held_attr(id: FileId, kept: &KeptFile) -> layerfs_vfs::Result<Attr> {
-    let mut attr = hostdir::host_attr(kept.host().as_fd())?;
+fn held_attr(id: FileId, file: &KeptFile) -> layerfs_vfs::Result<Attr> {
+    shown_held(id, file.host_attr()?)
+}
+
+/// What clients see of `id`, which has no name left, whose host file has
+/// `attr`.
+fn shown_held(id: FileId, mut attr: Attr) -> layerfs_vfs::Result<Attr> {
     attr.fileid = id;
     // A lower file of a stack still has its name in the layer.
     attr.nlink = 0;

@@ -21,7 +21,6 @@
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
-use std::sync::Arc;
 
 use fuser::FileHandle;
 use layerfs_vfs::{FileId, KeptFile};
@@ -265,12 +264,12 @@ impl<B> OpenFiles<B> {
 }
 
 impl<B: Send> layerfs_vfs::Holder for OpenFiles<B> {
-    fn keep(&self, id: FileId) -> Option<(Arc<OwnedFd>, bool)> {
+    fn keep(&self, id: FileId) -> Option<(KeptFile, bool)> {
         let mut holding = self.holding.lock();
         let holds = holding.get_mut(&id)?;
         let held = holds.held.as_ref()?;
         holds.kept_removed = true;
-        Some((held.file.host().clone(), held.write))
+        Some((held.file.clone(), held.write))
     }
 }
 
@@ -296,6 +295,7 @@ fn record<B: Registered>(table: &mut Option<OpenTable>, id: FileId, opens: &Open
 mod tests {
     use super::*;
     use std::os::fd::AsRawFd;
+    use std::sync::Arc;
 
     impl Registered for u32 {
         fn id(&self) -> u32 {
@@ -349,9 +349,15 @@ mod tests {
             let fd = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
             KeptFile::whole(Arc::new(fd))
         };
-        let held = |id| files.held(id).map(|h| (h.file.host().as_raw_fd(), h.write));
+        let held = |id| {
+            files
+                .held(id)
+                .map(|h| (h.file.whole_host().unwrap().as_raw_fd(), h.write))
+        };
         let hold = |held: Option<Held>| {
-            let seen = held.as_ref().map(|h| (h.file.host().as_raw_fd(), h.write));
+            let seen = held
+                .as_ref()
+                .map(|h| (h.file.whole_host().unwrap().as_raw_fd(), h.write));
             files.open(7, held, (), |_| None, |(), _| {});
             seen
         };

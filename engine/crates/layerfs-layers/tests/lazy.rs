@@ -625,6 +625,37 @@ fn a_kept_file_that_loses_its_name_reads_its_data() {
     assert!(got == img.files["data/over"], "the file renamed over");
 }
 
+/// A lazy layer's file never hands out its descriptor: the door can
+/// neither pass it through to the kernel nor change it, whether it was
+/// kept for an open or found again in the stack's caches; a file the same
+/// open then copies up is the upper's, whole, and is handed out.
+#[test]
+fn a_lazy_lower_file_never_hands_out_its_descriptor() {
+    use layerfs_vfs::HostFiles;
+    let t = tempfile::tempdir().unwrap();
+    let store = Store::open(&t.path().join("store")).unwrap();
+    const P: usize = 300 * 1024;
+    let img = image(&[("data/f", content(2 * P, 12))], P);
+    let (_, fs) = lazy_stack(&store, &img, &t.path().join("upper"));
+    let f = at(&fs, "data/f");
+    let root = Caller::root();
+    let lower = fs.file_to_keep(f, false).unwrap().unwrap();
+    assert!(lower.whole_host().is_none(), "a kept lower file");
+    let again = fs.file_to_keep(f, false).unwrap().unwrap();
+    assert!(again.is(&lower), "the stack's cache gives the same file");
+    assert!(again.whole_host().is_none(), "the cached lower file");
+    assert!(!fs.kept_is_host_file(f, &lower, false));
+    assert!(fs.host_file(&root, f, false).unwrap().is_none());
+    // Its attributes are still its own, without a byte fetched.
+    assert_eq!(lower.host_attr().unwrap().size, 2 * P as u64);
+    let upper = fs.file_to_keep(f, true).unwrap().unwrap();
+    assert!(upper.whole_host().is_some(), "the copy-up's file");
+    assert!(fs.kept_is_host_file(f, &upper, true));
+    let mut got = Vec::new();
+    upper.read(0, 3 * P, &mut got).unwrap();
+    assert!(got == img.files["data/f"], "the copy holds every byte");
+}
+
 /// `diff` compares an upper file with a lazy layer's through the fill: a
 /// file removed and made again with the same bytes differs in its times,
 /// not its data.

@@ -102,11 +102,62 @@ impl KeptFile {
         self.filled(0, len)
     }
 
-    /// The host descriptor, for the file's attributes, writes, syncs and a
-    /// link to it; never for its bytes, which come through the methods
-    /// above.
-    pub fn host(&self) -> &Arc<OwnedFd> {
-        &self.host
+    /// The host descriptor of a file that holds all its data (made by
+    /// [`KeptFile::whole`]): for writes, changes and a door's own reads of
+    /// it. `None` for a file read through a fill, whose descriptor is never
+    /// handed out: its bytes come only through the methods above.
+    pub fn whole_host(&self) -> Option<&Arc<OwnedFd>> {
+        match self.fill {
+            None => Some(&self.host),
+            Some(_) => None,
+        }
+    }
+
+    /// The file's attributes as the host has them.
+    pub fn host_attr(&self) -> Result<Attr> {
+        crate::hostdir::host_attr(self.host.as_fd())
+    }
+
+    /// The file's attributes as `stats` shows the export's files.
+    pub fn attr(&self, stats: &crate::hostdir::Stats) -> Result<Attr> {
+        stats.fd(self.host.as_fd())
+    }
+
+    /// Extended attribute `name`, read into `value`'s spare room.
+    pub fn get_xattr(&self, name: &std::ffi::OsStr, value: &mut Vec<u8>) -> Result<()> {
+        let room = rustix::buffer::spare_capacity(value);
+        rustix::fs::fgetxattr(&*self.host, name, room)?;
+        Ok(())
+    }
+
+    /// Writes what the host holds of the file to its disk (its data alone
+    /// with `data_only`).
+    pub fn sync(&self, data_only: bool) -> Result<()> {
+        match data_only {
+            true => crate::hostdir::sync_data(self.host.as_fd()),
+            false => crate::hostdir::sync_all(self.host.as_fd()),
+        }
+    }
+
+    /// Gives the file the new name `name` in `dir` (through /proc: linking
+    /// a descriptor itself needs `CAP_DAC_READ_SEARCH`, which a user's
+    /// daemon lacks).
+    pub fn link_into(&self, dir: BorrowedFd<'_>, name: &str) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let from = format!("/proc/self/fd/{}", self.host.as_raw_fd());
+        rustix::fs::linkat(
+            rustix::fs::CWD,
+            from,
+            dir,
+            name,
+            rustix::fs::AtFlags::SYMLINK_FOLLOW,
+        )?;
+        Ok(())
+    }
+
+    /// Whether `other` is this very open of the file (a clone of it).
+    pub fn is(&self, other: &KeptFile) -> bool {
+        Arc::ptr_eq(&self.host, &other.host)
     }
 }
 
@@ -127,7 +178,7 @@ pub trait Holder: Send + Sync {
     /// removed and the filesystem keeps it: the holder lets go of it at its
     /// last release ([`HostFiles::forget_removed`]). Asked in the middle of
     /// the removal: it must not call the filesystem.
-    fn keep(&self, id: FileId) -> Option<(Arc<OwnedFd>, bool)>;
+    fn keep(&self, id: FileId) -> Option<(KeptFile, bool)>;
 }
 
 /// A file whose last name was removed while a door's opens held it, kept
@@ -574,7 +625,7 @@ pub trait HostFiles {
     /// the door has checked itself: then the door hands the kernel the
     /// file it holds, and the host is asked nothing more. False where that
     /// is not known for sure without asking.
-    fn kept_is_host_file(&self, id: FileId, kept: &Arc<OwnedFd>, write: bool) -> bool {
+    fn kept_is_host_file(&self, id: FileId, kept: &KeptFile, write: bool) -> bool {
         let _ = (id, kept, write);
         false
     }

@@ -28,7 +28,7 @@ impl Door {
 
     pub(crate) fn getattr_as(&self, ino: INodeNo, reply: impl AttrAnswer) {
         let id = self.id(ino);
-        match self.or_held(id, false, self.fs.getattr(id), |file| held_attr(id, file)) {
+        match self.or_held(id, self.fs.getattr(id), |file| held_attr(id, file)) {
             Ok(a) => reply.attr(&self.caching.ttl(), &self.inos.attr(&a)),
             Err(e) => reply.error(errno(e)),
         }
@@ -57,9 +57,9 @@ impl Door {
             .and_then(|c| self.after(id, c.after));
         // A file with no name left is still changed through an open
         // (ftruncate, fchmod, the kernel's writeback setting times).
-        let result = self.or_held(id, true, result, |kept| {
-            let set = hostdir::check_setattr(&caller, &held_attr(id, kept)?, &set)?;
-            let file = kept.host();
+        let result = self.or_held_to_change(id, result, |file| {
+            let held = |file| shown_held(id, hostdir::host_attr(file)?);
+            let set = hostdir::check_setattr(&caller, &held(file)?, &set)?;
             if let Some(size) = set.size {
                 rustix::fs::ftruncate(file, size)?;
             }
@@ -73,7 +73,7 @@ impl Door {
             if let Some(times) = hostdir::timestamps(&set) {
                 rustix::fs::futimens(file, &times)?;
             }
-            held_attr(id, kept)
+            held(file)
         });
         match result {
             Ok(a) => reply.attr(&self.caching.ttl(), &self.inos.attr(&a)),

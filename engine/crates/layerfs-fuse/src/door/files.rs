@@ -10,7 +10,7 @@ impl Door {
         let caller = self.caller_of(who);
         let id = self.id(ino);
         // A file with no name left is opened again through /proc/PID/fd.
-        let attr = match self.or_held(id, false, self.fs.getattr(id), |kept| held_attr(id, kept)) {
+        let attr = match self.or_held(id, self.fs.getattr(id), |kept| held_attr(id, kept)) {
             Ok(a) => a,
             Err(e) => return reply.error(errno(e)),
         };
@@ -47,7 +47,7 @@ impl Door {
             let read = self
                 .fs
                 .read(&Caller::root(), id, offset, size as usize, buf);
-            let read = self.or_held(id, false, read, |kept| {
+            let read = self.or_held(id, read, |kept| {
                 buf.clear();
                 kept.read(offset, size as usize, buf)
             });
@@ -139,8 +139,8 @@ impl Door {
             .fs
             .write(&Caller::root(), id, offset, data, stable)
             .map(drop);
-        match self.or_held(id, true, written, |kept| {
-            hostdir::write_at(kept.host().as_fd(), offset, data, stable)
+        match self.or_held_to_change(id, written, |file| {
+            hostdir::write_at(file, offset, data, stable)
         }) {
             Ok(()) => reply.written(data.len() as u32),
             Err(e) => reply.error(errno(e)),
@@ -227,10 +227,7 @@ impl Door {
         let committed = self.fs.commit(id).map(drop);
         done(
             reply,
-            self.or_held(id, false, committed, |kept| match datasync {
-                true => hostdir::sync_data(kept.host().as_fd()),
-                false => hostdir::sync_all(kept.host().as_fd()),
-            }),
+            self.or_held(id, committed, |kept| kept.sync(datasync)),
         )
     }
 
@@ -254,8 +251,8 @@ impl Door {
         let done_here = self.fs.allocate(id, offset, length, how).map(drop);
         done(
             reply,
-            self.or_held(id, true, done_here, |kept| {
-                hostdir::allocate(kept.host().as_fd(), offset, length, how)
+            self.or_held_to_change(id, done_here, |file| {
+                hostdir::allocate(file, offset, length, how)
             }),
         )
     }

@@ -2,6 +2,8 @@
 //! through a host file registered with it, and the privilege a user's
 //! door lets go of to hold one.
 
+use std::os::fd::BorrowedFd;
+
 use super::*;
 
 /// Open flags beside FOPEN_PASSTHROUGH: the kernel writes the host file
@@ -28,8 +30,8 @@ impl Door {
         let device = self.device.get()?;
         let files = self.fs.host_files()?;
         let fd = match kept {
-            Some(kept) if files.kept_is_host_file(attr.fileid, kept.host(), write) => {
-                kept.host().clone()
+            Some(kept) if files.kept_is_host_file(attr.fileid, kept, write) => {
+                kept.whole_host()?.clone()
             }
             _ => files.host_file(caller, attr.fileid, write).ok()??,
         };
@@ -50,7 +52,7 @@ impl Door {
     /// write by a caller without `CAP_FSETID` does before it writes; says
     /// whether there were any.
     pub(super) fn drop_privilege(&self, id: FileId) -> layerfs_vfs::Result<bool> {
-        let attr = self.or_held(id, false, self.fs.getattr(id), |kept| held_attr(id, kept))?;
+        let attr = self.or_held(id, self.fs.getattr(id), |kept| held_attr(id, kept))?;
         let Some(mode) = hostdir::mode_without_privilege(&attr) else {
             return Ok(false);
         };
@@ -59,8 +61,8 @@ impl Door {
             ..SetAttr::default()
         };
         let changed = self.fs.setattr(&Caller::root(), id, &set, None).map(drop);
-        self.or_held(id, true, changed, |kept| {
-            Ok(rustix::fs::fchmod(kept.host(), hostdir::permissions(mode))?)
+        self.or_held_to_change(id, changed, |file| {
+            Ok(rustix::fs::fchmod(file, hostdir::permissions(mode))?)
         })?;
         Ok(true)
     }
@@ -81,18 +83,34 @@ impl Door {
 
     /// `result`, unless it is `Stale` for a file still open: the file lost
     /// its last name while a process held it, and `on_held` answers from the
-    /// host file its opens hold, as a local filesystem would. A change
-    /// (`write`) needs a file taken for writing.
+    /// host file its opens hold, as a local filesystem would.
     pub(super) fn or_held<T>(
         &self,
         id: FileId,
-        write: bool,
         result: layerfs_vfs::Result<T>,
         on_held: impl FnOnce(&KeptFile) -> layerfs_vfs::Result<T>,
     ) -> layerfs_vfs::Result<T> {
         match result {
-            Err(Error::Stale) => match self.opens.held(id).filter(|h| h.write || !write) {
+            Err(Error::Stale) => match self.opens.held(id) {
                 Some(held) => on_held(&held.file),
+                None => Err(Error::Stale),
+            },
+            other => other,
+        }
+    }
+
+    /// [`or_held`](Self::or_held) for a change, made through the held
+    /// file's descriptor: there is one only for a file taken for writing
+    /// (the upper's, which holds all its data).
+    pub(super) fn or_held_to_change<T>(
+        &self,
+        id: FileId,
+        result: layerfs_vfs::Result<T>,
+        on_held: impl FnOnce(BorrowedFd<'_>) -> layerfs_vfs::Result<T>,
+    ) -> layerfs_vfs::Result<T> {
+        match result {
+            Err(Error::Stale) => match self.opens.held(id).filter(|h| h.write) {
+                Some(held) => on_held(held.file.whole_host().ok_or(Error::RoFs)?.as_fd()),
                 None => Err(Error::Stale),
             },
             other => other,

@@ -33,13 +33,12 @@ use parking_lot::Mutex;
 use rustc_hash::FxBuildHasher;
 use std::collections::HashMap;
 use std::hash::Hash;
-use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use layerfs_vfs::bounded::BoundedMap;
 use layerfs_vfs::hostdir;
-use layerfs_vfs::{Attr, FileId, Name};
+use layerfs_vfs::{Attr, FileId, KeptFile, Name};
 
 use super::merge::{Found, Listed, UPPER};
 
@@ -142,9 +141,9 @@ impl<K: Hash + Eq, V: Clone> Kept<K, V> {
 /// copy-up) or the generation of layers moves: the id names this file, with
 /// this generation, for as long as it is kept.
 #[derive(Clone)]
-struct KeptFile {
+struct OpenFile {
     layer: usize,
-    fd: Arc<OwnedFd>,
+    file: KeptFile,
     generation: u64,
 }
 
@@ -170,7 +169,7 @@ pub struct Caches {
     listed_reads: Kept<FileId, usize>,
     /// Open files: the layer each was opened in, its descriptor, and the
     /// generation clients see it with.
-    files: Kept<FileId, KeptFile>,
+    files: Kept<FileId, OpenFile>,
     /// Per layer tag, read once: lower layers never change.
     links: Mutex<HashMap<u16, Arc<LinkIndex>>>,
     /// Attributes of files listed in a lower layer, so that listing a
@@ -306,25 +305,25 @@ impl Caches {
         self.listed_reads.insert(dir, stamp, reads);
     }
 
-    pub fn file(&self, id: FileId, generation: u64) -> Option<(usize, Arc<OwnedFd>)> {
+    pub fn file(&self, id: FileId, generation: u64) -> Option<(usize, KeptFile)> {
         self.files
             .get(&id, |s| s.generation == generation)
-            .map(|f| (f.layer, f.fd))
+            .map(|f| (f.layer, f.file))
     }
 
-    /// Keeps `fd`, `id` open in `layer`, which clients see with
+    /// Keeps `file`, `id` open in `layer`, which clients see with
     /// `file_generation`.
     pub fn keep_file(
         &self,
         id: FileId,
         stamp: Stamp,
         layer: usize,
-        fd: Arc<OwnedFd>,
+        file: KeptFile,
         file_generation: u64,
     ) {
-        let file = KeptFile {
+        let file = OpenFile {
             layer,
-            fd,
+            file,
             generation: file_generation,
         };
         self.files.insert(id, stamp, file);

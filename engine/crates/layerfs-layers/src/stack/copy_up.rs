@@ -23,7 +23,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use layerfs_vfs::hostdir::{self, Host};
-use layerfs_vfs::{Attr, Error, FileId, FileKind, Result, SetAttr, SetTime};
+use layerfs_vfs::{Attr, Error, FileId, FileKind, KeptFile, Result, SetAttr, SetTime};
 use rustix::fs::{AtFlags, Mode, OFlags};
 
 use super::inodes::Origin;
@@ -166,7 +166,7 @@ impl Changing<'_> {
         let (copy, open) = match found.kind() {
             // Through descriptors: no path walked after the two opens.
             FileKind::Regular => {
-                let src = hostdir::open_regular(found.parent.as_fd(), src_name, OFlags::RDONLY)?;
+                let src = self.tree.open_lower(found.parent.as_fd(), src_name)?;
                 let dst = rustix::fs::openat(
                     work,
                     tmp,
@@ -178,8 +178,8 @@ impl Changing<'_> {
                 // the owner, either of which would drop a file capability,
                 // and before the mode, which may take away the write
                 // permission a server that is not root sets them with.
-                let kept = xattrs::served_by(src.as_fd())?;
-                self.copy_data(src, &dst, found.host.size)?;
+                let kept = xattrs::served(found.parent.as_fd(), src_name.as_bytes())?;
+                self.copy_data(&src, &dst, found.host.size)?;
                 give_owner(host, dst.as_fd(), &copy, &found.host)?;
                 xattrs::set_on(dst.as_fd(), kept)?;
                 give_mode_times(dst.as_fd(), &found.host)?;
@@ -295,8 +295,7 @@ impl Changing<'_> {
 
     /// [`copy_data`] of a lower file of `size` bytes, with no clone tried
     /// once the upper's filesystem has refused one.
-    fn copy_data(&self, src: OwnedFd, dst: &OwnedFd, size: u64) -> Result<()> {
-        let src = self.tree.bytes_of(Arc::new(src));
+    fn copy_data(&self, src: &KeptFile, dst: &OwnedFd, size: u64) -> Result<()> {
         let src = src.all_in(size)?;
         #[cfg(target_os = "linux")]
         if !self.upper.unsynced.no_clone.load(Relaxed) {

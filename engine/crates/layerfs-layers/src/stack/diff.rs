@@ -12,8 +12,7 @@
 //! never show.
 
 use std::ffi::CString;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::Arc;
+use std::os::fd::{AsFd, BorrowedFd};
 
 use layerfs_vfs::hostdir::{self, cstr};
 use layerfs_vfs::{Attr, FileKind, Result};
@@ -245,10 +244,8 @@ fn same_bytes(
     b_dir: BorrowedFd<'_>,
     b: &CString,
 ) -> Result<bool> {
-    let open = |dir, name| -> Result<OwnedFd> {
-        hostdir::open_regular(dir, name, rustix::fs::OFlags::RDONLY)
-    };
-    let (a, b) = (open(a_dir, a)?, tree.bytes_of(Arc::new(open(b_dir, b)?)));
+    let a = hostdir::open_regular(a_dir, a, rustix::fs::OFlags::RDONLY)?;
+    let b = tree.open_lower(b_dir, b)?;
     let (mut x, mut y) = (vec![0u8; 64 << 10], vec![0u8; 64 << 10]);
     let mut offset = 0;
     loop {

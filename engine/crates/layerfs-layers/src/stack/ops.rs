@@ -67,14 +67,26 @@ impl StackFs {
         id: FileId,
         write: bool,
         allowed: impl Fn(&Attr) -> Result<()>,
-    ) -> Result<(Arc<OwnedFd>, Attr)> {
+    ) -> Result<(KeptFile, Attr)> {
         match self.open_host_file(layers, id, write, allowed)? {
-            (fd, Some(attr)) => Ok((fd, attr)),
-            (fd, None) => {
-                let host = layers.all[UPPER].host.stats.fd(fd.as_fd())?;
-                Ok((fd, self.tree.shown(layers, UPPER, host)?))
+            (file, Some(attr)) => Ok((file, attr)),
+            (file, None) => {
+                let host = file.attr(&layers.all[UPPER].host.stats)?;
+                Ok((file, self.tree.shown(layers, UPPER, host)?))
             }
         }
+    }
+
+    /// [`open_file`](Self::open_file) for writing: the upper's file (a
+    /// copy-up's), whose descriptor the change is made through.
+    fn open_to_change(
+        &self,
+        layers: &Layers,
+        id: FileId,
+        allowed: impl Fn(&Attr) -> Result<()>,
+    ) -> Result<(Arc<OwnedFd>, Attr)> {
+        let (file, attr) = self.open_file(layers, id, true, allowed)?;
+        Ok((upper_host(&file)?.clone(), attr))
     }
 
     /// [`open_file`](Self::open_file) for a caller that may not need the
@@ -86,10 +98,10 @@ impl StackFs {
         id: FileId,
         write: bool,
         allowed: impl Fn(&Attr) -> Result<()>,
-    ) -> Result<(Arc<OwnedFd>, Option<Attr>)> {
+    ) -> Result<(KeptFile, Option<Attr>)> {
         if let Some((layer, fd)) = self.tree.caches.file(id, layers.generation) {
             if layer == UPPER || !write {
-                let host = layers.all[layer].host.stats.fd(fd.as_fd())?;
+                let host = fd.attr(&layers.all[layer].host.stats)?;
                 // No name leads to it any more (removed on the host behind
                 // the workspace): it is looked for, and is most likely gone.
                 if host.nlink > 0 {
@@ -113,7 +125,7 @@ impl StackFs {
         if write && f.layer != UPPER {
             // The copy, open already.
             if let Some(fd) = self.changing(layers).copy_up_open(id)? {
-                let fd = Arc::new(fd);
+                let fd = upper_file(fd);
                 // The copy is known by the id and generation of the file it
                 // copies (its identity, noted by the copy-up).
                 let stamp = self.tree.caches.stamp(layers.generation);
@@ -126,10 +138,10 @@ impl StackFs {
         }
         // A lower file is only read: never open for writing, which would
         // also keep the host from running it (ETXTBSY).
-        let fd = Arc::new(match f.layer {
-            UPPER => hostdir::open_file(f.parent.as_fd(), &f.name)?,
-            _ => hostdir::open_regular(f.parent.as_fd(), &f.name, rustix::fs::OFlags::RDONLY)?,
-        });
+        let fd = match f.layer {
+            UPPER => upper_file(hostdir::open_file(f.parent.as_fd(), &f.name)?),
+            _ => self.tree.open_lower(f.parent.as_fd(), &f.name)?,
+        };
         let stamp = self.tree.caches.stamp(layers.generation);
         self.tree
             .caches
@@ -151,13 +163,12 @@ impl StackFs {
 
     fn readable(&self, layers: &Layers, caller: &Caller, id: FileId) -> Result<(KeptFile, Attr)> {
         // The owner may read its own file whatever the mode, as in LocalFs.
-        let (file, attr) = self.open_file(layers, id, false, |attr| {
+        self.open_file(layers, id, false, |attr| {
             if !access::owner_may(attr, caller, Perm::READ) {
                 return Err(Error::Access);
             }
             Ok(())
-        })?;
-        Ok((self.tree.bytes_of(file), attr))
+        })
     }
 
     /// Directory `dir` and its entry `name`, which `caller` may remove or
@@ -303,7 +314,7 @@ impl Filesystem for StackFs {
     ) -> Result<(Change, Stability)> {
         let layers = self.tree.read_layers();
         let _changing = self.upper.lock_stripe(id);
-        let (fd, before) = self.open_file(&layers, id, true, |attr| {
+        let (fd, before) = self.open_to_change(&layers, id, |attr| {
             if !access::owner_may(attr, caller, Perm::WRITE) {
                 return Err(Error::Access);
             }
@@ -331,7 +342,7 @@ impl Filesystem for StackFs {
     fn allocate(&self, id: FileId, offset: u64, len: u64, how: Allocate) -> Result<Change> {
         let layers = self.tree.read_layers();
         let _changing = self.upper.lock_stripe(id);
-        let (fd, before) = self.open_file(&layers, id, true, |_| Ok(()))?;
+        let (fd, before) = self.open_to_change(&layers, id, |_| Ok(()))?;
         if how == Allocate::Extend {
             let end = offset.saturating_add(len);
             self.upper
@@ -358,7 +369,7 @@ impl Filesystem for StackFs {
             }
             other => other?,
         };
-        hostdir::sync_all(fd.as_fd())?;
+        fd.sync(false)?;
         self.make_durable()?;
         Ok(change(&before, Some(before)))
     }
@@ -426,7 +437,7 @@ impl Filesystem for StackFs {
         match made {
             Some(file) => {
                 let stamp = self.tree.caches.stamp(layers.generation);
-                let file = Arc::new(file);
+                let file = upper_file(file);
                 self.tree
                     .caches
                     .keep_file(attr.fileid, stamp, UPPER, file, attr.generation);
@@ -817,24 +828,24 @@ impl HostFiles for StackFs {
         } else {
             Perm::READ
         };
-        let (fd, _) = self.open_host_file(&layers, id, write, |attr| {
+        let (file, _) = self.open_host_file(&layers, id, write, |attr| {
             if !access::permits(attr, caller, want) {
                 return Err(Error::Access);
             }
             Ok(())
         })?;
-        Ok(Some(fd))
+        Ok(Some(upper_host(&file)?.clone()))
     }
 
     /// While `kept` is still the file's descriptor kept here, in the upper,
     /// and writes are not counted: a copy-up or removal since
     /// [`file_to_keep`](HostFiles::file_to_keep) dropped it.
-    fn kept_is_host_file(&self, id: FileId, kept: &Arc<OwnedFd>, write: bool) -> bool {
+    fn kept_is_host_file(&self, id: FileId, kept: &KeptFile, write: bool) -> bool {
         if write && self.upper.quota.counts_writes() {
             return false;
         }
         let generation = self.tree.current().generation;
-        matches!(self.tree.caches.file(id, generation), Some((UPPER, fd)) if Arc::ptr_eq(&fd, kept))
+        matches!(self.tree.caches.file(id, generation), Some((UPPER, file)) if file.is(kept))
     }
 
     /// A lower file is read through the fill of the store's lazy layers.
@@ -842,14 +853,14 @@ impl HostFiles for StackFs {
         let layers = self.tree.current();
         // The door's open has just found the file: a descriptor kept for it
         // is taken without asking the host again (one stat per open less).
-        if let Some((layer, fd)) = self.tree.caches.file(id, layers.generation) {
+        if let Some((layer, file)) = self.tree.caches.file(id, layers.generation) {
             if layer == UPPER || !write {
-                return Ok(Some(self.tree.kept(fd, layer == UPPER)));
+                return Ok(Some(file));
             }
         }
         // For writing, the upper's (a copy-up's); for reading, either.
-        let (fd, _) = self.open_host_file(&layers, id, write, |_| Ok(()))?;
-        Ok(Some(self.tree.kept(fd, write)))
+        let (file, _) = self.open_host_file(&layers, id, write, |_| Ok(()))?;
+        Ok(Some(file))
     }
 
     /// Linked under the state directory, in `removed/`.
@@ -885,4 +896,16 @@ fn link_at(src_dir: BorrowedFd<'_>, src: &CStr, dir: BorrowedFd<'_>, name: &CStr
         name,
         AtFlags::empty(),
     )?)
+}
+
+/// File `fd` of the upper, which holds all its data (a copy-up brings
+/// every byte in first).
+fn upper_file(fd: OwnedFd) -> KeptFile {
+    KeptFile::whole(Arc::new(fd))
+}
+
+/// The descriptor of `file`, open in the upper: what a change is made
+/// through. A lower file (read through a fill, never changed) has none.
+fn upper_host(file: &KeptFile) -> Result<&Arc<OwnedFd>> {
+    file.whole_host().ok_or(Error::RoFs)
 }

@@ -18,13 +18,13 @@
 //! the kernel's opens do not outlive the host.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::sync::Arc;
 
 use layerfs_vfs::{Attr, FileId, FileKind, Holder, KeptFile, RemovedFile};
 use parking_lot::RwLock;
-use rustix::fs::{AtFlags, Mode, OFlags, CWD};
+use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 
 /// The suffix of a file held only for reading.
@@ -74,7 +74,7 @@ impl Removed {
         let Some((file, write)) = holder.keep(attr.fileid) else {
             return;
         };
-        if let Err(e) = self.keep(attr.fileid, file.as_fd(), write) {
+        if let Err(e) = self.keep(attr.fileid, &file, write) {
             tracing::warn!(
                 "file {}, open and losing its last name, is not kept for a next server \
                  ({e}): after a restart its opens are stale",
@@ -85,19 +85,9 @@ impl Removed {
 
     /// Links `file`, open for the opens of `id`, here; a link left for the
     /// same id by a removal that failed is replaced.
-    pub fn keep(&self, id: FileId, file: BorrowedFd<'_>, write: bool) -> io::Result<()> {
+    pub fn keep(&self, id: FileId, file: &KeptFile, write: bool) -> io::Result<()> {
         self.forget(id)?;
-        // Through /proc: linking a descriptor itself (AT_EMPTY_PATH) needs
-        // CAP_DAC_READ_SEARCH, which a user's daemon lacks.
-        let from = format!("/proc/self/fd/{}", file.as_raw_fd());
-        rustix::fs::linkat(
-            CWD,
-            from,
-            &self.dir,
-            name(id, write),
-            AtFlags::SYMLINK_FOLLOW,
-        )?;
-        Ok(())
+        file.link_into(self.dir.as_fd(), &name(id, write))
     }
 
     /// Every file kept here, opened again and made a [`KeptFile`] by
@@ -169,9 +159,13 @@ mod tests {
     use super::*;
 
     fn file_of(kept: KeptFile) -> std::fs::File {
-        std::fs::File::from(kept.host().try_clone().unwrap())
+        std::fs::File::from(kept.whole_host().unwrap().try_clone().unwrap())
     }
     use std::io::{Read, Seek, Write};
+
+    fn kept(file: &std::fs::File) -> KeptFile {
+        KeptFile::whole(Arc::new(file.try_clone().unwrap().into()))
+    }
 
     fn removed_file(dir: &Path, name: &str, bytes: &[u8]) -> std::fs::File {
         let path = dir.join(name);
@@ -199,8 +193,8 @@ mod tests {
         let removed = Removed::open(dir.path()).unwrap();
         let written = removed_file(dir.path(), "written", b"w");
         let read = removed_file(dir.path(), "read", b"r");
-        removed.keep(7, written.as_fd(), true).unwrap();
-        removed.keep(8, read.as_fd(), false).unwrap();
+        removed.keep(7, &kept(&written), true).unwrap();
+        removed.keep(8, &kept(&read), false).unwrap();
         std::fs::remove_file(dir.path().join("written")).unwrap();
         std::fs::remove_file(dir.path().join("read")).unwrap();
         drop((written, read));
@@ -242,8 +236,8 @@ mod tests {
         let removed = Removed::open(dir.path()).unwrap();
         let first = removed_file(dir.path(), "first", b"first");
         let second = removed_file(dir.path(), "second", b"second");
-        removed.keep(3, first.as_fd(), false).unwrap();
-        removed.keep(3, second.as_fd(), true).unwrap();
+        removed.keep(3, &kept(&first), false).unwrap();
+        removed.keep(3, &kept(&second), true).unwrap();
         std::fs::write(dir.path().join("removed/not-an-id"), b"").unwrap();
         let kept = removed.kept(|fd, _| KeptFile::whole(fd)).unwrap();
         assert_eq!(kept.len(), 1);

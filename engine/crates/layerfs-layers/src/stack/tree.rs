@@ -7,7 +7,7 @@
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::collections::VecDeque;
 use std::ffi::CStr;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -54,17 +54,19 @@ impl Tree {
         }
     }
 
-    /// Host file `fd` of the stack (a lower layer's or the upper's), whose
-    /// bytes are read only through what this gives: where the stack has
-    /// lazy layers, a read first brings in what it needs of a file still
-    /// waiting for data ([`crate::lazy`]), or fails with EIO.
-    pub fn bytes_of(&self, fd: Arc<OwnedFd>) -> KeptFile {
-        self.kept(fd, false)
+    /// Lower file `name` in `dir`, opened for reading: the one way the
+    /// stack opens a lower layer's file, so its bytes are read only through
+    /// the [`KeptFile`] this gives. Where the stack has lazy layers, a read
+    /// first brings in what it needs of a file still waiting for data
+    /// ([`crate::lazy`]), or fails with EIO.
+    pub fn open_lower(&self, dir: BorrowedFd<'_>, name: &CStr) -> Result<KeptFile> {
+        let fd = hostdir::open_regular(dir, name, rustix::fs::OFlags::RDONLY)?;
+        Ok(self.kept(Arc::new(fd), false))
     }
 
-    /// The file `fd` for a door to keep: one that may be a lower layer's
-    /// (not `in_upper`) is read through the fill of the store's lazy
-    /// layers, where the stack has any.
+    /// Host file `fd`, open in the upper (`in_upper`, which holds all its
+    /// data: a copy-up brings every byte in first) or in a lower layer: for
+    /// a file kept across a restart, which is no longer found by name.
     pub fn kept(&self, fd: Arc<OwnedFd>, in_upper: bool) -> KeptFile {
         match &self.lazy {
             Some(lazy) if !in_upper => KeptFile::filled_by(fd, lazy.clone()),

@@ -47,11 +47,6 @@ pub(super) fn served(dir: BorrowedFd<'_>, name: &[u8]) -> Result<Xattrs> {
     Ok(xattrs::read(On::Path(path), serves)?)
 }
 
-/// The attributes a workspace serves of the open file `fd`, sorted by name.
-pub(super) fn served_by(fd: BorrowedFd<'_>) -> Result<Xattrs> {
-    Ok(xattrs::read(On::Fd(fd), serves)?)
-}
-
 /// Copies the attributes a workspace serves of `from_name` in `from` to
 /// `to_name` in `to`: a copy-up keeps them.
 pub(super) fn copy(
@@ -109,12 +104,16 @@ impl StackFs {
         // for `security.capability` before the first write through each
         // open, and then the file is open here.
         match self.tree.caches.file(id, layers.generation) {
-            Some((_, fd)) => rustix::fs::fgetxattr(&*fd, name, spare_capacity(&mut value))?,
+            Some((_, file)) => file.get_xattr(name, &mut value)?,
             None => {
                 let found = self.tree.found(layers, id)?;
-                rustix::fs::lgetxattr(path_of(&found).as_c_str(), name, spare_capacity(&mut value))?
+                rustix::fs::lgetxattr(
+                    path_of(&found).as_c_str(),
+                    name,
+                    spare_capacity(&mut value),
+                )?;
             }
-        };
+        }
         Ok(value)
     }
 
