@@ -201,10 +201,14 @@ echo "-- read-only directories under a door and a daemon run by a user"
 check "FUSE read-only directories" tests/fuse/readonly.sh target/release/layerfs
 echo "-- git, make, sqlite3, mmap, flock and tar through the door, as root and as a user"
 check "programs through FUSE" tests/fuse/programs.sh target/release/layerfs
-echo "-- the workspace daemon through FUSE: import, create, mount, commit, kill -9, restart"
+echo "-- the workspace daemon through FUSE: import, create, mount, reset, a size limit, commit"
 check "daemon through FUSE" tests/daemon/fuse.sh target/release/layerfs
 echo "-- the daemon's mounts on its rings (--io-uring): twenty mounts, a kill -9, requests made meanwhile"
 check "daemon through FUSE over io_uring" tests/daemon/fuse.sh target/release/layerfs io-uring
+echo "-- the daemon killed -9 under a reader, a writer and held files; an upgrade; SIGTERM"
+check "daemon's takeovers through FUSE" tests/daemon/takeover.sh target/release/layerfs
+echo "-- layerfs demo, and a user's own daemon through fusermount3"
+check "demo and a user's daemon" tests/daemon/user.sh target/release/layerfs
 echo "-- 16 clients on workspaces of their own for 90 s, each step checked"
 check "daemon under many clients" tests/daemon/soak.sh target/release/layerfs 90 16
 echo "-- the daemon as a service: the units, readiness, SIGUSR1's hand-over, SIGTERM"

@@ -27,7 +27,7 @@ layerfs=$(realpath "$1")
 cycles=${2:-50}
 seed=${3:-$RANDOM}
 here=$(cd "$(dirname "$0")" && pwd)
-source "$here/../skip.sh"
+source "$here/../lib.sh"
 door=${LAYERFS_CRASH_DOOR:-fuse}
 if [[ $(id -u) != 0 || ($door == fuse && ! -c /dev/fuse) ]]; then
 	skip_or_fail "the daemon killed at every step ($door)" "needs root, and /dev/fuse for FUSE"
@@ -44,7 +44,7 @@ cleanup() {
 	[[ -n $writer ]] && kill "$writer" 2>/dev/null
 	[[ -n $daemon ]] && kill -TERM "$daemon" 2>/dev/null && wait "$daemon" || true
 	[[ -n $registry ]] && kill "$registry" 2>/dev/null
-	for m in $(awk -v t="$t/" 'index($2, t) == 1 {print $2}' /proc/mounts); do umount -l "$m"; done
+	unmount_under "$t"
 	pkill -f "layerfs keeper --store $t/" 2>/dev/null || true
 	rm -rf "$t"
 }
@@ -53,13 +53,6 @@ fail() {
 	echo "FAILED (seed $seed, cycle ${cycle:-0}): $*"
 	[[ -f $t/daemon.log ]] && tail -20 "$t/daemon.log"
 	exit 1
-}
-start_daemon() {
-	coproc DAEMON { exec "$layerfs" daemon 2>>"$t/daemon.log"; }
-	daemon=$DAEMON_PID
-	local ready
-	read -r -t 60 ready <&"${DAEMON[0]}" || fail "the daemon never said it was ready"
-	[[ $ready == "layerfs daemon ready"* ]] || fail "first line: $ready"
 }
 json() { "$layerfs" --json "$@"; }
 

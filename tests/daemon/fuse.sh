@@ -6,32 +6,25 @@
 # long commit of another workspace beside
 # other requests, commit (also while programs write: one moment), make a
 # second workspace from the commit and see the changes there; twenty more
-# mounts within their memory and threads; kill -9 the daemon under a
-# reader, a writer and ls and start it again (the mount stays, and none of
-# them sees an error), and across that and an upgrade, files held open
-# (read, write, append, a shared mapping, one whose name was removed) used,
-# opened again while held, and opened, written and copied up once closed
-# (tests/daemon/held.py), the removed one let go of after its release;
-# SIGTERM leaves no mount and no keeper; the demo; a user who is not root,
-# whose daemon is killed under a writer too.
+# mounts within their memory and threads. The daemon's kills, upgrade and
+# SIGTERM are tests/daemon/takeover.sh; the demo and a user's daemon,
+# tests/daemon/user.sh.
 # With io-uring, the daemon runs with --io-uring and the fuse module's
-# enable_uring set (put back after): the steps up to the twenty mounts go
-# through its rings, whose log must show requests given to them; then a
-# kill -9 with the mounts idle, requests made while no daemon runs, and the
-# next daemon answering them through the rings. (A daemon killed while a
-# ring holds a request leaves it unanswered: the kernel resends only what
-# was read from /dev/fuse; `layerfs daemon --help` says so.)
+# enable_uring set (put back after): every step goes through its rings,
+# whose log must show requests given to them; then a kill -9 with the
+# mounts idle, requests made while no daemon runs, and the next daemon
+# answering them through the rings. (A daemon killed while a ring holds a
+# request leaves it unanswered: the kernel resends only what was read from
+# /dev/fuse; `layerfs daemon --help` says so.)
 # Needs root and /dev/fuse; says SKIPPED without them (tests/skip.sh).
 # usage: tests/daemon/fuse.sh LAYERFS [io-uring]
 set -euo pipefail
 layerfs=$(realpath "$1")
-route=${2:-dev-fuse}
-source "$(dirname "$0")/../skip.sh"
+source "$(dirname "$0")/../lib.sh"
 source "$(dirname "$0")/../fusectl.sh"
-if [[ ! -c /dev/fuse || $(id -u) != 0 ]]; then
-	skip_or_fail "the daemon through FUSE" "needs root and /dev/fuse"
-	exit 0
-fi
+source "$(dirname "$0")/lib.sh"
+route=${2:-dev-fuse}
+daemon_scratch "the daemon through FUSE"
 uring_param=/sys/module/fuse/parameters/enable_uring uring_was=
 daemon_flags=()
 case $route in
@@ -50,129 +43,11 @@ io-uring)
 	exit 2
 	;;
 esac
-t=$(mktemp -d /tmp/layerfs-daemon.XXXXXX)
-export LAYERFS_STORE=$t/store XDG_RUNTIME_DIR=$t/run
-mkdir -m 700 "$t/run"
-daemon= lister=
-cleanup() {
-	[[ -n $lister ]] && kill "$lister" 2>/dev/null
-	[[ -n $holder ]] && kill "$holder" 2>/dev/null
-	[[ -n $daemon ]] && kill -TERM "$daemon" 2>/dev/null && wait "$daemon" || true
-	[[ -n ${NOBODY_PID:-} ]] && kill -TERM "$NOBODY_PID" 2>/dev/null || true
-	for m in $(awk -v t="$t/" 'index($2, t) == 1 {print $2}' /proc/mounts); do umount -l "$m"; done
-	# A keeper left by a step that failed holds sessions no daemon serves:
-	# a process waiting on one would wait for ever.
-	pkill -f "layerfs keeper --store $t/" 2>/dev/null || true
-	fuse_errors stop
-	rm -rf "$t"
-	if [[ -n $uring_was ]]; then echo "$uring_was" >"$uring_param"; fi
-}
-trap cleanup EXIT
-step() { printf '== %s\n' "$*"; }
-fail() { echo "FAILED: $*"; [[ -f $t/daemon.log ]] && tail -20 "$t/daemon.log"; exit 1; }
-mounted() { awk -v m="$1" '$2 == m {f=1} END {exit !f}' /proc/mounts; }
-# refused WHAT COMMAND...: COMMAND fails, and what it says holds WHAT (a
-# failure for another reason is no refusal).
-refused() {
-	local what=$1 err
-	shift
-	if err=$("$@" 2>&1 >/dev/null); then fail "$* succeeded"; fi
-	[[ $err == *"$what"* ]] || fail "$*: '$err' does not say '$what'"
-}
-# The STATE column of workspace $1 in `layerfs ls` (empty if ls fails).
-state_of() { "$layerfs" ls | awk -v n="$1" '$1 == n {print $3}'; }
-# fuse_errors start|show|stop: the kernel's FUSE requests that ended in an
-# error (but ENOSYS and ENODATA, which the door gives as answers), from its
-# tracepoints where tracefs has them: what a failure below needs to be
-# understood.
-tracing=/sys/kernel/tracing tracefs_mounted=
-fuse_errors() {
-	local end=$tracing/events/fuse/fuse_request_end
-	case $1 in
-	start)
-		if [[ ! -d $tracing/events ]] && grep -qw tracefs /proc/filesystems; then
-			mount -t tracefs nodev "$tracing" && tracefs_mounted=1
-		fi
-		[[ -d $end ]] || return 0
-		echo 0 >"$tracing/tracing_on"
-		echo >"$tracing/trace"
-		echo 'error != 0 && error != -38 && error != -61' >"$end/filter"
-		echo 1 >"$end/enable"
-		echo 1 >"$tracing/events/fuse/fuse_request_send/enable"
-		echo 1 >"$tracing/tracing_on"
-		;;
-	show)
-		[[ -d $end ]] || return 0
-		local failed
-		failed=$(awk '/fuse_request_end/ {for (i = 1; i <= NF; i++) if ($i == "req") print $(i + 1)}' "$tracing/trace")
-		echo "FUSE requests that failed (tracefs):"
-		for u in $failed; do grep -E "req $u( |$)" "$tracing/trace" | sed 's/^ */   /'; done
-		fuse_errors stop
-		;;
-	stop)
-		[[ -d $end ]] || return 0
-		echo 0 >"$end/enable"
-		echo 0 >"$tracing/events/fuse/fuse_request_send/enable"
-		echo 0 >"$end/filter"
-		echo >"$tracing/trace"
-		if [[ -n $tracefs_mounted ]]; then umount "$tracing" && tracefs_mounted=; fi
-		;;
-	esac
-}
-start_daemon() {
-	coproc DAEMON { exec "$layerfs" daemon "${daemon_flags[@]}" 2>>"$t/daemon.log"; }
-	daemon=$DAEMON_PID
-	local ready
-	read -r -t 30 ready <&"${DAEMON[0]}" || fail "the daemon never said it was ready"
-	[[ $ready == "layerfs daemon ready"* ]] || fail "first line: $ready"
-}
-check() { # check FILE CONTENT
-	[[ $(cat "$1") == "$2" ]] || fail "$1 holds '$(cat "$1" 2>&1)', not '$2'"
-}
-# hold DIR LOWER [RUNAS...]: files held open in DIR (tests/daemon/held.py),
-# in a process of their own, so that no daemon started meanwhile inherits
-# them; `held_go` lets it go on and waits for its verdict.
-holder=
-hold() {
-	local dir=$1 lower=$2
-	shift 2
-	: >"$t/held.signal"
-	chmod 666 "$t/held.signal"
-	"$@" python3 "$(dirname "$0")/held.py" "$dir" "$lower" "$t/held.signal" >"$t/held.out" 2>&1 &
-	holder=$!
-	for _ in $(seq 200); do [[ $(cat "$t/held.signal") == held ]] && return; sleep 0.05; done
-	fail "the files were not held: $(cat "$t/held.out")"
-}
-held_go() { # held_go WHAT
-	echo go >"$t/held.signal"
-	wait "$holder" || fail "files held across $1: $(cat "$t/held.out")"
-	holder=
-	# The file removed while open was kept for the restart; its last
-	# release (which the kernel sends a moment after the close) lets go.
-	local left stores=("$t/store")
-	[[ -d $t/nobody/store ]] && stores+=("$t/nobody/store")
-	# Where files are kept: a search of the wrong place would find nothing.
-	[[ -n $(find "${stores[@]}" -xdev -type d -path '*/state/removed') ]] ||
-		fail "no state/removed/ in the stores, ${stores[*]}"
-	for _ in $(seq 100); do
-		left=$(find "${stores[@]}" -xdev -path '*/state/removed/*')
-		[[ -z $left ]] && return
-		sleep 0.05
-	done
-	fail "files removed while open still kept after their release across $1: $left"
-}
 
 step "daemon up; a directory and an OCI tarball imported"
 start_daemon
-mkdir -p "$t/base/etc" "$t/top/etc" "$t/w" "$t/w2"
-echo base >"$t/base/etc/name"
-echo doomed >"$t/base/etc/doomed"
-echo top >"$t/top/etc/name"
-touch "$t/top/etc/.wh.doomed"
-tar -C "$t/top" -czf "$t/top.tar.gz" .
-base=$("$layerfs" layer import "$t/base")
-top=$("$layerfs" layer import "$t/top.tar.gz")
-[[ $base != "$top" ]] || fail "two layers got one id"
+base_layers
+mkdir -p "$t/w" "$t/w2"
 
 step "create, mount, see both layers, change files"
 "$layerfs" create w --from "$base" --from "$top"
@@ -196,10 +71,7 @@ opts=$(awk -v m="$t/w" '$2 == m {print $4}' /proc/mounts)
 [[ ,$opts, == *,nosuid,* && ,$opts, == *,nodev,* ]] || fail "w is mounted '$opts', not nosuid,nodev"
 
 step "a tarball's devices and FIFOs are kept; the nodev mount keeps the device out of reach"
-mkdir "$t/devices"
-mknod "$t/devices/null" c 1 3
-mkfifo "$t/devices/pipe"
-tar -C "$t/devices" -cf "$t/devices.tar" .
+devices_tarball
 devices=$("$layerfs" layer import "$t/devices.tar")
 "$layerfs" create dev --from "$devices" >/dev/null
 mkdir "$t/dev"
@@ -441,280 +313,5 @@ if [[ $route == io-uring ]]; then
 	fi
 	echo "PASSED: the daemon through FUSE ($route)"
 	exit 0
-fi
-
-step "kill -9 of the daemon under a reader, a writer and ls: the mount stays, all three carry on"
-dd if=/dev/urandom of="$t/w/synced" bs=64k count=16 conv=fsync status=none
-want=$(sha256sum <"$t/w/synced")
-# The keeper holds the mount's session while no daemon serves it: requests
-# wait in the kernel, and the next daemon answers them (and those the dead
-# one had read and not answered, sent again). Nothing may fail.
-dd if=/dev/urandom of="$t/blocks" bs=64k count=512 status=none
-rm -f "$t/synced-blocks" "$t/stop" "$t/ls-failed"
-(
-	for i in $(seq 0 511); do
-		dd if="$t/blocks" of="$t/w/inflight" bs=64k skip=$i seek=$i count=1 conv=notrunc,fsync \
-			status=none || exit 1
-		echo "$i" >>"$t/synced-blocks"
-	done
-) &
-writer=$!
-# A descriptor held on a lower file (w2's, from w's commit: never passed
-# through), read again and again through the door: each read dropped from
-# the page cache first, so that each is a READ the daemon answers.
-python3 -c '
-import os, sys, time
-fd = os.open(sys.argv[1], os.O_RDONLY)
-first = os.pread(fd, 64, 0)
-end = time.monotonic() + 8
-while time.monotonic() < end:
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    if os.pread(fd, 64, 0) != first:
-        sys.exit("the lower file read wrong")
-' "$t/w2/new" &
-reader=$!
-(while [[ ! -e $t/stop ]]; do ls "$t/w" >/dev/null || echo failed >>"$t/ls-failed"; done) &
-lister=$!
-for _ in $(seq 300); do [[ $(wc -l 2>/dev/null <"$t/synced-blocks" || echo 0) -ge 8 ]] && break; sleep 0.05; done
-kill -0 "$writer" 2>/dev/null || fail "the writer was not running at the kill"
-kill -0 "$reader" 2>/dev/null || fail "the reader was not running at the kill"
-hold "$t/w2" etc/name
-kill -9 "$daemon"
-wait "$daemon" 2>/dev/null || true
-daemon=
-sleep 1
-mounted "$t/w" || fail "w's mount went with the daemon"
-# The reader's READ waits in the kernel for the next daemon: it reaches
-# the door (its connection's count of requests waiting).
-waiting=$(fuse_waiting "$t/w2")
-[[ $waiting =~ ^[1-9] ]] ||
-	fail "no request of w2's waits while no daemon serves it (waiting: $waiting): the reader does not reach the door"
-start_daemon
-held_go "a kill -9 and restart"
-wait "$writer" || fail "the writer got an error across the kill and restart"
-wait "$reader" || fail "the reader got an error across the kill and restart"
-touch "$t/stop"
-wait "$lister"
-lister=
-[[ -e $t/ls-failed ]] && fail "ls failed $(wc -l <"$t/ls-failed") times across the kill and restart"
-grep -q "FUSE session taken over" "$t/daemon.log" || fail "the restarted daemon mounted w afresh"
-[[ $(sha256sum <"$t/w/synced") == "$want" ]] || fail "synced data changed across the crash"
-cmp "$t/w/inflight" "$t/blocks" || fail "the file written across the kill differs from what was written"
-echo "   512 blocks written, a lower file read and ls run across a kill -9 and restart: no error, all whole"
-
-step "daemon --upgrade: the running daemon hands its mounts over, nothing is unmounted"
-old=$daemon
-rm -f "$t/stop" "$t/ls-failed"
-(while [[ ! -e $t/stop ]]; do ls "$t/w" >/dev/null || echo failed >>"$t/ls-failed"; done) &
-lister=$!
-taken=$(grep -c "FUSE session taken over" "$t/daemon.log")
-hold "$t/w2" new
-coproc DAEMON { exec "$layerfs" daemon --upgrade 2>>"$t/daemon.log"; } 2>/dev/null
-daemon=$DAEMON_PID
-read -r -t 60 ready <&"${DAEMON[0]}" || fail "the upgrading daemon never said it was ready"
-[[ $ready == "layerfs daemon ready"* ]] || fail "first line after the upgrade: $ready"
-rc=0
-wait "$old" || rc=$?
-[[ $rc == 0 ]] || fail "the daemon handing over exited with $rc"
-held_go "daemon --upgrade"
-touch "$t/stop"
-wait "$lister"
-lister=
-[[ -e $t/ls-failed ]] && fail "ls failed across the hand-over"
-[[ $(grep -c "FUSE session taken over" "$t/daemon.log") == $((taken + 2)) ]] ||
-	fail "the new daemon did not take over both FUSE mounts"
-check "$t/w/new" new
-check "$t/w2/new" $'new\nappended'  # held.py appended to it
-[[ $(state_of w2) == mounted ]] || fail "ls after restart: $("$layerfs" ls)"
-
-step "unmount by path; SIGTERM unmounts the rest and exits 0"
-"$layerfs" unmount "$t/w2"
-mounted "$t/w2" && fail "w2 still mounted"
-mkdir "$t/dead"
-"$layerfs" serve --fuse "$t/dead" "$t/base" >/dev/null 2>&1 &
-for _ in $(seq 100); do mounted "$t/dead" && break; sleep 0.1; done
-kill -9 $!
-wait $! 2>/dev/null || true
-"$layerfs" mount w2 "$t/dead" >/dev/null || fail "mount over a dead FUSE mount"
-check "$t/dead/new" $'new\nappended'
-"$layerfs" unmount w2
-kill -TERM "$daemon"
-rc=0
-wait "$daemon" || rc=$?
-daemon=
-[[ $rc == 0 ]] || fail "exit status $rc after SIGTERM"
-for _ in $(seq 50); do pgrep -f "layerfs keeper --store $t/store" >/dev/null || break; sleep 0.1; done
-pgrep -f "layerfs keeper --store $t/store" >/dev/null && fail "a keeper is left holding nothing after SIGTERM"
-mounted "$t/w" && fail "w still mounted after SIGTERM"
-out=$("$layerfs" ls 2>&1) && fail "ls without a daemon succeeded"
-grep -q "no layerfs daemon is running" <<<"$out" || fail "ls without a daemon: $out"
-start_daemon
-[[ $(state_of w) == unmounted ]] || fail "after SIGTERM w is recorded unmounted: $("$layerfs" ls)"
-kill -TERM "$daemon"
-wait "$daemon" || fail "the daemon's exit status after SIGTERM"
-daemon=
-
-step "layerfs demo: a mounted workspace over two generated layers; Ctrl-C removes it all"
-coproc DEMO { exec "$layerfs" demo "$t/w" 2>>"$t/daemon.log"; }
-demo=$DEMO_PID
-diff_line=
-while read -r -t 30 line <&"${DEMO[0]}"; do
-	[[ $line == *" diff demo" ]] && diff_line=$line
-	[[ $line == Ctrl-C* ]] && break
-done
-[[ ${line:-} == Ctrl-C* ]] || fail "the demo never said how to stop it"
-mounted "$t/w" || fail "the demo's workspace is not mounted"
-# Its commands run as printed, from a shell with no layerfs on PATH.
-[[ -n $diff_line ]] || fail "the demo printed no diff command"
-echo mine >"$t/w/notes.txt"
-[[ $(env PATH=/usr/bin:/bin bash -c "$diff_line") == "A /notes.txt" ]] ||
-	fail "the demo's own command '$diff_line' did not run as printed"
-[[ $("$t/w/bin/hello") == "hello from the tools layer" ]] || fail "bin/hello"
-[[ -e $t/w/docs/old-notes.txt ]] && fail "the demo's whiteout hides nothing"
-kill -INT "$demo"
-rc=0
-wait "$demo" || rc=$?
-[[ $rc == 0 ]] || fail "the demo's exit status $rc after Ctrl-C"
-mounted "$t/w" && fail "the demo left its mount"
-[[ -e /tmp/layerfs-demo-$demo ]] && fail "the demo left its store"
-# Its cleanup does not hang on stdout: with no reader left on its pipe
-# (`layerfs demo | tee`, the tee gone first), Ctrl-C still removes it all.
-coproc DEMO { exec "$layerfs" demo "$t/w" 2>>"$t/daemon.log"; }
-demo=$DEMO_PID
-exec {DEMO[0]}<&-
-for _ in $(seq 200); do mounted "$t/w" && break; sleep 0.05; done
-mounted "$t/w" || fail "the demo with no reader of its stdout did not mount"
-sleep 0.5
-kill -0 "$demo" 2>/dev/null || fail "the demo with no reader of its stdout ended by itself"
-kill -INT "$demo"
-rc=0
-wait "$demo" || rc=$?
-[[ $rc == 0 ]] || fail "the demo with no reader of its stdout: exit status $rc after Ctrl-C"
-mounted "$t/w" && fail "the demo with no reader of its stdout left its mount"
-[[ -e /tmp/layerfs-demo-$demo ]] && fail "the demo with no reader of its stdout left its store"
-step "a user who is not root runs a daemon of their own and mounts through fusermount3"
-nobody() { setpriv --reuid 65534 --regid 65534 --clear-groups env HOME="$t/nobody" \
-	XDG_RUNTIME_DIR="$t/nobody/run" LAYERFS_STORE="$t/nobody/store" "$@"; }
-if ! command -v fusermount3 >/dev/null; then
-	skip_or_fail "the daemon through FUSE: a user who is not root" "fusermount3 is not installed (apt-get install fuse3)"
-elif ! nobody sh -c ': <>/dev/fuse' 2>/dev/null; then
-	skip_or_fail "the daemon through FUSE: a user who is not root" "/dev/fuse is not open to users who are not root here (Debian makes it 0666; verify.sh opens it for its run)"
-else
-	mkdir -p "$t/nobody/run" "$t/nobody/mnt"
-	chmod 755 "$t"
-	chmod 700 "$t/nobody/run"
-	chown -R 65534:65534 "$t/nobody"
-	coproc NOBODY { exec setpriv --reuid 65534 --regid 65534 --clear-groups env HOME="$t/nobody" \
-		XDG_RUNTIME_DIR="$t/nobody/run" LAYERFS_STORE="$t/nobody/store" "$layerfs" daemon 2>>"$t/daemon.log"; }
-	read -r -t 30 ready <&"${NOBODY[0]}" || fail "the user's daemon never said it was ready"
-	layer=$(nobody "$layerfs" layer import "$t/base")
-	nobody "$layerfs" create mine --from "$layer" >/dev/null
-	nobody "$layerfs" mount mine "$t/nobody/mnt" >/dev/null || fail "a user's FUSE mount"
-	grep -q "^mine .*(fuse)" <<<"$(nobody "$layerfs" ls)" || fail "the default door for a user is not FUSE"
-	[[ $(nobody cat "$t/nobody/mnt/etc/name") == base ]] || fail "reading as the user"
-	opts=$(awk -v m="$t/nobody/mnt" '$2 == m {print $4}' /proc/mounts)
-	[[ ,$opts, == *,nosuid,* && ,$opts, == *,nodev,* ]] || fail "the user's mount is '$opts', not nosuid,nodev"
-	# A user's pipes count against pipe-user-pages-soft (16,384 pages by
-	# default). Each mount's thread splices READs through a pipe of its
-	# own, grown only as far as its READs need, so eighty mounts read
-	# cold still get pipes that hold their READs, not two-buffer ones.
-	mkdir -p "$t/nobody/wide"
-	head -c $((1 << 20)) /dev/urandom >"$t/nobody/wide/big"
-	chown -R 65534:65534 "$t/nobody/wide"
-	wide=$(nobody "$layerfs" layer import "$t/nobody/wide")
-	for i in $(seq 80); do
-		nobody "$layerfs" create "wide$i" --from "$wide" >/dev/null
-		nobody mkdir "$t/nobody/wide$i"
-		nobody "$layerfs" mount "wide$i" "$t/nobody/wide$i" >/dev/null || fail "the user's mount $i of 80"
-		nobody cmp -s "$t/nobody/wide$i/big" "$t/nobody/wide/big" || fail "reading the user's mount $i of 80"
-	done
-	pipes=$(python3 - "$NOBODY_PID" <<'EOF'
-import os, sys, fcntl
-F_GETPIPE_SZ = 1032
-sizes = {}
-for fd in os.listdir(f"/proc/{sys.argv[1]}/fd"):
-    path = f"/proc/{sys.argv[1]}/fd/{fd}"
-    try:
-        if os.readlink(path).startswith("pipe:"):
-            held = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-            sizes[os.fstat(held).st_ino] = fcntl.fcntl(held, F_GETPIPE_SZ)
-            os.close(held)
-    except OSError:
-        pass
-grown = sum(1 for s in sizes.values() if s > 65536)
-small = sum(1 for s in sizes.values() if s < 65536)
-print(grown, small, sorted(set(sizes.values())))
-EOF
-)
-	read -r grown small _ <<<"$pipes"
-	echo "   80 mounts of a user read cold: $grown pipes grown, $small smaller than the default (sizes ${pipes#* * })"
-	[[ $grown -ge 80 && $small == 0 ]] || fail "a user's 80 mounts: $grown pipes grown, $small smaller than the default"
-	for i in $(seq 80); do nobody "$layerfs" rm --force "wide$i" >/dev/null; done
-	# The same tarball of devices, imported by the user: the device cannot be
-	# made, and the refusal names it; a FIFO alone imports.
-	cp "$t/devices.tar" "$t/nobody/devices.tar"
-	tar -C "$t/devices" -cf "$t/nobody/fifo.tar" ./pipe
-	chown 65534:65534 "$t/nobody/devices.tar" "$t/nobody/fifo.tar"
-	if err=$(nobody "$layerfs" layer import "$t/nobody/devices.tar" 2>&1); then
-		fail "a user imported a device"
-	fi
-	[[ $err == *'"./null"'*root* && $(wc -l <<<"$err") == 1 ]] || fail "the user's device import said: $err"
-	mkdir "$t/nobody/dev"
-	chown 65534:65534 "$t/nobody/dev"
-	fifo=$(nobody "$layerfs" layer import "$t/nobody/fifo.tar")
-	nobody "$layerfs" create dev --from "$fifo" >/dev/null
-	nobody "$layerfs" mount dev "$t/nobody/dev" >/dev/null || fail "the user's mount of the FIFO layer"
-	# (Only the user reaches their mount: no allow_other.)
-	nobody test -p "$t/nobody/dev/pipe" || fail "the user's FIFO is not a FIFO"
-	nobody sh -c "echo mine >'$t/nobody/mnt/new'" || fail "writing as the user"
-	nobody "$layerfs" commit mine >/dev/null || fail "a user's commit"
-	# Without passthrough every write is a request to the daemon: killed
-	# under them, it leaves requests it had read and not answered, which
-	# the next daemon is sent again. The writer goes on until told to stop
-	# (at most 60 s), so the kill falls while it writes however fast the
-	# door is; it says how many lines it wrote, or which call failed.
-	fuse_errors start
-	nobody python3 -c '
-import os, sys, time
-fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-end, i = time.monotonic() + 60, 0
-while not (i % 100 == 0 and (os.path.exists(sys.argv[2]) or time.monotonic() > end)):
-    try:
-        os.write(fd, b"%08d\n" % i)
-        i += 1
-        if i % 500 == 0:
-            os.fsync(fd)
-    except OSError as e:
-        sys.exit("line %d: %s" % (i, e))
-os.close(fd)
-print(i)
-' "$t/nobody/mnt/appended" "$t/nobody/stop" >"$t/nobody/appended.lines" 2>"$t/nobody/appended.err" &
-	appender=$!
-	for _ in $(seq 100); do [[ $(nobody stat -c %s "$t/nobody/mnt/appended" 2>/dev/null || echo 0) -gt 9000 ]] && break; sleep 0.02; done
-	kill -0 "$appender" 2>/dev/null || fail "the user's writer ended before the kill: $(cat "$t/nobody/appended.err")"
-	hold "$t/nobody/mnt" new nobody
-	kill -9 "$NOBODY_PID"
-	wait "$NOBODY_PID" 2>/dev/null || true
-	coproc NOBODY { exec setpriv --reuid 65534 --regid 65534 --clear-groups env HOME="$t/nobody" \
-		XDG_RUNTIME_DIR="$t/nobody/run" LAYERFS_STORE="$t/nobody/store" "$layerfs" daemon 2>>"$t/daemon.log"; }
-	read -r -t 30 ready <&"${NOBODY[0]}" || fail "the user's daemon never said it was ready again"
-	held_go "the user's daemon's kill -9 and restart"
-	sleep 0.2
-	touch "$t/nobody/stop"
-	if ! wait "$appender"; then
-		fuse_errors show
-		fail "the user's writer got an error across the kill and restart: $(cat "$t/nobody/appended.err")"
-	fi
-	fuse_errors stop
-	lines=$(cat "$t/nobody/appended.lines")
-	((lines > 1000)) || fail "the user's writer wrote only $lines lines"
-	nobody cat "$t/nobody/mnt/appended" | cmp - <(python3 -c '
-import sys
-for i in range(int(sys.argv[1])):
-    sys.stdout.write("%08d\n" % i)
-' "$lines") || fail "the user's file written across the kill differs from the $lines lines written"
-	kill -TERM "$NOBODY_PID"
-	wait "$NOBODY_PID" || fail "the user's daemon's exit status after SIGTERM"
-	mounted "$t/nobody/mnt" && fail "the user's mount is left after SIGTERM"
 fi
 echo "PASSED: the daemon through FUSE ($route)"

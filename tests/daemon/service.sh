@@ -16,7 +16,7 @@ set -euo pipefail
 layerfs=$(realpath "$1")
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
-source "$here/../skip.sh"
+source "$here/../lib.sh"
 source "$here/../fusectl.sh"
 t=$(mktemp -d /tmp/layerfs-service.XXXXXX)
 daemon= listener= holder=
@@ -24,13 +24,11 @@ cleanup() {
 	[[ -n $holder ]] && kill "$holder" 2>/dev/null
 	[[ -n $daemon ]] && kill -TERM "$daemon" 2>/dev/null && wait "$daemon" || true
 	[[ -n $listener ]] && kill "$listener" 2>/dev/null
-	for m in $(awk -v t="$t/" 'index($2, t) == 1 {print $2}' /proc/mounts); do umount -l "$m"; done
+	unmount_under "$t"
 	pkill -f "layerfs keeper --store $t/" 2>/dev/null || true
 	rm -rf "$t"
 }
 trap cleanup EXIT
-step() { printf '== %s\n' "$*"; }
-fail() { echo "FAILED: $*"; [[ -f $t/daemon.log ]] && tail -20 "$t/daemon.log"; exit 1; }
 
 step "the units pass systemd-analyze verify; the plist parses"
 if command -v systemd-analyze >/dev/null; then

@@ -13,7 +13,7 @@ set -euo pipefail
 layerfs=$(realpath "$1")
 seconds=${2:-120}
 clients=${3:-16}
-source "$(dirname "$0")/../skip.sh"
+source "$(dirname "$0")/../lib.sh"
 if [[ ! -c /dev/fuse || $(id -u) != 0 ]]; then
 	skip_or_fail "the daemon under many clients" "needs root and /dev/fuse"
 	exit 0
@@ -25,16 +25,12 @@ daemon=
 cleanup() {
 	[[ -n ${pids:-} ]] && kill "${pids[@]}" 2>/dev/null || true
 	[[ -n $daemon ]] && kill -TERM "$daemon" 2>/dev/null && wait "$daemon" || true
-	for m in $(awk -v t="$t/" 'index($2, t) == 1 {print $2}' /proc/mounts); do umount -l "$m"; done
+	unmount_under "$t"
 	rm -rf "$t"
 }
 trap cleanup EXIT
-fail() { echo "FAILED: $*"; [[ -f $t/daemon.log ]] && tail -20 "$t/daemon.log"; exit 1; }
 
-coproc DAEMON { exec "$layerfs" daemon 2>>"$t/daemon.log"; }
-daemon=$DAEMON_PID
-read -r -t 30 ready <&"${DAEMON[0]}" || fail "the daemon never said it was ready"
-[[ $ready == "layerfs daemon ready"* ]] || fail "first line: $ready"
+start_daemon
 mkdir -p "$t/base/etc" "$t/m"
 for i in $(seq 50); do echo "base $i" >"$t/base/etc/f$i"; done
 base=$("$layerfs" layer import "$t/base")

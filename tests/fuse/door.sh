@@ -10,7 +10,7 @@
 # usage: tests/fuse/door.sh LAYERFS
 set -euo pipefail
 layerfs=$(realpath "$1")
-source "$(dirname "$0")/../skip.sh"
+source "$(dirname "$0")/../lib.sh"
 if [[ ! -c /dev/fuse || $(id -u) != 0 ]]; then
 	skip_or_fail "FUSE door checks" "need root and /dev/fuse"
 	exit 0
@@ -20,13 +20,10 @@ chmod 755 "$t"
 cleanup() {
 	pkill -f -- "serve --fuse $t/" || true
 	sleep 0.2
-	for m in $(awk -v t="$t/" 'index($2, t) == 1 {print $2}' /proc/mounts); do umount -l "$m"; done
+	unmount_under "$t"
 	rm -rf "$t"
 }
 trap cleanup EXIT
-step() { printf '== %s\n' "$*"; }
-fail() { echo "FAILED: $*"; exit 1; }
-mounted() { awk -v m="$1" '$2 == m {f=1} END {exit !f}' /proc/mounts; }
 wait_mounted() { for _ in $(seq 100); do mounted "$1" && return; sleep 0.1; done; fail "$1 never mounted"; }
 # Runs the door, expecting it to fail with a message containing $1.
 refused() {

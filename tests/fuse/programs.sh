@@ -12,7 +12,7 @@
 # usage: tests/fuse/programs.sh LAYERFS
 set -euo pipefail
 layerfs=$(realpath "$1")
-source "$(dirname "$0")/../skip.sh"
+source "$(dirname "$0")/../lib.sh"
 name="programs through the FUSE door"
 if [[ ! -c /dev/fuse || $(id -u) != 0 ]]; then
 	skip_or_fail "$name" "needs root and /dev/fuse"
@@ -27,12 +27,10 @@ done
 t=$(mktemp -d /tmp/layerfs-programs.XXXXXX)
 chmod 755 "$t"
 cleanup() {
-	for m in $(awk -v t="$t/" 'index($2, t) == 1 {print $2}' /proc/mounts); do umount -l "$m"; done
+	unmount_under "$t"
 	rm -rf "$t"
 }
 trap cleanup EXIT
-fail() { echo "FAILED: $*"; exit 1; }
-mounted() { awk -v m="$1" '$2 == m {f=1} END {exit !f}' /proc/mounts; }
 
 # A program that writes through a shared mapping of an existing file.
 cat >"$t/mapwrite.c" <<'EOF'

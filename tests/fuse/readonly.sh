@@ -11,7 +11,7 @@
 # usage: tests/fuse/readonly.sh LAYERFS
 set -euo pipefail
 layerfs=$(realpath "$1")
-source "$(dirname "$0")/../skip.sh"
+source "$(dirname "$0")/../lib.sh"
 name="FUSE read-only directories served by a user"
 if [[ ! -c /dev/fuse || $(id -u) != 0 ]]; then
 	skip_or_fail "$name" "needs root and /dev/fuse"
@@ -30,13 +30,11 @@ chmod 755 "$t"
 daemon=
 cleanup() {
 	[[ -n $daemon ]] && kill -TERM "$daemon" 2>/dev/null && wait "$daemon" || true
-	for m in $(awk -v t="$t/" 'index($2, t) == 1 {print $2}' /proc/mounts); do umount -l "$m"; done
+	unmount_under "$t"
 	chmod -R u+rwx "$t" 2>/dev/null || true
 	rm -rf "$t"
 }
 trap cleanup EXIT
-fail() { echo "FAILED: $*"; exit 1; }
-mounted() { awk -v m="$1" '$2 == m {f=1} END {exit !f}' /proc/mounts; }
 as_nobody() { setpriv --reuid=65534 --regid=65534 --clear-groups env HOME="$t" "$@"; }
 
 # A tree of read-only directories, some nested, some holding others.

@@ -8,12 +8,12 @@
 # layer; then kill -9 of the daemon under a writer and a restart: the
 # writer finishes, its checksum matches, no ESTALE; SIGTERM leaves no mount.
 set -euo pipefail
+# The guest runs a copy of this file; the repository is the working directory.
+source "$PWD/tests/lib.sh"
 layerfs=${LAYERFS:-$PWD/target/release/layerfs}
 export LAYERFS_STORE=/run/lfs-store
 t=/run/lfs-daemon-test
 w=$MNT w2=$t/w2
-fail() { echo "FAILED: $*"; exit 1; }
-step() { printf '== %s\n' "$*"; }
 nfs_mounted() { awk -v m="$1" '$2 == m && $3 == "nfs" {f=1} END {exit !f}' /proc/mounts; }
 check() { [[ $(cat "$1") == "$2" ]] || fail "$1 holds '$(cat "$1" 2>&1)', not '$2'"; }
 daemon_pid() { # without procps, which a fresh machine may lack

@@ -4,9 +4,10 @@
 # one of the places searched below): what the layers show, changes to lower files (also while
 # other processes hold them open), then the whole of workload.sh on top.
 set -euo pipefail
+# The guest runs a copy of this file; the repository is the working directory.
+source "$PWD/tests/lib.sh"
 repo=$PWD
 cd "$MNT"
-step() { printf '== %s\n' "$*"; }
 drop_caches() { sync; echo 3 >/proc/sys/vm/drop_caches; }
 expect_fail() { if "$@" 2>/dev/null; then echo "expected to fail: $*"; exit 1; fi; }
 ws=${WS:-}

@@ -7,12 +7,12 @@
 # `layerfs ls` lists them all; the daemon's memory and threads per mounted
 # workspace are printed; SIGTERM unmounts all fifty and leaves no mount.
 set -euo pipefail
+# The guest runs a copy of this file; the repository is the working directory.
+source "$PWD/tests/lib.sh"
 layerfs=${LAYERFS:-$PWD/target/release/layerfs}
 export LAYERFS_STORE=/run/lfs-store
 t=/run/lfs-many-test
 n=${WORKSPACES:-50}
-fail() { echo "FAILED: $*"; exit 1; }
-step() { printf '== %s\n' "$*"; }
 nfs_mounts() { awk -v t="$t/" '$3 == "nfs" && index($2, t) == 1' /proc/mounts | wc -l; }
 daemon_pid() { # without procps, which a fresh machine may lack
 	local p

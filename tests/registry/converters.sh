@@ -22,7 +22,7 @@
 set -euo pipefail
 layerfs=$(realpath "$1")
 here=$(cd "$(dirname "$0")" && pwd)
-source "$here/../skip.sh"
+source "$here/../lib.sh"
 for tool in docker-registry umoci skopeo containerd ctr ctr-remote; do
 	if ! command -v $tool >/dev/null; then
 		skip_or_fail "converters' lazy images" "$tool is not installed"
@@ -41,12 +41,10 @@ daemon= pids=()
 cleanup() {
 	[[ -n $daemon ]] && kill -KILL "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null || true
 	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-	for m in $(awk -v t="$t/" 'index($2, t) == 1 {print $2}' /proc/mounts | sort -r); do umount -l "$m"; done
+	unmount_under "$t"
 	rm -rf "$t"
 }
 trap cleanup EXIT
-step() { printf '== %s\n' "$*"; }
-fail() { echo "FAILED: $*"; [[ -f $t/daemon.log ]] && tail -20 "$t/daemon.log"; exit 1; }
 source "$here/serve.sh"
 start_registry "$t/reg" || fail "the registry did not start"
 pids+=($registry_pid)
@@ -125,9 +123,7 @@ else:
     sys.exit("no eStargz blob")
 PY
 
-coproc DAEMON { exec "$layerfs" daemon 2>>"$t/daemon.log"; }
-daemon=$DAEMON_PID
-read -r -t 30 _ <&"${DAEMON[0]}" || fail "the daemon never said it was ready"
+start_daemon
 layers_of() { # the layer ids of image $1, in the store LAYERFS_STORE names
 	"$layerfs" image ls --json | python3 -c "
 import json, sys

@@ -36,7 +36,7 @@
 set -euo pipefail
 layerfs=$(realpath "$1")
 here=$(cd "$(dirname "$0")" && pwd)
-source "$here/../skip.sh"
+source "$here/../lib.sh"
 for tool in docker-registry umoci skopeo; do
 	if ! command -v $tool >/dev/null; then
 		skip_or_fail "lazy pulls" "$tool is not installed"
@@ -56,12 +56,10 @@ cleanup() {
 	[[ -n $daemon ]] && kill -KILL "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null || true
 	pkill -KILL -f "layerfs keeper .*$t" 2>/dev/null || true
 	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-	for m in $(awk -v t="$t/" 'index($2, t) == 1 {print $2}' /proc/mounts); do umount -l "$m"; done
+	unmount_under "$t"
 	rm -rf "$t"
 }
 trap cleanup EXIT
-step() { printf '== %s\n' "$*"; }
-fail() { echo "FAILED: $*"; [[ -f $t/daemon.log ]] && tail -20 "$t/daemon.log"; exit 1; }
 source "$here/serve.sh"
 start_registry "$t/reg" || fail "the registry did not start"
 pids+=($registry_pid)
@@ -80,11 +78,6 @@ stat_of() { python3 -c "import json; print(json.load(open('$t/stats.json'))['$1'
 sent() { stat_of bytes; }
 reg=127.0.0.1:$port
 start_proxy
-start_daemon() {
-	coproc DAEMON { exec "$layerfs" daemon 2>>"$t/daemon.log"; }
-	daemon=$DAEMON_PID
-	read -r -t 30 ready <&"${DAEMON[0]}" || fail "the daemon never said it was ready"
-}
 
 step "one tree in three forms: gzip (umoci), zstd:chunked (skopeo), eStargz (estargz.py)"
 cd "$t"
@@ -187,19 +180,19 @@ step "the same layer ids as a full pull"
 ids() { "$layerfs" image ls --json | python3 -c 'import json,sys; print(sorted({l for i in json.load(sys.stdin) for l in i["layers"]}))'; }
 lazy_ids=$(ids)
 mkdir "$t/full-run"
-kill -TERM "$daemon"; wait "$daemon" || true
+stop_daemon
 LAYERFS_STORE=$t/full-store start_daemon
 for form in zc es; do LAYERFS_STORE=$t/full-store "$layerfs" pull "$reg/lazy/$form:v1" --insecure-registry "$reg" --whole >/dev/null; done
 full_ids=$(LAYERFS_STORE=$t/full-store ids)
 [[ $lazy_ids == "$full_ids" ]] || fail "lazy layers $lazy_ids, full ones $full_ids"
 [[ -z $(ls "$t/full-store/lazy") ]] || fail "a --whole pull made lazy layers"
-kill -TERM "$daemon"; wait "$daemon" || true
+stop_daemon
 start_daemon
 
 step "a held file that loses its name reads its data through the door, never its holes"
 # FUSE keeps the host file an open holds; a lazy layer's is holes until read.
 # (NFS has no opens: its client renames such a file away and reads it by handle.)
-kill -TERM "$daemon"; wait "$daemon" || true
+stop_daemon
 LAYERFS_STORE=$t/held-store start_daemon
 LAYERFS_STORE=$t/held-store "$layerfs" pull "$reg/lazy/zc:v1" --insecure-registry "$reg" --on-read >/dev/null ||
 	fail "lazy pull into a second store"
@@ -224,7 +217,7 @@ def held_read(path, lose):
 held_read("bin/big", lambda: os.unlink(os.path.join(ws, "bin/big")))
 held_read("lib/b/d40.so", lambda: os.rename(os.path.join(ws, "lib/b/d39.so"), os.path.join(ws, "lib/b/d40.so")))
 PY
-kill -TERM "$daemon"; wait "$daemon" || true
+stop_daemon
 start_daemon
 
 step "files two images share in different layers are fetched once"

@@ -15,7 +15,7 @@
 set -euo pipefail
 layerfs=$(realpath "$1")
 here=$(cd "$(dirname "$0")" && pwd)
-source "$here/../skip.sh"
+source "$here/../lib.sh"
 for tool in docker-registry skopeo podman; do
 	if ! command -v $tool >/dev/null; then
 		skip_or_fail "podman reads layerfs's lazy images" "$tool is not installed"
@@ -33,20 +33,16 @@ daemon= pids=()
 cleanup() {
 	[[ -n $daemon ]] && kill -KILL "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null || true
 	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-	for m in $(awk -v t="$t/" 'index($2, t) == 1 {print $2}' /proc/mounts | sort -r); do umount -l "$m"; done
+	unmount_under "$t"
 	rm -rf "$t"
 }
 trap cleanup EXIT
-step() { printf '== %s\n' "$*"; }
-fail() { echo "FAILED: $*"; [[ -f $t/daemon.log ]] && tail -20 "$t/daemon.log"; exit 1; }
 source "$here/serve.sh"
 
 start_registry "$t/reg" || fail "the registry did not start"
 pids+=($registry_pid)
 reg=127.0.0.1:$registry_port
-coproc DAEMON { exec "$layerfs" daemon 2>>"$t/daemon.log"; }
-daemon=$DAEMON_PID
-read -r -t 30 _ <&"${DAEMON[0]}" || fail "the daemon never said it was ready"
+start_daemon
 
 step "a workspace pushed as zstd:chunked and as eStargz"
 "$layerfs" create w >/dev/null

@@ -36,7 +36,7 @@
 set -euo pipefail
 layerfs=$(realpath "$1")
 here=$(cd "$(dirname "$0")" && pwd)
-source "$here/../skip.sh"
+source "$here/../lib.sh"
 for tool in docker-registry umoci skopeo htpasswd openssl; do
 	if ! command -v $tool >/dev/null; then
 		skip_or_fail "pulls from a registry" "$tool is not installed"
@@ -54,12 +54,10 @@ daemon= registries=()
 cleanup() {
 	[[ -n $daemon ]] && kill -TERM "$daemon" 2>/dev/null && wait "$daemon" || true
 	for r in "${registries[@]}"; do kill "$r" 2>/dev/null || true; done
-	for m in $(awk -v t="$t/" 'index($2, t) == 1 {print $2}' /proc/mounts); do umount -l "$m"; done
+	unmount_under "$t"
 	rm -rf "$t"
 }
 trap cleanup EXIT
-step() { printf '== %s\n' "$*"; }
-fail() { echo "FAILED: $*"; [[ -f $t/daemon.log ]] && tail -20 "$t/daemon.log"; exit 1; }
 source "$here/serve.sh"
 # fails WHAT COMMAND...: COMMAND fails with one line on stderr holding WHAT.
 fails() {
@@ -113,9 +111,7 @@ cd - >/dev/null
 [[ $(wc -l <"$t/expected.tree") -ge 8 ]] || fail "umoci's tree is too small: $(cat "$t/expected.tree")"
 
 step "pull it; a workspace from it shows umoci's tree through FUSE"
-coproc DAEMON { exec "$layerfs" daemon 2>>"$t/daemon.log"; }
-daemon=$DAEMON_PID
-read -r -t 30 ready <&"${DAEMON[0]}" || fail "the daemon never said it was ready"
+start_daemon
 out=$("$layerfs" pull "$plain/test/img:v1" --insecure-registry "$plain")
 [[ $out == "$plain/test/img:v1 sha256:"*"(2 layers, 2 downloaded)" ]] || fail "pull said: $out"
 "$layerfs" image ls | grep -q "^$plain/test/img:v1 " || fail "image ls: $("$layerfs" image ls)"
@@ -458,9 +454,7 @@ kill -9 "$daemon"
 wait "$daemon" || true
 wait $puller && fail "a pull whose daemon was killed succeeded"
 grep -q "the daemon closed the connection" "$t/slow.out" || fail "the daemon killed mid-pull: $(cat "$t/slow.out")"
-coproc DAEMON { exec "$layerfs" daemon 2>>"$t/daemon.log"; }
-daemon=$DAEMON_PID
-read -r -t 30 ready <&"${DAEMON[0]}" || fail "the daemon did not start again"
+start_daemon
 no_new_layers "$layers_before"
 out=$("$layerfs" pull "$slow/test/big:v1" --insecure-registry "$slow")
 [[ $out == *"(3 layers, 1 downloaded)" ]] || fail "the pull after the daemon's restart: $out"
