@@ -217,6 +217,8 @@ echo "-- the daemon killed at every step: 50 cycles of kill -9 under a writer an
 check "daemon killed at every step" tests/daemon/crash.sh target/release/layerfs 50
 echo "-- images from a registry: docker-registry on 127.0.0.1, umoci and skopeo to compare"
 check "registry pulls" tests/registry/pull.sh target/release/layerfs
+check "registry pushes" tests/registry/push.sh target/release/layerfs
+check "pulls when the registry or the disk fails" tests/registry/outages.sh target/release/layerfs
 check "lazy pulls" tests/registry/lazy.sh target/release/layerfs
 check "lazy pulls of converters' images" tests/registry/converters.sh target/release/layerfs
 check "podman reads layerfs's lazy images" tests/registry/podman.sh target/release/layerfs
