@@ -220,6 +220,7 @@ check "registry pulls" tests/registry/pull.sh target/release/layerfs
 check "registry pushes" tests/registry/push.sh target/release/layerfs
 check "pulls when the registry or the disk fails" tests/registry/outages.sh target/release/layerfs
 check "lazy pulls" tests/registry/lazy.sh target/release/layerfs
+check "a lazy layer's life" tests/registry/lazy-lifecycle.sh target/release/layerfs
 check "lazy pulls of converters' images" tests/registry/converters.sh target/release/layerfs
 check "podman reads layerfs's lazy images" tests/registry/podman.sh target/release/layerfs
 
