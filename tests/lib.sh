@@ -7,6 +7,37 @@
 # the daemon's log goes) before it calls these.
 source "$(dirname "${BASH_SOURCE[0]}")/skip.sh"
 
+# need_tools NAME TOOL...: says SKIPPED (as NAME) and exits unless every
+# TOOL is installed.
+need_tools() {
+	local name=$1 tool
+	shift
+	for tool; do
+		if ! command -v "$tool" >/dev/null; then
+			skip_or_fail "$name" "$tool is not installed"
+			exit 0
+		fi
+	done
+}
+
+# need_root_and_fuse NAME: says SKIPPED (as NAME) and exits unless this is
+# root with /dev/fuse.
+need_root_and_fuse() {
+	if [[ ! -c /dev/fuse || $(id -u) != 0 ]]; then
+		skip_or_fail "$1" "needs root and /dev/fuse"
+		exit 0
+	fi
+}
+
+# make_scratch NAME [DIR]: $t, a new directory layerfs-NAME.* under DIR
+# (default /tmp), with the daemon's store (LAYERFS_STORE) and runtime
+# directory (XDG_RUNTIME_DIR) in it.
+make_scratch() {
+	t=$(mktemp -d "${2:-/tmp}/layerfs-$1.XXXXXX")
+	export LAYERFS_STORE=$t/store XDG_RUNTIME_DIR=$t/run
+	mkdir -m 700 "$t/run"
+}
+
 # step WHAT: names the check that follows in the script's output.
 step() { printf '== %s\n' "$*"; }
 
@@ -38,6 +69,27 @@ start_daemon() {
 	local ready
 	read -r -t 60 ready <&"${DAEMON[0]}" || fail "the daemon never said it was ready"
 	[[ $ready == "layerfs daemon ready"* ]] || fail "the daemon's first line: $ready"
+}
+
+# daemon_pid: the pid of a running `layerfs daemon`, found without procps
+# (which a fresh machine may lack); nothing if none runs.
+daemon_pid() {
+	local p
+	for p in /proc/[0-9]*; do
+		[[ $(tr '\0' ' ' <"$p/cmdline" 2>/dev/null) == *"layerfs daemon"* ]] && { echo "${p#/proc/}"; return; }
+	done
+}
+
+# kill_daemons_under DIR: kills every `layerfs daemon` whose store
+# (LAYERFS_STORE) lies under DIR, whoever started it: at a script's exit,
+# the one a failed step left behind (an upgrade that never took over).
+kill_daemons_under() {
+	local p
+	for p in /proc/[0-9]*; do
+		[[ $(tr '\0' ' ' <"$p/cmdline" 2>/dev/null) == *"layerfs daemon"* ]] || continue
+		tr '\0' '\n' <"$p/environ" 2>/dev/null | grep -q "^LAYERFS_STORE=$1/" && kill -KILL "${p#/proc/}" 2>/dev/null
+	done
+	return 0
 }
 
 # stop_daemon [SIGNAL]: stops the daemon start_daemon started (TERM unless

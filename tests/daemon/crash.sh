@@ -36,9 +36,7 @@ fi
 command -v python3 >/dev/null || { skip_or_fail "the daemon killed at every step" "python3 is missing"; exit 0; }
 RANDOM=$seed
 echo "seed $seed, $cycles cycles through $door"
-t=$(mktemp -d "${LAYERFS_CRASH_DIR:-/tmp}/layerfs-crash.XXXXXX")
-export LAYERFS_STORE=$t/store XDG_RUNTIME_DIR=$t/run
-mkdir -m 700 "$t/run"
+make_scratch crash "${LAYERFS_CRASH_DIR:-/tmp}"
 daemon= registry= writer=
 cleanup() {
 	[[ -n $writer ]] && kill "$writer" 2>/dev/null

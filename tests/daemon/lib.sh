@@ -6,13 +6,8 @@
 # /dev/fuse; else makes $t, a store and runtime directory in it, removed at
 # exit with every process and mount the script left.
 daemon_scratch() {
-	if [[ ! -c /dev/fuse || $(id -u) != 0 ]]; then
-		skip_or_fail "$1" "needs root and /dev/fuse"
-		exit 0
-	fi
-	t=$(mktemp -d /tmp/layerfs-daemon.XXXXXX)
-	export LAYERFS_STORE=$t/store XDG_RUNTIME_DIR=$t/run
-	mkdir -m 700 "$t/run"
+	need_root_and_fuse "$1"
+	make_scratch daemon
 	trap daemon_cleanup EXIT
 }
 daemon= lister= holder=
@@ -21,6 +16,7 @@ daemon_cleanup() {
 	[[ -n $holder ]] && kill "$holder" 2>/dev/null
 	[[ -n $daemon ]] && kill -TERM "$daemon" 2>/dev/null && wait "$daemon" || true
 	[[ -n ${NOBODY_PID:-} ]] && kill -TERM "$NOBODY_PID" 2>/dev/null || true
+	kill_daemons_under "$t"
 	unmount_under "$t"
 	# A keeper left by a step that failed holds sessions no daemon serves:
 	# a process waiting on one would wait for ever.

@@ -14,13 +14,8 @@ layerfs=$(realpath "$1")
 seconds=${2:-120}
 clients=${3:-16}
 source "$(dirname "$0")/../lib.sh"
-if [[ ! -c /dev/fuse || $(id -u) != 0 ]]; then
-	skip_or_fail "the daemon under many clients" "needs root and /dev/fuse"
-	exit 0
-fi
-t=$(mktemp -d /tmp/layerfs-soak.XXXXXX)
-export LAYERFS_STORE=$t/store XDG_RUNTIME_DIR=$t/run
-mkdir -m 700 "$t/run"
+need_root_and_fuse "the daemon under many clients"
+make_scratch soak
 daemon=
 cleanup() {
 	[[ -n ${pids:-} ]] && kill "${pids[@]}" 2>/dev/null || true

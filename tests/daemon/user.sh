@@ -20,6 +20,17 @@ echo base >"$t/base/etc/name"
 devices_tarball
 
 step "layerfs demo: a mounted workspace over two generated layers; Ctrl-C removes it all"
+# interrupt_demo WHICH: Ctrl-C ends the demo with status 0, leaving no mount
+# and no store.
+interrupt_demo() {
+	local rc=0
+	kill -INT "$demo"
+	wait "$demo" || rc=$?
+	[[ $rc == 0 ]] || fail "$1: exit status $rc after Ctrl-C"
+	mounted "$t/w" && fail "$1 left its mount"
+	[[ -e /tmp/layerfs-demo-$demo ]] && fail "$1 left its store"
+	return 0
+}
 coproc DEMO { exec "$layerfs" demo "$t/w" 2>>"$t/daemon.log"; }
 demo=$DEMO_PID
 diff_line=
@@ -36,12 +47,7 @@ echo mine >"$t/w/notes.txt"
 	fail "the demo's own command '$diff_line' did not run as printed"
 [[ $("$t/w/bin/hello") == "hello from the tools layer" ]] || fail "bin/hello"
 [[ -e $t/w/docs/old-notes.txt ]] && fail "the demo's whiteout hides nothing"
-kill -INT "$demo"
-rc=0
-wait "$demo" || rc=$?
-[[ $rc == 0 ]] || fail "the demo's exit status $rc after Ctrl-C"
-mounted "$t/w" && fail "the demo left its mount"
-[[ -e /tmp/layerfs-demo-$demo ]] && fail "the demo left its store"
+interrupt_demo "the demo"
 # Its cleanup does not hang on stdout: with no reader left on its pipe
 # (`layerfs demo | tee`, the tee gone first), Ctrl-C still removes it all.
 coproc DEMO { exec "$layerfs" demo "$t/w" 2>>"$t/daemon.log"; }
@@ -51,16 +57,17 @@ for _ in $(seq 200); do mounted "$t/w" && break; sleep 0.05; done
 mounted "$t/w" || fail "the demo with no reader of its stdout did not mount"
 sleep 0.5
 kill -0 "$demo" 2>/dev/null || fail "the demo with no reader of its stdout ended by itself"
-kill -INT "$demo"
-rc=0
-wait "$demo" || rc=$?
-[[ $rc == 0 ]] || fail "the demo with no reader of its stdout: exit status $rc after Ctrl-C"
-mounted "$t/w" && fail "the demo with no reader of its stdout left its mount"
-[[ -e /tmp/layerfs-demo-$demo ]] && fail "the demo with no reader of its stdout left its store"
+interrupt_demo "the demo with no reader of its stdout"
 
 step "a user who is not root runs a daemon of their own and mounts through fusermount3"
 nobody() { setpriv --reuid 65534 --regid 65534 --clear-groups env HOME="$t/nobody" \
 	XDG_RUNTIME_DIR="$t/nobody/run" LAYERFS_STORE="$t/nobody/store" "$@"; }
+# start_nobody_daemon WHEN: the user's daemon, once it says it is ready.
+start_nobody_daemon() {
+	coproc NOBODY { exec setpriv --reuid 65534 --regid 65534 --clear-groups env HOME="$t/nobody" \
+		XDG_RUNTIME_DIR="$t/nobody/run" LAYERFS_STORE="$t/nobody/store" "$layerfs" daemon 2>>"$t/daemon.log"; }
+	read -r -t 30 ready <&"${NOBODY[0]}" || fail "the user's daemon never said it was ready$1"
+}
 if ! command -v fusermount3 >/dev/null; then
 	skip_or_fail "the daemon through FUSE: a user who is not root" "fusermount3 is not installed (apt-get install fuse3)"
 elif ! nobody sh -c ': <>/dev/fuse' 2>/dev/null; then
@@ -70,9 +77,7 @@ else
 	chmod 755 "$t"
 	chmod 700 "$t/nobody/run"
 	chown -R 65534:65534 "$t/nobody"
-	coproc NOBODY { exec setpriv --reuid 65534 --regid 65534 --clear-groups env HOME="$t/nobody" \
-		XDG_RUNTIME_DIR="$t/nobody/run" LAYERFS_STORE="$t/nobody/store" "$layerfs" daemon 2>>"$t/daemon.log"; }
-	read -r -t 30 ready <&"${NOBODY[0]}" || fail "the user's daemon never said it was ready"
+	start_nobody_daemon ""
 	layer=$(nobody "$layerfs" layer import "$t/base")
 	nobody "$layerfs" create mine --from "$layer" >/dev/null
 	nobody "$layerfs" mount mine "$t/nobody/mnt" >/dev/null || fail "a user's FUSE mount"
@@ -161,9 +166,7 @@ print(i)
 	hold "$t/nobody/mnt" new nobody
 	kill -9 "$NOBODY_PID"
 	wait "$NOBODY_PID" 2>/dev/null || true
-	coproc NOBODY { exec setpriv --reuid 65534 --regid 65534 --clear-groups env HOME="$t/nobody" \
-		XDG_RUNTIME_DIR="$t/nobody/run" LAYERFS_STORE="$t/nobody/store" "$layerfs" daemon 2>>"$t/daemon.log"; }
-	read -r -t 30 ready <&"${NOBODY[0]}" || fail "the user's daemon never said it was ready again"
+	start_nobody_daemon " again"
 	held_go "the user's daemon's kill -9 and restart"
 	sleep 0.2
 	touch "$t/nobody/stop"

@@ -10,29 +10,17 @@
 set -euo pipefail
 # The guest runs a copy of this file; the repository is the working directory.
 source "$PWD/tests/lib.sh"
+source "$PWD/tests/daemon/lib.sh"
 layerfs=${LAYERFS:-$PWD/target/release/layerfs}
 export LAYERFS_STORE=/run/lfs-store
 t=/run/lfs-daemon-test
 w=$MNT w2=$t/w2
 nfs_mounted() { awk -v m="$1" '$2 == m && $3 == "nfs" {f=1} END {exit !f}' /proc/mounts; }
-check() { [[ $(cat "$1") == "$2" ]] || fail "$1 holds '$(cat "$1" 2>&1)', not '$2'"; }
-daemon_pid() { # without procps, which a fresh machine may lack
-	local p
-	for p in /proc/[0-9]*; do
-		[[ $(tr '\0' ' ' <"$p/cmdline" 2>/dev/null) == *"layerfs daemon"* ]] && { echo "${p#/proc/}"; return; }
-	done
-}
-mkdir -p "$t/base/etc" "$t/top/etc" "$w2"
+mkdir -p "$w2"
 for _ in $(seq 100); do "$layerfs" ls >/dev/null 2>&1 && break; sleep 0.1; done
 
 step "import a directory and an OCI tarball; create; mount over NFS"
-echo base >"$t/base/etc/name"
-echo doomed >"$t/base/etc/doomed"
-echo top >"$t/top/etc/name"
-touch "$t/top/etc/.wh.doomed"
-tar -C "$t/top" -czf "$t/top.tar.gz" .
-base=$("$layerfs" layer import "$t/base")
-top=$("$layerfs" layer import "$t/top.tar.gz")
+base_layers
 "$layerfs" create w --from "$base" --from "$top"
 "$layerfs" mount w "$w" --nfs
 nfs_mounted "$w" || fail "w is not an NFS mount: $(grep " $w " /proc/mounts)"

@@ -14,12 +14,6 @@ export LAYERFS_STORE=/run/lfs-store
 t=/run/lfs-many-test
 n=${WORKSPACES:-50}
 nfs_mounts() { awk -v t="$t/" '$3 == "nfs" && index($2, t) == 1' /proc/mounts | wc -l; }
-daemon_pid() { # without procps, which a fresh machine may lack
-	local p
-	for p in /proc/[0-9]*; do
-		[[ $(tr '\0' ' ' <"$p/cmdline" 2>/dev/null) == *"layerfs daemon"* ]] && { echo "${p#/proc/}"; return; }
-	done
-}
 status() { awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/status"; }
 mkdir -p "$t/base/etc"
 for _ in $(seq 100); do "$layerfs" ls >/dev/null 2>&1 && break; sleep 0.1; done

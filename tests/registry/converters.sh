@@ -23,20 +23,13 @@ set -euo pipefail
 layerfs=$(realpath "$1")
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/../lib.sh"
-for tool in docker-registry umoci skopeo containerd ctr ctr-remote; do
-	if ! command -v $tool >/dev/null; then
-		skip_or_fail "converters' lazy images" "$tool is not installed"
-		exit 0
-	fi
-done
+need_tools "converters' lazy images" docker-registry umoci skopeo containerd ctr ctr-remote
 door=${LAYERFS_LAZY_DOOR:-fuse}
 if [[ $(id -u) != 0 || ($door == fuse && ! -c /dev/fuse) ]]; then
 	skip_or_fail "converters' lazy images ($door)" "needs root, and /dev/fuse for FUSE"
 	exit 0
 fi
-t=$(mktemp -d "${LAYERFS_LAZY_DIR:-/tmp}/layerfs-conv.XXXXXX")
-export LAYERFS_STORE=$t/store XDG_RUNTIME_DIR=$t/run
-mkdir -m 700 "$t/run"
+make_scratch conv "${LAYERFS_LAZY_DIR:-/tmp}"
 daemon= pids=()
 cleanup() {
 	[[ -n $daemon ]] && kill -KILL "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null || true

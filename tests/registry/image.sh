@@ -9,26 +9,16 @@ source "$here/serve.sh"
 # exit with the daemon, the registries started ($registries) and the
 # mounts under $t.
 registry_scratch() {
-	local tool
-	for tool in docker-registry umoci skopeo htpasswd openssl; do
-		if ! command -v $tool >/dev/null; then
-			skip_or_fail "$1" "$tool is not installed"
-			exit 0
-		fi
-	done
-	if [[ ! -c /dev/fuse || $(id -u) != 0 ]]; then
-		skip_or_fail "$1" "needs root and /dev/fuse"
-		exit 0
-	fi
-	t=$(mktemp -d /tmp/layerfs-registry.XXXXXX)
-	export LAYERFS_STORE=$t/store XDG_RUNTIME_DIR=$t/run
-	mkdir -m 700 "$t/run"
+	need_tools "$1" docker-registry umoci skopeo htpasswd openssl
+	need_root_and_fuse "$1"
+	make_scratch registry
 	trap registry_cleanup EXIT
 }
 daemon= registries=()
 registry_cleanup() {
 	[[ -n $daemon ]] && kill -TERM "$daemon" 2>/dev/null && wait "$daemon" || true
 	for r in "${registries[@]}"; do kill "$r" 2>/dev/null || true; done
+	kill_daemons_under "$t"
 	unmount_under "$t"
 	rm -rf "$t"
 }

@@ -10,21 +10,14 @@ source "$here/serve.sh"
 # at $reg. LAYERFS_LAZY_DOOR names the door (fuse, or nfs in the QEMU
 # guest), LAYERFS_LAZY_DIR where $t goes (default /tmp).
 lazy_scratch() {
-	local tool
-	for tool in docker-registry umoci skopeo; do
-		if ! command -v $tool >/dev/null; then
-			skip_or_fail "$1" "$tool is not installed"
-			exit 0
-		fi
-	done
+	need_tools "$1" docker-registry umoci skopeo
 	door=${LAYERFS_LAZY_DOOR:-fuse}
 	if [[ $(id -u) != 0 || ($door == fuse && ! -c /dev/fuse) ]]; then
 		skip_or_fail "$1 ($door)" "needs root, and /dev/fuse for FUSE"
 		exit 0
 	fi
-	t=$(mktemp -d "${LAYERFS_LAZY_DIR:-/tmp}/layerfs-lazy.XXXXXX")
-	export LAYERFS_STORE=$t/store XDG_RUNTIME_DIR=$t/run LAYERFS_LAZY_WAIT=3
-	mkdir -m 700 "$t/run"
+	make_scratch lazy "${LAYERFS_LAZY_DIR:-/tmp}"
+	export LAYERFS_LAZY_WAIT=3
 	trap lazy_cleanup EXIT
 	start_registry "$t/reg" || fail "the registry did not start"
 	pids+=($registry_pid)
@@ -38,6 +31,7 @@ lazy_cleanup() {
 	[[ -n $daemon ]] && kill -KILL "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null || true
 	pkill -KILL -f "layerfs keeper .*$t" 2>/dev/null || true
 	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+	kill_daemons_under "$t"
 	unmount_under "$t"
 	rm -rf "$t"
 }

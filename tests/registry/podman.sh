@@ -16,19 +16,9 @@ set -euo pipefail
 layerfs=$(realpath "$1")
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/../lib.sh"
-for tool in docker-registry skopeo podman; do
-	if ! command -v $tool >/dev/null; then
-		skip_or_fail "podman reads layerfs's lazy images" "$tool is not installed"
-		exit 0
-	fi
-done
-if [[ $(id -u) != 0 || ! -c /dev/fuse ]]; then
-	skip_or_fail "podman reads layerfs's lazy images" "needs root and /dev/fuse"
-	exit 0
-fi
-t=$(mktemp -d /tmp/layerfs-podman.XXXXXX)
-export LAYERFS_STORE=$t/store XDG_RUNTIME_DIR=$t/run
-mkdir -m 700 "$t/run"
+need_tools "podman reads layerfs's lazy images" docker-registry skopeo podman
+need_root_and_fuse "podman reads layerfs's lazy images"
+make_scratch podman
 daemon= pids=()
 cleanup() {
 	[[ -n $daemon ]] && kill -KILL "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null || true
