@@ -341,6 +341,37 @@ pub struct DirentPlus {
 /// `error` (its `unique` 0).
 pub const NOTIFY_RESEND: i32 = 7;
 
+/// `FUSE_FSYNC_FDATASYNC`, in `fuse_fsync_in`'s `fsync_flags`: an fsync of
+/// the data alone.
+pub const FSYNC_FDATASYNC: u32 = 1;
+
+/// `FATTR_*`: which fields of `struct fuse_setattr_in` to set.
+pub mod fattr {
+    pub const MODE: u32 = 1 << 0;
+    pub const UID: u32 = 1 << 1;
+    pub const GID: u32 = 1 << 2;
+    pub const SIZE: u32 = 1 << 3;
+    pub const ATIME: u32 = 1 << 4;
+    pub const MTIME: u32 = 1 << 5;
+    pub const ATIME_NOW: u32 = 1 << 7;
+    pub const MTIME_NOW: u32 = 1 << 8;
+}
+
+/// `fuse_init_in`'s `flags`: `FUSE_INIT_EXT`, saying `flags2` holds the
+/// high bits, and among those `FUSE_OVER_IO_URING`.
+pub const INIT_EXT: u64 = 1 << 30;
+pub const OVER_IO_URING: u64 = 1 << 41;
+
+/// `enum fuse_uring_cmd`.
+pub const URING_CMD_REGISTER: u32 = 1;
+pub const URING_CMD_COMMIT_AND_FETCH: u32 = 2;
+
+/// The device's ioctls: `FUSE_DEV_IOC_CLONE`, `_IOR(229, 0, uint32_t)`,
+/// and `FUSE_DEV_IOC_BACKING_CLOSE`, `_IOW(229, 2, uint32_t)`.
+pub const DEV_IOC_CLONE: rustix::ioctl::Opcode = rustix::ioctl::opcode::read::<u32>(229, 0);
+pub const DEV_IOC_BACKING_CLOSE: rustix::ioctl::Opcode =
+    rustix::ioctl::opcode::write::<u32>(229, 2);
+
 /// `enum fuse_opcode`: the requests the door is sent. Those it never is
 /// (it asks for no locks, no `poll`, ...) are answered ENOSYS wherever
 /// they come from.

@@ -10,10 +10,9 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
-use rustix::ioctl::{ioctl, opcode, Setter};
+use rustix::ioctl::{ioctl, Setter};
 
-/// `FUSE_DEV_IOC_BACKING_CLOSE`: `_IOW(229, 2, uint32_t)`.
-const BACKING_CLOSE: rustix::ioctl::Opcode = opcode::write::<u32>(229, 2);
+use crate::abi::DEV_IOC_BACKING_CLOSE;
 
 /// A host file the kernel reads and writes for an inode's passthrough
 /// opens, until this is dropped.
@@ -53,9 +52,14 @@ impl crate::opens::Registered for Backing {
 impl Drop for Backing {
     #[allow(unsafe_code)]
     fn drop(&mut self) {
-        // SAFETY: BACKING_CLOSE reads one u32 through the pointer Setter
+        // SAFETY: DEV_IOC_BACKING_CLOSE reads one u32 through the pointer Setter
         // passes, which lives for the call.
-        let closed = unsafe { ioctl(&self.device, Setter::<BACKING_CLOSE, u32>::new(self.id)) };
+        let closed = unsafe {
+            ioctl(
+                &self.device,
+                Setter::<DEV_IOC_BACKING_CLOSE, u32>::new(self.id),
+            )
+        };
         if let Err(e) = closed {
             // The session is gone (its registrations with it).
             tracing::debug!("backing file {} not closed: {e}", self.id);

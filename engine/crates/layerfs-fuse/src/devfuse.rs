@@ -16,7 +16,7 @@
 //! without I/O; [`Readers`] reads and writes.
 
 use std::io::{self, IoSlice};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -25,13 +25,13 @@ use zerocopy::{FromBytes, IntoBytes};
 use layerfs_vfs::ReadSource;
 
 use crate::abi::{opcode, InHeader, OutHeader};
-use crate::door::{Door, MAX_WRITE};
-use crate::request;
+use crate::door::Door;
+use crate::limits::MAX_WRITE;
+use crate::request::Request;
 use crate::wire::{self, Answered, Body, IN_HEADER_LEN};
 use splice::{Sent, Splicer};
 
 mod splice;
-pub(crate) use splice::largest_read;
 
 /// A thread's request buffer: the largest WRITE, its `fuse_write_in` and
 /// header, and room for extensions.
@@ -157,31 +157,20 @@ pub(crate) fn step(door: &Door, buffers: &mut Buffers, len: usize) -> Then {
             *resident = true;
         }
         opcode::DESTROY => return Then::AnswerAndEnd(wire::out_header(header.unique, 0, 0)),
-        opcode::READ => {
-            let body = Body::whole(args, header.total_extlen);
-            let source = request::read_in(body).ok().and_then(|read| {
-                door.read_source(
-                    fuser::INodeNo(header.nodeid),
-                    read.offset,
-                    read.size as usize,
-                )
-            });
-            if let Some(source) = source {
-                door.answered_through_device();
-                return Then::Read(header.unique, source);
-            }
-        }
         _ => {}
+    }
+    let request = Request::parse(header.opcode, Body::whole(args, header.total_extlen));
+    if let Ok(Request::Read(read)) = &request {
+        let ino = fuser::INodeNo(header.nodeid);
+        if let Some(source) = door.read_source(ino, read.offset, read.size as usize) {
+            door.answered_through_device();
+            return Then::Read(header.unique, source);
+        }
     }
     if header.opcode != opcode::INTERRUPT {
         door.answered_through_device();
     }
-    wire::answer(
-        door,
-        &header,
-        Body::whole(args, header.total_extlen),
-        answered,
-    );
+    wire::answer_request(door, &header, request, answered);
     Then::Answer(wire::out_header(
         header.unique,
         answered.error,
@@ -297,21 +286,15 @@ fn write_all_at_once(device: &OwnedFd, answer: &[IoSlice<'_>]) -> rustix::io::Re
 fn clone_device(device: &OwnedFd) -> io::Result<OwnedFd> {
     use rustix::fs::{Mode, OFlags};
     let clone = rustix::fs::open("/dev/fuse", OFlags::RDWR | OFlags::CLOEXEC, Mode::empty())?;
-    let mut source = device.as_raw_fd() as u32;
-    // `FUSE_DEV_IOC_CLONE`, `_IOR(229, 0, uint32_t)`.
-    const FUSE_DEV_IOC_CLONE: libc::c_ulong = 0x8004_e500;
-    // SAFETY: the ioctl reads one u32 (the descriptor to clone) from a
-    // live local, and both descriptors are open.
-    let done = unsafe {
-        libc::ioctl(
-            clone.as_fd().as_raw_fd(),
-            FUSE_DEV_IOC_CLONE as _,
-            &mut source as *mut u32,
+    let source = device.as_raw_fd() as u32;
+    // SAFETY: the ioctl reads one u32 (the descriptor to clone) through
+    // the pointer the Setter passes, and both descriptors are open.
+    unsafe {
+        rustix::ioctl::ioctl(
+            &clone,
+            rustix::ioctl::Setter::<{ crate::abi::DEV_IOC_CLONE }, u32>::new(source),
         )
-    };
-    if done != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    }?;
     Ok(clone)
 }
 

@@ -48,11 +48,6 @@ mod removed;
 mod testing;
 mod xattrs;
 
-/// Largest WRITE the kernel may send; also its readahead. Where a pipe
-/// cannot carry a READ this large, the door asks for less
-/// ([`crate::devfuse::largest_read`]).
-pub const MAX_WRITE: u32 = 1 << 20;
-
 pub struct Door {
     fs: Arc<dyn Filesystem>,
     inos: Inos,
@@ -415,7 +410,7 @@ impl fuser::Filesystem for Door {
         // No READ larger than a pipe of this process carries whole
         // (`devfuse/splice.rs`): the kernel cuts READs, and WRITEs, at
         // the larger of the two.
-        let largest = crate::devfuse::largest_read() as u32;
+        let largest = crate::limits::largest_read() as u32;
         let _ = config.set_max_write(largest);
         let _ = config.set_max_readahead(largest);
         // Enough background requests in flight to keep readahead and

@@ -32,7 +32,7 @@ use std::os::unix::net::UnixDatagram;
 
 use zerocopy::IntoBytes;
 
-use crate::abi::{opcode, InHeader, InitIn, OutHeader, NOTIFY_RESEND};
+use crate::abi::{opcode, InHeader, InitIn, OutHeader, INIT_EXT, NOTIFY_RESEND};
 
 /// What the kernel told the first server of a session in its FUSE_INIT:
 /// enough to rebuild that INIT for the next server, which then agrees to
@@ -57,9 +57,6 @@ pub struct Kept {
     pub opens: Option<OwnedFd>,
 }
 
-/// `fuse_init_in`'s `flags` bit saying `flags2` holds the high bits.
-const FUSE_INIT_EXT: u64 = 1 << 30;
-
 impl KernelInit {
     /// The FUSE_INIT request the kernel sent, as fuser reads it: a
     /// `fuse_in_header` from this process's own ids, then `fuse_init_in`.
@@ -67,7 +64,7 @@ impl KernelInit {
         const LEN: usize = size_of::<InHeader>() + size_of::<InitIn>();
         let flags = match self.flags >> 32 {
             0 => self.flags,
-            _ => self.flags | FUSE_INIT_EXT,
+            _ => self.flags | INIT_EXT,
         };
         let header = InHeader {
             len: LEN as u32,

@@ -33,6 +33,8 @@ pub mod fuzzing;
 #[cfg(target_os = "linux")]
 pub mod handover;
 #[cfg(target_os = "linux")]
+mod limits;
+#[cfg(target_os = "linux")]
 mod mount;
 #[cfg(target_os = "linux")]
 mod open_table;

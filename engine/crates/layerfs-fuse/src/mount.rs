@@ -9,6 +9,7 @@ use fuser::{Config, MountOption, SessionACL};
 use layerfs_vfs::{FileId, Filesystem};
 use rustix::fs::Access;
 
+use crate::abi::OVER_IO_URING;
 use crate::attrs::Inos;
 use crate::backing::Backing;
 use crate::devfuse::Readers;
@@ -70,9 +71,6 @@ pub struct Mounted {
     resumed: bool,
 }
 
-/// `FUSE_OVER_IO_URING` among the capabilities of an INIT.
-const FUSE_OVER_IO_URING: u64 = 1 << 41;
-
 /// Mounts `fs` at `mountpoint` and serves it on background threads.
 ///
 /// Fails with a one-line reason when FUSE cannot be used here: no
@@ -114,7 +112,7 @@ pub fn resume(
     // The last server's INIT kept FUSE over io_uring only if it served the
     // rings; once they serve, the kernel sends this connection's requests
     // nowhere else, so this server serves them too, whatever it was asked.
-    let rings = kept.kernel.flags & FUSE_OVER_IO_URING != 0;
+    let rings = kept.kernel.flags & OVER_IO_URING != 0;
     let options = Options {
         io_uring: rings,
         ..options.clone()
@@ -171,7 +169,7 @@ pub fn resume(
 /// (`kernel`) offered FUSE over io_uring (the door then agreed to it);
 /// else, said once per process, through `/dev/fuse` alone.
 fn join_rings(device: &OwnedFd, kernel: Option<KernelInit>, template: &Door) {
-    if kernel.is_none_or(|k| k.flags & FUSE_OVER_IO_URING == 0) {
+    if kernel.is_none_or(|k| k.flags & OVER_IO_URING == 0) {
         static SAID: std::sync::Once = std::sync::Once::new();
         return SAID.call_once(|| {
             tracing::warn!(
@@ -310,7 +308,7 @@ fn widen_readahead(mountpoint: &Path) {
     let (major, minor) = (rustix::fs::major(dev), rustix::fs::minor(dev));
     let setting = format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb");
     // As large as one READ, and as a READ spliced whole.
-    let kib = crate::devfuse::largest_read() / 1024;
+    let kib = crate::limits::largest_read() / 1024;
     if let Err(e) = std::fs::write(&setting, kib.to_string()) {
         tracing::debug!("readahead left as it is: {setting}: {e}");
     }

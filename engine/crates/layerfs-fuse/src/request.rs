@@ -16,7 +16,7 @@ use crate::abi::{
     opcode as op, AccessIn, CreateIn, FallocateIn, FsyncIn, GetxattrIn, LinkIn, MkdirIn, MknodIn,
     OpenIn, ReadIn, ReleaseIn, Rename2In, RenameIn, SetattrIn, SetxattrIn, WriteIn,
 };
-use crate::door::MAX_WRITE;
+use crate::limits::MAX_WRITE;
 
 /// A request's argument bytes: `op` first, then `rest`.
 #[derive(Clone, Copy, Debug)]
@@ -260,7 +260,7 @@ impl<'a> Request<'a> {
 /// A READ's arguments, its size cut to [`MAX_WRITE`]: the door lets the
 /// kernel send no larger READ (`max_pages`), and a larger one must not
 /// make the answer's buffer grow past what the kernel would take.
-pub(crate) fn read_in(body: Body<'_>) -> Result<ReadIn, Errno> {
+fn read_in(body: Body<'_>) -> Result<ReadIn, Errno> {
     let mut read: ReadIn = body.fixed()?.0;
     read.size = read.size.min(MAX_WRITE);
     Ok(read)

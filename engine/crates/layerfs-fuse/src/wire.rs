@@ -12,7 +12,7 @@ use fuser::{
 };
 use layerfs_vfs::SetAttr;
 
-use crate::abi::SetattrIn;
+use crate::abi::{fattr, SetattrIn, FSYNC_FDATASYNC};
 pub use crate::abi::{InHeader, OutHeader};
 use crate::answer::{Answer, EmptyAnswer};
 use crate::door::{set_time, wanted, Door, Who};
@@ -26,9 +26,6 @@ mod reply;
 pub const IN_HEADER_LEN: usize = std::mem::size_of::<InHeader>();
 /// `struct fuse_out_header`'s length.
 pub const OUT_HEADER_LEN: usize = std::mem::size_of::<OutHeader>();
-
-/// `FUSE_FSYNC_FDATASYNC`: an fsync of the data alone.
-const FSYNC_FDATASYNC: u32 = 1;
 
 /// One answer: an error, or a body (possibly empty).
 #[derive(Debug, Default)]
@@ -48,16 +45,6 @@ pub fn out_header(unique: u64, error: i32, body: usize) -> OutHeader {
     }
 }
 
-/// `FATTR_*`: which fields of `struct fuse_setattr_in` to set.
-const FATTR_MODE: u32 = 1 << 0;
-const FATTR_UID: u32 = 1 << 1;
-const FATTR_GID: u32 = 1 << 2;
-const FATTR_SIZE: u32 = 1 << 3;
-const FATTR_ATIME: u32 = 1 << 4;
-const FATTR_MTIME: u32 = 1 << 5;
-const FATTR_ATIME_NOW: u32 = 1 << 7;
-const FATTR_MTIME_NOW: u32 = 1 << 8;
-
 /// What a SETATTR asks to set, as fuser reads it: the change time, the
 /// file handle and FATTR_KILL_SUIDGID are not the door's to use.
 fn setattr_in(op: &SetattrIn) -> SetAttr {
@@ -69,24 +56,25 @@ fn setattr_in(op: &SetattrIn) -> SetAttr {
         }))
     };
     SetAttr {
-        mode: has(FATTR_MODE).then_some(op.mode),
-        uid: has(FATTR_UID).then_some(op.uid),
-        gid: has(FATTR_GID).then_some(op.gid),
-        size: has(FATTR_SIZE).then_some(op.size),
-        atime: time(FATTR_ATIME, FATTR_ATIME_NOW, op.atime, op.atimensec),
-        mtime: time(FATTR_MTIME, FATTR_MTIME_NOW, op.mtime, op.mtimensec),
+        mode: has(fattr::MODE).then_some(op.mode),
+        uid: has(fattr::UID).then_some(op.uid),
+        gid: has(fattr::GID).then_some(op.gid),
+        size: has(fattr::SIZE).then_some(op.size),
+        atime: time(fattr::ATIME, fattr::ATIME_NOW, op.atime, op.atimensec),
+        mtime: time(fattr::MTIME, fattr::MTIME_NOW, op.mtime, op.mtimensec),
     }
 }
 
-/// Answers a READ, its arguments `op`, by reading the file straight into
-/// `dst`, the buffer the answer goes out from: the answer's errno
-/// (negative, or 0) and length. None for any other request, and for a READ
-/// [`answer`] must answer (a file open with no name left).
-pub fn read_direct(door: &Door, h: &InHeader, op: &[u8], dst: &mut [u8]) -> Option<(i32, usize)> {
-    if h.opcode != crate::abi::opcode::READ {
-        return None;
-    }
-    let read = crate::abi::args::<crate::abi::ReadIn>(op)?;
+/// Answers READ `read` of `h` by reading the file straight into `dst`, the
+/// buffer the answer goes out from: the answer's errno (negative, or 0)
+/// and length. None for a READ [`answer_request`] must answer (a file open
+/// with no name left).
+pub fn read_direct(
+    door: &Door,
+    h: &InHeader,
+    read: &crate::abi::ReadIn,
+    dst: &mut [u8],
+) -> Option<(i32, usize)> {
     let size = (read.size as usize).min(dst.len());
     match door.read_into(INodeNo(h.nodeid), read.offset, &mut dst[..size])? {
         Ok(len) => Some((0, len)),
@@ -97,6 +85,17 @@ pub fn read_direct(door: &Door, h: &InHeader, op: &[u8], dst: &mut [u8]) -> Opti
 /// Answers request `h`, its arguments `body`, with `door` into `out`.
 /// Every request gets an answer: one the door does not serve is ENOSYS.
 pub fn answer(door: &Door, h: &InHeader, body: Body<'_>, out: &mut Answered) {
+    answer_request(door, h, Request::parse(h.opcode, body), out)
+}
+
+/// [`answer`] of `request`, decoded already (by a route that looked at it
+/// first: a READ it might serve itself).
+pub fn answer_request(
+    door: &Door,
+    h: &InHeader,
+    request: Result<Request<'_>, Errno>,
+    out: &mut Answered,
+) {
     out.error = 0;
     out.body.clear();
     let who = Who {
@@ -106,7 +105,7 @@ pub fn answer(door: &Door, h: &InHeader, body: Body<'_>, out: &mut Answered) {
     };
     let ino = INodeNo(h.nodeid);
     let reply = Reply(out);
-    let request = match Request::parse(h.opcode, body) {
+    let request = match request {
         Ok(request) => request,
         Err(e) => return reply.error(e),
     };

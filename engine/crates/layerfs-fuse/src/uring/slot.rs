@@ -8,11 +8,8 @@ use zerocopy::{FromZeros, IntoBytes};
 
 use crate::abi::{self, opcode as fuse_op, InHeader, ReadIn, UringCmdReq, UringReqHeader};
 use crate::door::Door;
+use crate::request::Request;
 use crate::wire::{self, Answered, Body, IN_HEADER_LEN, OUT_HEADER_LEN};
-
-/// `enum fuse_uring_cmd`.
-const CMD_REGISTER: u32 = 1;
-const CMD_COMMIT_AND_FETCH: u32 = 2;
 
 /// A slot's header buffer, as the kernel registers it.
 const HEADER_LEN: usize = std::mem::size_of::<UringReqHeader>();
@@ -20,7 +17,7 @@ const HEADER_LEN: usize = std::mem::size_of::<UringReqHeader>();
 /// The largest request or answer body: the kernel refuses a buffer smaller
 /// than its `max_write` or `max_pages`. Allocated zeroed, so a page of it
 /// is resident only once a request has used it.
-const PAYLOAD_LEN: usize = crate::door::MAX_WRITE as usize;
+const PAYLOAD_LEN: usize = crate::limits::MAX_WRITE as usize;
 
 /// A READ at least this large goes to the ring's reader thread. The
 /// readahead of a door run as root asks 1 MiB at a time: a cold 1 GiB
@@ -71,7 +68,7 @@ impl Slot {
     /// The command lending this slot to queue `qid` of `device`'s
     /// connection for its first request.
     pub(super) fn register(&self, device: &OwnedFd, qid: u16) -> squeue::Entry128 {
-        let entry = opcode::UringCmd80::new(types::Fd(device.as_raw_fd()), CMD_REGISTER)
+        let entry = opcode::UringCmd80::new(types::Fd(device.as_raw_fd()), abi::URING_CMD_REGISTER)
             .cmd(command(qid, 0))
             .addr(Some(self.iov.as_ptr() as u64))
             .build();
@@ -81,9 +78,12 @@ impl Slot {
     /// The command giving back the answer now in this slot, and lending
     /// the slot for the next request.
     pub(super) fn commit(&self, device: &OwnedFd, qid: u16) -> squeue::Entry128 {
-        opcode::UringCmd80::new(types::Fd(device.as_raw_fd()), CMD_COMMIT_AND_FETCH)
-            .cmd(command(qid, self.header.ent.commit_id))
-            .build()
+        opcode::UringCmd80::new(
+            types::Fd(device.as_raw_fd()),
+            abi::URING_CMD_COMMIT_AND_FETCH,
+        )
+        .cmd(command(qid, self.header.ent.commit_id))
+        .build()
     }
 }
 
@@ -130,18 +130,22 @@ pub(super) fn answer(slot: &mut Slot, door: &Door, answered: &mut Answered) {
         );
         return answer_with(slot, header.unique, -libc::EIO, 0);
     };
-    // A READ's data goes straight into the ring's buffer.
-    if let Some((error, len)) =
-        wire::read_direct(door, &header, &slot.header.op_in[..op], &mut slot.payload)
-    {
-        return answer_with(slot, header.unique, error, len);
-    }
     let body = Body::split(
         &slot.header.op_in[..op],
         &slot.payload[..payload],
         header.total_extlen,
     );
-    wire::answer(door, &header, body, answered);
+    let request = match Request::parse(header.opcode, body) {
+        // A READ's data goes straight into the ring's buffer.
+        Ok(Request::Read(read)) => {
+            if let Some((error, len)) = wire::read_direct(door, &header, &read, &mut slot.payload) {
+                return answer_with(slot, header.unique, error, len);
+            }
+            Ok(Request::Read(read))
+        }
+        other => other,
+    };
+    wire::answer_request(door, &header, request, answered);
     if answered.body.len() > PAYLOAD_LEN {
         return answer_with(slot, header.unique, -libc::ERANGE, 0);
     }

@@ -169,7 +169,7 @@ fn a_setattr_sets_what_its_valid_bits_name_and_answers_the_attributes() {
     let meta = std::fs::metadata(dir.path().join("f")).unwrap();
     // Size, mode and the modification time; the access time and the
     // owner are there but not valid.
-    let valid = FATTR_SIZE | FATTR_MODE | FATTR_MTIME;
+    let valid = fattr::SIZE | fattr::MODE | fattr::MTIME;
     let op = setattr_in_of(valid, 5, [(1, 2), (-2, 500_000_000)], [0o100600, 7, 8]);
     let set = ask(&d, SETATTR, nodeid, &op, &[]);
     assert_eq!((set.error, set.body.len()), (0, 16 + 88), "fuse_attr_out");
@@ -180,7 +180,7 @@ fn a_setattr_sets_what_its_valid_bits_name_and_answers_the_attributes() {
     assert_eq!((now.atime(), now.uid()), (meta.atime(), meta.uid()));
     assert_eq!(u64_at(&set.body, 16 + 8), 5, "the answer's size");
     // The access time set to now.
-    let op = setattr_in_of(FATTR_ATIME | FATTR_ATIME_NOW, 0, [(1, 2), (0, 0)], [0; 3]);
+    let op = setattr_in_of(fattr::ATIME | fattr::ATIME_NOW, 0, [(1, 2), (0, 0)], [0; 3]);
     assert_eq!(ask(&d, SETATTR, nodeid, &op, &[]).error, 0);
     let now = std::fs::metadata(dir.path().join("f")).unwrap();
     assert!(
@@ -315,7 +315,11 @@ fn a_read_larger_than_the_door_lets_the_kernel_send_is_answered_at_that_size() {
     let d = door(dir.path(), Caching::Shared);
     let found = ask(&d, LOOKUP, ROOT, &[], b"big\0");
     let nodeid = u64_at(&found.body, 0);
-    for size in [u32::MAX, crate::door::MAX_WRITE + 1, crate::door::MAX_WRITE] {
+    for size in [
+        u32::MAX,
+        crate::limits::MAX_WRITE + 1,
+        crate::limits::MAX_WRITE,
+    ] {
         let read_in = ReadIn {
             offset: 4096,
             size,
@@ -325,10 +329,10 @@ fn a_read_larger_than_the_door_lets_the_kernel_send_is_answered_at_that_size() {
         assert_eq!(read.error, 0);
         assert_eq!(
             read.body.len(),
-            crate::door::MAX_WRITE as usize,
+            crate::limits::MAX_WRITE as usize,
             "asked {size}"
         );
-        assert!(read.body.capacity() < 2 * crate::door::MAX_WRITE as usize);
+        assert!(read.body.capacity() < 2 * crate::limits::MAX_WRITE as usize);
     }
 }
 
