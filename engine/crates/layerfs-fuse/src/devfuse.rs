@@ -170,7 +170,7 @@ pub(crate) fn step(door: &Door, buffers: &mut Buffers, len: usize) -> Then {
     if header.opcode != opcode::INTERRUPT {
         door.answered_through_device();
     }
-    wire::answer_request(door, &header, request, answered);
+    wire::answer(door, &header, request, answered);
     Then::Answer(wire::out_header(
         header.unique,
         answered.error,

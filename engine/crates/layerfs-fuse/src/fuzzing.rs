@@ -48,12 +48,8 @@ impl Dispatcher {
             unique: 1,
             ..Default::default()
         };
-        wire::answer(
-            &self.door,
-            &header,
-            Body::split(op, payload, 0),
-            &mut self.answered,
-        );
+        let request = crate::request::Request::parse(opcode, Body::split(op, payload, 0));
+        wire::answer(&self.door, &header, request, &mut self.answered);
         (self.answered.error, &self.answered.body)
     }
 

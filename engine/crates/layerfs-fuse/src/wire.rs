@@ -67,7 +67,7 @@ fn setattr_in(op: &SetattrIn) -> SetAttr {
 
 /// Answers READ `read` of `h` by reading the file straight into `dst`, the
 /// buffer the answer goes out from: the answer's errno (negative, or 0)
-/// and length. None for a READ [`answer_request`] must answer (a file open
+/// and length. None for a READ [`answer`] must answer (a file open
 /// with no name left).
 pub fn read_direct(
     door: &Door,
@@ -82,20 +82,11 @@ pub fn read_direct(
     }
 }
 
-/// Answers request `h`, its arguments `body`, with `door` into `out`.
-/// Every request gets an answer: one the door does not serve is ENOSYS.
-pub fn answer(door: &Door, h: &InHeader, body: Body<'_>, out: &mut Answered) {
-    answer_request(door, h, Request::parse(h.opcode, body), out)
-}
-
-/// [`answer`] of `request`, decoded already (by a route that looked at it
-/// first: a READ it might serve itself).
-pub fn answer_request(
-    door: &Door,
-    h: &InHeader,
-    request: Result<Request<'_>, Errno>,
-    out: &mut Answered,
-) {
+/// Answers request `h`, decoded as `request` (once, by the route that
+/// read it: [`Request::parse`]), with `door` into `out`. Every request gets
+/// an answer: one that cannot be decoded gets its errno, one the door does
+/// not serve ENOSYS.
+pub fn answer(door: &Door, h: &InHeader, request: Result<Request<'_>, Errno>, out: &mut Answered) {
     out.error = 0;
     out.body.clear();
     let who = Who {

@@ -65,7 +65,8 @@ fn a_lookup_is_answered_as_the_dispatcher_answers_it() {
         nodeid: ROOT,
         ..Default::default()
     };
-    wire::answer(&d, &header, Body::split(&[], b"f\0", 0), &mut direct);
+    let request = crate::request::Request::parse(header.opcode, Body::split(&[], b"f\0", 0));
+    wire::answer(&d, &header, request, &mut direct);
     assert_eq!(body, direct.body, "as a ring's LOOKUP is answered");
 
     let len = put(&mut buffers, (opcode::LOOKUP, ROOT), b"nothing\0", 0);

@@ -145,7 +145,7 @@ pub(super) fn answer(slot: &mut Slot, door: &Door, answered: &mut Answered) {
         }
         other => other,
     };
-    wire::answer_request(door, &header, request, answered);
+    wire::answer(door, &header, request, answered);
     if answered.body.len() > PAYLOAD_LEN {
         return answer_with(slot, header.unique, -libc::ERANGE, 0);
     }

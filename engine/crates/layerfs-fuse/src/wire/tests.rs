@@ -53,14 +53,24 @@ fn ask(door: &Door, opcode: u32, nodeid: u64, op: &[u8], payload: &[u8]) -> Answ
         body: b"stale".to_vec(),
     };
     let h = header(opcode, nodeid);
-    answer(door, &h, Body::split(op, payload, 0), &mut out);
+    answer(
+        door,
+        &h,
+        Request::parse(h.opcode, Body::split(op, payload, 0)),
+        &mut out,
+    );
     if matches!(
         opcode,
         GETATTR | LOOKUP | READ | READDIR | READDIRPLUS | STATFS | ACCESS | READLINK
     ) {
         let whole = [op, payload].concat();
         let mut again = Answered::default();
-        answer(door, &h, Body::whole(&whole, 0), &mut again);
+        answer(
+            door,
+            &h,
+            Request::parse(h.opcode, Body::whole(&whole, 0)),
+            &mut again,
+        );
         assert_eq!(
             (again.error, unchanging(opcode, &again.body)),
             (out.error, unchanging(opcode, &out.body)),
@@ -565,7 +575,12 @@ fn statfs_access_fsync_and_fallocate_are_answered_as_the_host_says() {
             padding: 0,
         };
         let mut out = Answered::default();
-        answer(&d, &h, Body::split(arg.as_bytes(), &[], 0), &mut out);
+        answer(
+            &d,
+            &h,
+            Request::parse(h.opcode, Body::split(arg.as_bytes(), &[], 0)),
+            &mut out,
+        );
         out.error
     };
     let owner = rustix::process::geteuid().as_raw();
