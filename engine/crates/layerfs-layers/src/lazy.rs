@@ -68,25 +68,19 @@ pub struct LazyFile {
     pub mode: Option<u32>,
 }
 
-/// Where a lazy layer's data is: what a fetcher needs to reach it again,
-/// after a restart too. Credentials are not here: the fetcher finds them
-/// for the registry, as a pull does.
+/// Where a lazy layer's data is: kept with the layer and given back to
+/// whoever makes its [`Fetch`], after a restart too. The layer reads only
+/// `name`; what reaching the data takes is the fetcher's own
+/// (`layerfs-registry` keeps a blob's place in its registry there).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Source {
-    /// The image it was pulled as (`registry/repository:tag`).
-    pub reference: String,
-    /// The blob's digest and size.
-    pub blob: String,
-    pub size: u64,
-    /// How a piece is compressed, as its descriptor says. (An index
-    /// written before may also hold `format`, which nothing reads.)
-    pub media_type: String,
-    /// Its registry is reached over plain HTTP (as the pull was asked).
-    #[serde(default)]
-    pub insecure: bool,
-    /// Any certificate is taken from its registry (as the pull was asked).
-    #[serde(default)]
-    pub no_tls_verify: bool,
+    /// What the data is known as in log lines and errors (an image
+    /// reference, `registry/repository:tag`).
+    #[serde(rename = "reference")]
+    pub name: String,
+    /// The fetcher's own description of where the data is.
+    #[serde(flatten)]
+    pub place: serde_json::Map<String, serde_json::Value>,
 }
 
 /// What `lazy/<id>/index.json` holds.

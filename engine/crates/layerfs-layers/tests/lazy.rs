@@ -112,13 +112,10 @@ fn dir(path: &str) -> Entry {
 }
 
 fn source(blob: &Blob) -> Source {
+    let place = serde_json::json!({ "blob": digest(&blob.bytes), "size": blob.bytes.len() });
     Source {
-        reference: "registry.test/lazy:v1".into(),
-        blob: digest(&blob.bytes),
-        size: blob.bytes.len() as u64,
-        media_type: "application/vnd.oci.image.layer.v1.tar+zstd".into(),
-        insecure: false,
-        no_tls_verify: false,
+        name: "registry.test/lazy:v1".into(),
+        place: place.as_object().unwrap().clone(),
     }
 }
 

@@ -70,7 +70,7 @@ impl Daemon {
         let fetch = match layerfs_registry::lazy::fetcher(&source, ca_file) {
             Ok(fetch) => Some(fetch),
             Err(e) => {
-                tracing::error!(layer = %id, image = %source.reference,
+                tracing::error!(layer = %id, image = %source.name,
                     "no way to fetch a lazy layer's data: {}", e.message);
                 None
             }

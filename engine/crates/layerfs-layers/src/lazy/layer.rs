@@ -379,14 +379,14 @@ impl LazyLayer {
             let fetch = fetch.as_ref().ok_or_else(|| {
                 io::Error::other(format!(
                     "lazy layer {}: no way to reach {} to fetch its data",
-                    self.id, self.source.reference
+                    self.id, self.source.name
                 ))
             })?;
             let asked: Vec<&Piece> = to_fetch.iter().map(|&i| self.piece(numbers[i]).1).collect();
             let got = fetch.fetch(&asked).map_err(|e| {
-                tracing::error!(image = %self.source.reference, layer = %self.id, error = %e,
+                tracing::error!(image = %self.source.name, layer = %self.id, error = %e,
                     "cannot fetch a lazy layer's data");
-                io::Error::new(e.kind(), format!("{}: {e}", self.source.reference))
+                io::Error::new(e.kind(), format!("{}: {e}", self.source.name))
             })?;
             if got.len() != asked.len() {
                 return Err(io::Error::other(
@@ -467,13 +467,13 @@ impl LazyLayer {
         }
         let path = &self.files[file as usize].path;
         tracing::error!(
-            image = %self.source.reference, layer = %self.id, file = %path,
+            image = %self.source.name, layer = %self.id, file = %path,
             at = piece.at, len = piece.len, blob_range = ?(piece.start..piece.end),
             "a lazy layer's piece does not match its digest: not used"
         );
         Err(io::Error::other(format!(
             "{}: the piece of {path} at {} does not match its digest",
-            self.source.reference, piece.at
+            self.source.name, piece.at
         )))
     }
 
@@ -557,7 +557,7 @@ impl LazyLayer {
             let marker = File::create(self.state.join(COMPLETE))?;
             marker.sync_all()?;
             File::open(&self.state)?.sync_all()?;
-            tracing::info!(layer = %self.id, image = %self.source.reference, "lazy layer complete");
+            tracing::info!(layer = %self.id, image = %self.source.name, "lazy layer complete");
         }
         Ok(())
     }

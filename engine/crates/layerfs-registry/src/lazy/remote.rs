@@ -12,7 +12,9 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures_util::TryStreamExt;
-use layerfs_layers::lazy::{Fetch, Piece, Source};
+use layerfs_layers::lazy::{Fetch, Piece};
+
+use super::BlobPlace;
 use oci_client::client::BlobResponse;
 use oci_client::errors::OciDistributionError;
 use oci_client::manifest::OciDescriptor;
@@ -49,7 +51,7 @@ pub(crate) struct Remote {
 }
 
 impl Remote {
-    pub(crate) fn open(source: &Source, transport: &Transport) -> Result<Remote, Error> {
+    pub(crate) fn open(source: &BlobPlace, transport: &Transport) -> Result<Remote, Error> {
         let session = Session::open(&source.reference, transport)?;
         let blob = OciDescriptor {
             media_type: source.media_type.clone(),
