@@ -5,7 +5,9 @@
 //! body and a negative errno; a success has the size its request's answer
 //! has (an entry 128 bytes, attributes 104, ...); a listing holds whole
 //! entries within the size asked; and nothing outside the stack's two
-//! directories changes, whatever names come.
+//! directories changes, whatever names come. The door answers as after an
+//! INIT whose offered capabilities the input chooses (passthrough, the
+//! writeback cache, READDIRPLUS...), or as a door with no connection.
 #![no_main]
 
 use std::sync::Arc;
@@ -49,7 +51,15 @@ struct Request {
     device: Option<(u8, u8)>,
 }
 
-fuzz_target!(|requests: Vec<Request>| {
+/// What the kernel's INIT offered, where the door serves a connection.
+#[derive(Arbitrary, Debug)]
+struct Init {
+    flags: u64,
+    exclusive: bool,
+}
+
+fuzz_target!(|input: (Option<Init>, Vec<Request>)| {
+    let (init, requests) = input;
     let dir = tempfile::tempdir().unwrap();
     let (lower, upper, outside) = (
         dir.path().join("l"),
@@ -62,7 +72,10 @@ fuzz_target!(|requests: Vec<Request>| {
     std::fs::write(lower.join("f"), b"lower file").unwrap();
     std::fs::create_dir(lower.join("sub")).unwrap();
     let stack = StackFs::open_in_upper(&[lower.clone()], &upper).unwrap();
-    let mut door = Dispatcher::over(Arc::new(stack));
+    let mut door = match init {
+        Some(init) => Dispatcher::after_init(Arc::new(stack), init.flags, init.exclusive),
+        None => Dispatcher::over(Arc::new(stack)),
+    };
     let me = (
         rustix::process::geteuid().as_raw(),
         rustix::process::getegid().as_raw(),

@@ -8,10 +8,15 @@
 # (tests/daemon/held.py), the removed one let go of after its release;
 # unmount by path, a mount over a dead FUSE mount; SIGTERM leaves no mount
 # and no keeper.
+# With OLD, the daemon that makes the workspaces and is killed is that
+# binary (an earlier build): the restart then takes over mounts an earlier
+# daemon made and its keeper kept.
 # Needs root and /dev/fuse; says SKIPPED without them (tests/skip.sh).
-# usage: tests/daemon/takeover.sh LAYERFS
+# usage: tests/daemon/takeover.sh LAYERFS [OLD]
 set -euo pipefail
 layerfs=$(realpath "$1")
+new=$layerfs
+[[ -n ${2:-} ]] && layerfs=$(realpath "$2")
 source "$(dirname "$0")/../lib.sh"
 source "$(dirname "$0")/../fusectl.sh"
 source "$(dirname "$0")/lib.sh"
@@ -76,6 +81,7 @@ mounted "$t/w" || fail "w's mount went with the daemon"
 waiting=$(fuse_waiting "$t/w2")
 [[ $waiting =~ ^[1-9] ]] ||
 	fail "no request of w2's waits while no daemon serves it (waiting: $waiting): the reader does not reach the door"
+layerfs=$new
 start_daemon
 held_go "a kill -9 and restart"
 wait "$writer" || fail "the writer got an error across the kill and restart"

@@ -53,6 +53,78 @@ pub struct InitIn {
     pub unused: [u32; 11],
 }
 
+/// `struct fuse_init_out`: the answer to an INIT. A kernel of minor
+/// version below 23 reads only its first 24 bytes.
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct InitOut {
+    pub major: u32,
+    pub minor: u32,
+    pub max_readahead: u32,
+    pub flags: u32,
+    pub max_background: u16,
+    pub congestion_threshold: u16,
+    pub max_write: u32,
+    pub time_gran: u32,
+    pub max_pages: u16,
+    pub map_alignment: u16,
+    pub flags2: u32,
+    pub max_stack_depth: u32,
+    pub request_timeout: u16,
+    pub unused: [u16; 11],
+}
+
+/// The protocol version an INIT is answered with: `FUSE_KERNEL_VERSION`,
+/// and the minor version the door has always answered (40), so that a
+/// door taking a session over agrees to what the last one did.
+pub const KERNEL_VERSION: u32 = 7;
+pub const ANSWERED_MINOR_VERSION: u32 = 40;
+
+/// `fuse_init_in`/`fuse_init_out` flags the door asks for (`FUSE_*`); bits
+/// past 31 travel in `flags2`.
+pub mod init {
+    pub const ASYNC_READ: u64 = 1 << 0;
+    pub const BIG_WRITES: u64 = 1 << 5;
+    pub const AUTO_INVAL_DATA: u64 = 1 << 12;
+    pub const DO_READDIRPLUS: u64 = 1 << 13;
+    pub const WRITEBACK_CACHE: u64 = 1 << 16;
+    pub const PARALLEL_DIROPS: u64 = 1 << 18;
+    pub const MAX_PAGES: u64 = 1 << 22;
+    pub const CACHE_SYMLINKS: u64 = 1 << 23;
+    pub const EXT: u64 = 1 << 30;
+    pub const HANDLE_KILLPRIV_V2: u64 = 1 << 28;
+    pub const PASSTHROUGH: u64 = 1 << 37;
+    pub const OVER_IO_URING: u64 = 1 << 41;
+}
+
+/// `struct fuse_notify_inval_inode_out`: drop the attributes and pages
+/// the kernel holds of an inode (`off` -1 for the attributes alone).
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct NotifyInvalInodeOut {
+    pub ino: u64,
+    pub off: i64,
+    pub len: i64,
+}
+
+/// `struct fuse_notify_inval_entry_out`, followed by the name and a NUL.
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct NotifyInvalEntryOut {
+    pub parent: u64,
+    pub namelen: u32,
+    pub flags: u32,
+}
+
+/// `struct fuse_backing_map`: a host file to register for passthrough.
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct BackingMap {
+    pub fd: i32,
+    pub flags: u32,
+    pub padding: u64,
+}
+
 /// `struct fuse_read_in`.
 #[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
 #[repr(C)]
@@ -339,6 +411,8 @@ pub struct DirentPlus {
 
 /// `enum fuse_notify_code`: a notification's code, in an out header's
 /// `error` (its `unique` 0).
+pub const NOTIFY_INVAL_INODE: i32 = 2;
+pub const NOTIFY_INVAL_ENTRY: i32 = 3;
 pub const NOTIFY_RESEND: i32 = 7;
 
 /// `FUSE_FSYNC_FDATASYNC`, in `fuse_fsync_in`'s `fsync_flags`: an fsync of
@@ -357,18 +431,16 @@ pub mod fattr {
     pub const MTIME_NOW: u32 = 1 << 8;
 }
 
-/// `fuse_init_in`'s `flags`: `FUSE_INIT_EXT`, saying `flags2` holds the
-/// high bits, and among those `FUSE_OVER_IO_URING`.
-pub const INIT_EXT: u64 = 1 << 30;
-pub const OVER_IO_URING: u64 = 1 << 41;
-
 /// `enum fuse_uring_cmd`.
 pub const URING_CMD_REGISTER: u32 = 1;
 pub const URING_CMD_COMMIT_AND_FETCH: u32 = 2;
 
 /// The device's ioctls: `FUSE_DEV_IOC_CLONE`, `_IOR(229, 0, uint32_t)`,
+/// `FUSE_DEV_IOC_BACKING_OPEN`, `_IOW(229, 1, struct fuse_backing_map)`,
 /// and `FUSE_DEV_IOC_BACKING_CLOSE`, `_IOW(229, 2, uint32_t)`.
 pub const DEV_IOC_CLONE: rustix::ioctl::Opcode = rustix::ioctl::opcode::read::<u32>(229, 0);
+pub const DEV_IOC_BACKING_OPEN: rustix::ioctl::Opcode =
+    rustix::ioctl::opcode::write::<BackingMap>(229, 1);
 pub const DEV_IOC_BACKING_CLOSE: rustix::ioctl::Opcode =
     rustix::ioctl::opcode::write::<u32>(229, 2);
 
@@ -460,6 +532,10 @@ const _: () = {
     assert!(size_of::<InHeader>() == 40);
     assert!(size_of::<OutHeader>() == 16);
     assert!(size_of::<InitIn>() == 64);
+    assert!(size_of::<InitOut>() == 64);
+    assert!(size_of::<NotifyInvalInodeOut>() == 24);
+    assert!(size_of::<NotifyInvalEntryOut>() == 16);
+    assert!(size_of::<BackingMap>() == 16);
     assert!(size_of::<ReadIn>() == 40);
     assert!(size_of::<WriteIn>() == 40);
     assert!(size_of::<SetattrIn>() == 88);

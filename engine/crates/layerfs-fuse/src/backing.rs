@@ -1,18 +1,15 @@
 //! Backing files registered with the kernel for passthrough opens.
 //!
-//! fuser's own `BackingId` closes its registration through the descriptor
-//! of the session that answered the open; a session fed through a socket
-//! (a CPU's ring, see [`crate::uring`]) has no device to close it on. A
-//! [`Backing`] is registered and closed on the session's device itself,
-//! whichever session answers.
+//! A [`Backing`] is registered and closed on the connection's device
+//! itself, whichever thread or ring answered the open.
 
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
 use rustix::ioctl::{ioctl, Setter};
 
-use crate::abi::DEV_IOC_BACKING_CLOSE;
+use crate::abi::{BackingMap, DEV_IOC_BACKING_CLOSE, DEV_IOC_BACKING_OPEN};
 
 /// A host file the kernel reads and writes for an inode's passthrough
 /// opens, until this is dropped.
@@ -24,10 +21,26 @@ pub struct Backing {
 
 impl Backing {
     /// Registers `file` with the session of `device`.
+    #[allow(unsafe_code)]
     pub fn register(device: &Arc<OwnedFd>, file: BorrowedFd<'_>) -> io::Result<Backing> {
-        let id = fuser::BackingId::create_raw(device.as_fd(), file)?;
+        let map = BackingMap {
+            fd: file.as_raw_fd(),
+            ..BackingMap::default()
+        };
+        // SAFETY: the ioctl reads one `struct fuse_backing_map` from a live
+        // local, and both descriptors are open; it returns the id.
+        let id = unsafe {
+            libc::ioctl(
+                device.as_raw_fd(),
+                DEV_IOC_BACKING_OPEN as _,
+                &map as *const BackingMap,
+            )
+        };
+        if id < 0 {
+            return Err(io::Error::last_os_error());
+        }
         Ok(Backing {
-            id,
+            id: id as u32,
             device: device.clone(),
         })
     }

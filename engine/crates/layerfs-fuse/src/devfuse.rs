@@ -1,9 +1,9 @@
 //! Requests read from `/dev/fuse`, answered by the one dispatcher
 //! ([`crate::wire`]) that answers the rings' too.
 //!
-//! fuser mounts, reads and answers FUSE_INIT (the door's
-//! `fuser::Filesystem::init`) and sends the kernel's invalidations; every
-//! request after INIT is read here. Each thread reads one request at a time
+//! The INIT is answered before these threads start
+//! ([`crate::connection::Connection::start`]); every request after it is
+//! read here. Each thread reads one request at a time
 //! into a buffer of its own, as large as the largest WRITE with its headers
 //! (the kernel refuses a read into less), and writes the answer with one
 //! `writev`: the out header, then the body where it lies. A READ of a host

@@ -8,13 +8,12 @@
 //! (sent without a caller) goes through.
 
 use std::cell::RefCell;
-use std::io;
-use std::os::fd::{AsFd, OwnedFd};
-use std::sync::{Arc, OnceLock};
+use std::os::fd::AsFd;
+use std::sync::Arc;
 
 use fuser::{
-    AccessFlags, Errno, FileHandle, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
-    Notifier, OpenAccMode, OpenFlags, RenameFlags, Request, TimeOrNow, WriteFlags,
+    AccessFlags, Errno, FileHandle, FopenFlags, Generation, INodeNo, OpenAccMode, OpenFlags,
+    RenameFlags, TimeOrNow, WriteFlags,
 };
 use layerfs_vfs::access::{permits, Perm};
 use layerfs_vfs::bounded::BoundedMap;
@@ -32,8 +31,8 @@ use crate::answer::{
 use crate::attrs::{kind, kind_of_mode, timestamp, Caching, Inos};
 use crate::backing::Backing;
 use crate::callers::Callers;
+use crate::connection::Connection;
 use crate::forgets::Forgets;
-use crate::handover::KernelInit;
 use crate::opens::{Held, OpenFiles, Way, CACHED, PASSTHROUGH};
 use crate::privilege;
 use crate::routes::Routes;
@@ -53,8 +52,7 @@ pub struct Door {
     inos: Inos,
     caching: Caching,
     callers: Callers,
-    /// Whether passthrough is asked for, and then whether the kernel agreed
-    /// to it (see [`crate::opens`]).
+    /// Whether the kernel agreed to passthrough (see [`crate::opens`]).
     passthrough: bool,
     opens: Arc<OpenFiles<Backing>>,
     /// Whether the filesystem keeps extended attributes: asked once, as
@@ -63,18 +61,10 @@ pub struct Door {
     /// security.capability it looks for).
     xattrs: bool,
     no_caps: Arc<NoCaps>,
-    /// How the door tells the kernel to forget what it cached, once the
-    /// session is made.
-    notifier: Arc<OnceLock<Notifier>>,
-    /// What the kernel's FUSE_INIT offered, once it came: kept so another
-    /// process can take the session over ([`crate::handover`]).
-    kernel: Arc<parking_lot::Mutex<Option<KernelInit>>>,
-    /// Whether FUSE over io_uring is asked for (see [`crate::uring`]).
-    uring: bool,
-    /// Whether passthrough was agreed at the kernel's INIT.
-    agreed: Arc<OnceLock<bool>>,
-    /// The session's device, where backing files are registered.
-    device: Arc<OnceLock<Arc<OwnedFd>>>,
+    /// The connection the door answers, where backing files are registered
+    /// and the kernel is told to forget what it cached; none for a door
+    /// that is asked directly (the tests').
+    connection: Option<Arc<Connection>>,
     /// Whether the rings serve, which lets FORGETs wait.
     forgets: Arc<Forgets>,
     /// Requests answered through each route.
@@ -169,52 +159,53 @@ fn new_open_files() -> OpenFiles<Backing> {
 }
 
 impl Door {
-    pub fn new(fs: Arc<dyn Filesystem>, caching: Caching, passthrough: bool) -> Door {
+    /// A door for `fs` that is asked directly, with no connection: it
+    /// passes nothing through and notifies nothing.
+    pub fn new(fs: Arc<dyn Filesystem>, caching: Caching) -> Door {
         let inos = Inos::new(fs.root());
         let xattrs = !matches!(fs.listxattr(fs.root()), Err(Error::NotSupp));
         Door {
             xattrs,
             no_caps: Arc::default(),
-            notifier: Arc::default(),
             fs,
             inos,
             caching,
             callers: Callers::default(),
-            passthrough,
+            passthrough: false,
             opens: Arc::new(new_open_files()),
-            kernel: Arc::default(),
-            uring: false,
-            agreed: Arc::default(),
-            device: Arc::default(),
+            connection: None,
             forgets: Arc::default(),
             routes: Arc::default(),
         }
     }
 
-    /// Asks the kernel for FUSE over io_uring.
-    pub fn with_uring(mut self, uring: bool) -> Door {
-        self.uring = uring;
-        self
+    /// A door for `fs` answering `connection`: it passes files through
+    /// where the connection agreed to it.
+    pub fn answering(
+        fs: Arc<dyn Filesystem>,
+        caching: Caching,
+        connection: Arc<Connection>,
+    ) -> Door {
+        Door {
+            passthrough: connection.agreed().passthrough(),
+            connection: Some(connection),
+            ..Door::new(fs, caching)
+        }
     }
 
-    /// A door sharing this one's state, to serve a CPU's ring: made once
-    /// the kernel's INIT was answered, it passes files through only if
-    /// that was agreed.
+    /// A door sharing this one's state, to serve a CPU's ring or a thread
+    /// of `/dev/fuse`.
     pub fn sibling(&self) -> Door {
         Door {
             fs: self.fs.clone(),
             inos: self.inos,
             caching: self.caching,
             callers: Callers::default(),
-            passthrough: self.agreed.get().copied().unwrap_or(false),
+            passthrough: self.passthrough,
             opens: self.opens.clone(),
             xattrs: self.xattrs,
             no_caps: self.no_caps.clone(),
-            notifier: self.notifier.clone(),
-            kernel: self.kernel.clone(),
-            uring: false,
-            agreed: self.agreed.clone(),
-            device: self.device.clone(),
+            connection: self.connection.clone(),
             forgets: self.forgets.clone(),
             routes: self.routes.clone(),
         }
@@ -250,24 +241,9 @@ impl Door {
         self.no_caps.clone()
     }
 
-    /// Where the session's notifier goes once the session is made.
-    pub fn notifier(&self) -> Arc<OnceLock<Notifier>> {
-        self.notifier.clone()
-    }
-
     /// Between the filesystem's ids and the kernel's inode numbers.
     pub fn inos(&self) -> Inos {
         self.inos
-    }
-
-    /// What the kernel's FUSE_INIT offered, once the session has started.
-    pub fn kernel_init(&self) -> Arc<parking_lot::Mutex<Option<KernelInit>>> {
-        self.kernel.clone()
-    }
-
-    /// Where the session's device goes once the session is made.
-    pub fn device(&self) -> Arc<OnceLock<Arc<OwnedFd>>> {
-        self.device.clone()
     }
 
     /// The door's open files, for the mount's owner to ask about.
@@ -342,81 +318,6 @@ fn open_wants(flags: OpenFlags) -> Perm {
         OpenAccMode::O_RDONLY => Perm::READ,
         OpenAccMode::O_WRONLY => Perm::WRITE,
         OpenAccMode::O_RDWR => Perm::READ | Perm::WRITE,
-    }
-}
-
-/// fuser mounts and answers the kernel's FUSE_INIT with what the door asks
-/// for here; every later request is read by [`crate::devfuse`] or a ring.
-impl fuser::Filesystem for Door {
-    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
-        // Asked first, before anything is added: the capabilities offered,
-        // and the largest readahead (told only by refusing more).
-        let max_readahead = match config.set_max_readahead(u32::MAX) {
-            Err(max) => max,
-            Ok(_) => u32::MAX,
-        };
-        let abi = config.kernel_abi();
-        // FUSE over io_uring is kept only where this door asks for it: the
-        // next server of the session serves the rings exactly when this
-        // one did (see [`crate::mount::resume`]).
-        let mut offered = config.capabilities();
-        offered.set(
-            InitFlags::FUSE_OVER_IO_URING,
-            self.uring && offered.contains(InitFlags::FUSE_OVER_IO_URING),
-        );
-        *self.kernel.lock() = Some(KernelInit {
-            major: abi.0,
-            minor: abi.1,
-            max_readahead,
-            flags: offered.bits(),
-        });
-        // Passthrough needs CAP_SYS_ADMIN to register backing files, and the
-        // kernel turns it off beside a writeback cache. Where it is on, the
-        // kernel reads and writes host files itself; elsewhere the writeback
-        // cache batches small writes into large ones.
-        let passthrough = InitFlags::FUSE_PASSTHROUGH;
-        self.passthrough = self.passthrough
-            && rustix::process::geteuid().is_root()
-            && config.capabilities().contains(passthrough)
-            && config.set_max_stack_depth(1).is_ok()
-            && config.add_capabilities(passthrough).is_ok();
-        let _ = self.agreed.set(self.passthrough);
-        tracing::info!(passthrough = self.passthrough, "FUSE session starts");
-        // Each is asked for alone: a kernel without one still gets the rest.
-        // READDIRPLUS on every listing, not only the first page of one
-        // (READDIRPLUS_AUTO): a listing is nearly always followed by a stat
-        // of each entry (ls -l, find, shells completing), which would
-        // otherwise cost a LOOKUP each.
-        // HANDLE_KILLPRIV_V2: no GETXATTR before every write; the door
-        // clears setuid and setgid instead (see [`crate::privilege`]).
-        let mut wanted = InitFlags::FUSE_DO_READDIRPLUS
-            | InitFlags::FUSE_PARALLEL_DIROPS
-            | InitFlags::FUSE_CACHE_SYMLINKS
-            | InitFlags::FUSE_MAX_PAGES
-            | InitFlags::FUSE_HANDLE_KILLPRIV_V2;
-        if self.uring {
-            wanted |= InitFlags::FUSE_OVER_IO_URING;
-        }
-        wanted |= match self.caching {
-            Caching::Exclusive if !self.passthrough => InitFlags::FUSE_WRITEBACK_CACHE,
-            Caching::Exclusive => InitFlags::empty(),
-            Caching::Shared => InitFlags::FUSE_AUTO_INVAL_DATA,
-        };
-        for flag in wanted.iter() {
-            if config.add_capabilities(flag).is_err() {
-                tracing::info!("the kernel does not offer FUSE capability {flag:?}");
-            }
-        }
-        // No READ larger than a pipe of this process carries whole
-        // (`devfuse/splice.rs`): the kernel cuts READs, and WRITEs, at
-        // the larger of the two.
-        let largest = crate::limits::largest_read() as u32;
-        let _ = config.set_max_write(largest);
-        let _ = config.set_max_readahead(largest);
-        // Enough background requests in flight to keep readahead and
-        // writeback streaming; the kernel's default of 12 stalls them.
-        let _ = config.set_max_background(64);
-        Ok(())
     }
 }
 

@@ -10,6 +10,7 @@ use zerocopy::IntoBytes;
 
 use crate::abi::InHeader;
 use crate::attrs::Caching;
+use crate::connection::{Connection, KernelInit, Wants};
 use crate::devfuse::{self, Buffers, Then};
 use crate::door::Door;
 use crate::wire::{self, Answered, Body, IN_HEADER_LEN, OUT_HEADER_LEN};
@@ -24,7 +25,40 @@ pub struct Dispatcher {
 impl Dispatcher {
     pub fn over(fs: Arc<dyn Filesystem>) -> Dispatcher {
         Dispatcher {
-            door: Door::new(fs, Caching::Exclusive, false),
+            door: Door::new(fs, Caching::Exclusive),
+            answered: Answered::default(),
+            device: Buffers::new(),
+        }
+    }
+
+    /// A door as it serves a connection whose INIT offered `flags` (the
+    /// capabilities as one word), asking for passthrough and with the
+    /// writeback cache where `exclusive`: what it agrees to decides how
+    /// it answers. Its device is `/dev/null`: a backing file it registers
+    /// is refused, a notification it sends goes nowhere.
+    pub fn after_init(fs: Arc<dyn Filesystem>, flags: u64, exclusive: bool) -> Dispatcher {
+        let caching = match exclusive {
+            true => Caching::Exclusive,
+            false => Caching::Shared,
+        };
+        let device = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/null")
+            .expect("/dev/null");
+        let kernel = KernelInit {
+            major: 7,
+            minor: 41,
+            max_readahead: 1 << 20,
+            flags,
+        };
+        let wants = Wants {
+            caching,
+            passthrough: true,
+            rings: false,
+        };
+        let connection = Connection::resume(device.into(), kernel, wants);
+        Dispatcher {
+            door: Door::answering(fs, caching, Arc::new(connection)),
             answered: Answered::default(),
             device: Buffers::new(),
         }

@@ -22,6 +22,8 @@ mod backing;
 #[cfg(target_os = "linux")]
 mod callers;
 #[cfg(target_os = "linux")]
+mod connection;
+#[cfg(target_os = "linux")]
 mod devfuse;
 #[cfg(target_os = "linux")]
 mod door;
@@ -36,6 +38,8 @@ pub mod handover;
 mod limits;
 #[cfg(target_os = "linux")]
 mod mount;
+#[cfg(target_os = "linux")]
+mod mounting;
 #[cfg(target_os = "linux")]
 mod open_table;
 #[cfg(target_os = "linux")]

@@ -1,20 +1,20 @@
 //! Mounting a filesystem through the door, and taking it down.
 
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use fuser::{Config, MountOption, SessionACL};
 use layerfs_vfs::{FileId, Filesystem};
-use rustix::fs::Access;
 
-use crate::abi::OVER_IO_URING;
+use crate::abi::init;
 use crate::attrs::Inos;
 use crate::backing::Backing;
+use crate::connection::{Connection, Wants};
 use crate::devfuse::Readers;
 use crate::door::Door;
-use crate::handover::{self, Kept, KernelInit};
+use crate::handover::{self, Kept};
+use crate::mounting::{self, MountAs};
 use crate::opens::OpenFiles;
 
 pub use crate::attrs::Caching;
@@ -57,18 +57,11 @@ impl Default for Options {
 
 /// A mounted filesystem; [`Mounted::unmount`] (or dropping it) takes it down.
 pub struct Mounted {
-    /// fuser's session, once its INIT is answered: kept for the unmount
-    /// (fuser mounted it, through `fusermount3` for a user), never run.
-    session: Option<fuser::Session<Door>>,
     /// The threads reading `/dev/fuse`.
     readers: Option<Readers>,
     mountpoint: PathBuf,
+    connection: Arc<Connection>,
     shared: Shared,
-    /// A copy of the session's device descriptor, for [`Mounted::kept`].
-    device: OwnedFd,
-    /// Taken over from another process: fuser did not mount it, so it
-    /// cannot unmount it either.
-    resumed: bool,
 }
 
 /// Mounts `fs` at `mountpoint` and serves it on background threads.
@@ -77,24 +70,33 @@ pub struct Mounted {
 /// `/dev/fuse`, a missing or non-empty mount point, or no `fusermount3` for
 /// a user who is not root.
 pub fn mount(fs: Arc<dyn Filesystem>, mountpoint: &Path, options: &Options) -> io::Result<Mounted> {
-    let mountpoint = usable_mountpoint(mountpoint)?;
-    usable_fuse()?;
-    let (door, config) = door(fs, options);
+    let mountpoint = mounting::usable_mountpoint(mountpoint)?;
+    mounting::usable_fuse()?;
+    let how = MountAs {
+        source: options.source.clone(),
+        allow_other: options.allow_other,
+    };
+    let device = mounting::mount(&mountpoint, &how)?;
+    let connection = match Connection::start(device, wants(options)) {
+        Ok(connection) => Arc::new(connection),
+        Err(e) => {
+            let _ = mounting::detach(&mountpoint);
+            return Err(io::Error::new(
+                e.kind(),
+                format!("FUSE on {}: {e}", mountpoint.display()),
+            ));
+        }
+    };
+    let door = Door::answering(fs, options.caching, connection.clone());
     door.adopt_removed();
-    let shared = Shared::of(&door);
-    let template = door.sibling();
-    let session = fuser::Session::new(door, &mountpoint, &config.fuser).map_err(|e| {
-        io::Error::new(
-            e.kind(),
-            format!("cannot mount on {}: {e}", mountpoint.display()),
-        )
-    })?;
-    let device = shared.device_of(&session)?;
-    if options.io_uring {
-        let kernel = *shared.kernel.lock();
-        join_rings(&device, kernel, &template);
-    }
-    let mounted = Mounted::serve(session, &config, &template, mountpoint, shared, false)?;
+    let mounted = match Mounted::serve(door, connection, options, mountpoint.clone()) {
+        Ok(mounted) => mounted,
+        Err(e) => {
+            // Served by nobody, the mount would fail its users (ENOTCONN).
+            let _ = mounting::detach(&mountpoint);
+            return Err(e);
+        }
+    };
     // Served first: it asks the mount for its device.
     widen_readahead(&mounted.mountpoint);
     Ok(mounted)
@@ -112,16 +114,20 @@ pub fn resume(
     // The last server's INIT kept FUSE over io_uring only if it served the
     // rings; once they serve, the kernel sends this connection's requests
     // nowhere else, so this server serves them too, whatever it was asked.
-    let rings = kept.kernel.flags & OVER_IO_URING != 0;
     let options = Options {
-        io_uring: rings,
+        io_uring: kept.kernel.flags & init::OVER_IO_URING != 0,
         ..options.clone()
     };
-    let (door, config) = door(fs, &options);
+    let connection = Arc::new(Connection::resume(
+        kept.device,
+        kept.kernel,
+        wants(&options),
+    ));
+    let door = Door::answering(fs, options.caching, connection.clone());
     let adopted = kept
         .opens
         .ok_or_else(|| io::Error::other("the last server left none"))
-        .and_then(|table| open_files(&kept.device, table));
+        .and_then(|table| open_files(connection.device(), table));
     let door = match adopted {
         Ok(opens) => door.with_open_files(opens),
         Err(e) => {
@@ -134,19 +140,8 @@ pub fn resume(
         }
     };
     door.adopt_removed();
-    let shared = Shared::of(&door);
-    let template = door.sibling();
-    let kernel = kept.kernel;
-    let session = handover::start(door, kept.device, kernel, config.fuser.clone())?;
-    let mounted = Mounted::serve(
-        session,
-        &config,
-        &template,
-        mountpoint.to_path_buf(),
-        shared,
-        true,
-    )?;
-    match handover::ask_resend(&mounted.device) {
+    let mounted = Mounted::serve(door, connection, &options, mountpoint.to_path_buf())?;
+    match handover::ask_resend(&**mounted.connection.device()) {
         Ok(true) => {}
         Ok(false) => tracing::warn!(
             "{}: this kernel cannot send again the requests the last server had read \
@@ -155,21 +150,28 @@ pub fn resume(
         ),
         Err(e) => tracing::warn!("{}: asking for requests again: {e}", mountpoint.display()),
     }
-    if rings {
+    if options.io_uring {
         // The rings of the last server ended with it. What it had taken
         // from them and not answered, the kernel does not send again (it
         // resends only what was read from /dev/fuse).
-        join_rings(&mounted.device, Some(kernel), &template);
         crate::uring::wake_queues(&mounted.mountpoint);
     }
     Ok(mounted)
 }
 
-/// Serves the connection of `device` on the process's rings, if its INIT
-/// (`kernel`) offered FUSE over io_uring (the door then agreed to it);
-/// else, said once per process, through `/dev/fuse` alone.
-fn join_rings(device: &OwnedFd, kernel: Option<KernelInit>, template: &Door) {
-    if kernel.is_none_or(|k| k.flags & OVER_IO_URING == 0) {
+/// What a door serving with `options` asks of the kernel.
+fn wants(options: &Options) -> Wants {
+    Wants {
+        caching: options.caching,
+        passthrough: options.passthrough && rustix::process::geteuid().is_root(),
+        rings: options.io_uring,
+    }
+}
+
+/// Serves `connection` on the process's rings, where it agreed to FUSE
+/// over io_uring; else, said once per process, through `/dev/fuse` alone.
+fn join_rings(connection: &Connection, template: &Door) {
+    if !connection.agreed().rings() {
         static SAID: std::sync::Once = std::sync::Once::new();
         return SAID.call_once(|| {
             tracing::warn!(
@@ -179,7 +181,7 @@ fn join_rings(device: &OwnedFd, kernel: Option<KernelInit>, template: &Door) {
             )
         });
     }
-    match crate::uring::join(device, || template.sibling()) {
+    match crate::uring::join(connection.device(), || template.sibling()) {
         Ok(()) => tracing::info!("requests come through FUSE over io_uring"),
         Err(e) => {
             tracing::warn!("FUSE over io_uring not set up ({e}): requests come through /dev/fuse")
@@ -189,9 +191,8 @@ fn join_rings(device: &OwnedFd, kernel: Option<KernelInit>, template: &Door) {
 
 /// The open files the last server of the session recorded in `table`, their
 /// backing files registered on `device`'s connection.
-fn open_files(device: &OwnedFd, table: OwnedFd) -> io::Result<OpenFiles<Backing>> {
+fn open_files(device: &Arc<OwnedFd>, table: OwnedFd) -> io::Result<OpenFiles<Backing>> {
     let (table, rows) = crate::open_table::OpenTable::adopt(table)?;
-    let device = Arc::new(device.try_clone()?);
     let passed = rows.iter().filter(|(_, row)| row.passthrough > 0).count();
     if !rows.is_empty() {
         tracing::info!(
@@ -201,89 +202,24 @@ fn open_files(device: &OwnedFd, table: OwnedFd) -> io::Result<OpenFiles<Backing>
         );
     }
     Ok(OpenFiles::resume(table, rows, |id| {
-        Backing::adopt(&device, id)
+        Backing::adopt(device, id)
     }))
 }
 
-/// How a mount is served besides its door.
-struct Serving {
-    /// fuser's settings, for the mount and the INIT.
-    fuser: Config,
-    /// Threads reading `/dev/fuse`.
-    threads: usize,
-    /// Whether each thread but the first reads a clone of the device.
-    clone: bool,
-}
-
-/// The door for `fs` and how to serve it.
-fn door(fs: Arc<dyn Filesystem>, options: &Options) -> (Door, Serving) {
-    static LARGE_BUFFERS_MAPPED: std::sync::Once = std::sync::Once::new();
-    LARGE_BUFFERS_MAPPED.call_once(map_large_buffers);
-    let threads = match options.threads {
-        0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
-        n => n,
-    };
-    let mut config = Config::default();
-    config.mount_options = vec![
-        MountOption::FSName(options.source.clone()),
-        MountOption::Subtype("layerfs".into()),
-        MountOption::NoSuid,
-        MountOption::NoDev,
-        // The kernel checks permission on every path walk, open and
-        // change against the attributes it holds (with the caller's own
-        // groups), before it asks the door: without it, a name the kernel
-        // has cached is reached with no search permission checked, and
-        // FIFOs and O_TRUNC are not checked at all. The door checks again.
-        MountOption::DefaultPermissions,
-    ];
-    config.acl = if options.allow_other {
-        SessionACL::All
-    } else {
-        SessionACL::Owner
-    };
-    let door = Door::new(fs, options.caching, options.passthrough).with_uring(options.io_uring);
-    let serving = Serving {
-        fuser: config,
-        threads,
-        // A descriptor of its own per thread, but for one thread the
-        // session's own: then every request is read through the descriptor
-        // a keeper holds a copy of (a clone closed with a dead server fails
-        // its requests).
-        clone: threads > 1,
-    };
-    (door, serving)
-}
-
-/// What the mount's owner keeps of the door once the session has it.
+/// What the mount's owner keeps of its door.
 struct Shared {
     opens: Arc<OpenFiles<Backing>>,
     no_caps: Arc<crate::door::NoCaps>,
-    kernel: Arc<parking_lot::Mutex<Option<KernelInit>>>,
     inos: Inos,
-    notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
-    device: Arc<std::sync::OnceLock<Arc<OwnedFd>>>,
     routes: Arc<crate::routes::Routes>,
 }
 
 impl Shared {
-    /// The session's device, kept for the door to register backing files
-    /// on (the first call sets it).
-    fn device_of(&self, session: &fuser::Session<Door>) -> io::Result<Arc<OwnedFd>> {
-        if let Some(device) = self.device.get() {
-            return Ok(device.clone());
-        }
-        let device = Arc::new(session.as_fd().try_clone_to_owned()?);
-        Ok(self.device.get_or_init(|| device).clone())
-    }
-
     fn of(door: &Door) -> Shared {
         Shared {
             opens: door.open_files(),
             no_caps: door.no_caps(),
-            kernel: door.kernel_init(),
             inos: door.inos(),
-            notifier: door.notifier(),
-            device: door.device(),
             routes: door.routes(),
         }
     }
@@ -336,40 +272,45 @@ fn map_large_buffers() {
 }
 
 impl Mounted {
-    /// Serves `session`, whose INIT was answered, with a door like
-    /// `template` (made now, it passes files through if INIT agreed to).
+    /// Serves `connection` with `door` (and its siblings): on the rings
+    /// where it agreed to them, and through `/dev/fuse`.
     fn serve(
-        session: fuser::Session<Door>,
-        serving: &Serving,
-        template: &Door,
+        door: Door,
+        connection: Arc<Connection>,
+        options: &Options,
         mountpoint: PathBuf,
-        shared: Shared,
-        resumed: bool,
     ) -> io::Result<Mounted> {
-        let device = shared.device_of(&session)?.try_clone()?;
-        let _ = shared.notifier.set(session.notifier());
-        let door = Arc::new(template.sibling());
-        let readers = Readers::start(&device, door, serving.threads, serving.clone)?;
+        static LARGE_BUFFERS_MAPPED: std::sync::Once = std::sync::Once::new();
+        LARGE_BUFFERS_MAPPED.call_once(map_large_buffers);
+        if options.io_uring {
+            join_rings(&connection, &door);
+        }
+        let threads = match options.threads {
+            0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
+            n => n,
+        };
+        let shared = Shared::of(&door);
+        // A descriptor of its own per thread, but for one thread the
+        // connection's own: then every request is read through the
+        // descriptor a keeper holds a copy of (a clone closed with a dead
+        // server fails its requests).
+        let device = connection.device().try_clone()?;
+        let readers = Readers::start(&device, Arc::new(door), threads, threads > 1)?;
         Ok(Mounted {
-            session: Some(session),
             readers: Some(readers),
             mountpoint,
+            connection,
             shared,
-            device,
-            resumed,
         })
     }
 
-    /// A copy of the session's device and what its INIT said: given to a
-    /// process that outlives this one, it keeps the mount alive, and
+    /// A copy of the connection's device and what its INIT offered: given
+    /// to a process that outlives this one, it keeps the mount alive, and
     /// [`resume`] serves it again (see [`crate::handover`]).
     pub fn kept(&self) -> io::Result<Kept> {
-        let kernel = (*self.shared.kernel.lock()).ok_or_else(|| {
-            io::Error::other("the session has no FUSE_INIT yet: nothing to hand over")
-        })?;
         Ok(Kept {
-            device: self.device.try_clone()?,
-            kernel,
+            device: self.connection.device().try_clone()?,
+            kernel: self.connection.kernel(),
             opens: self.shared.opens.table(),
         })
     }
@@ -390,9 +331,8 @@ impl Mounted {
     /// again to that server.
     pub fn leave(mut self) {
         // The threads end with the process (joining would wait for the
-        // next request), and the session is not dropped: it would unmount.
+        // next request); nothing is unmounted.
         self.readers.take();
-        std::mem::forget(self.session.take());
     }
 
     /// The files the kernel writes itself (passthrough opens), with no
@@ -416,19 +356,16 @@ impl Mounted {
     /// `files`: what changed behind its back (a reset). What the kernel
     /// does not hold is no error.
     pub fn invalidate(&self, names: &[(FileId, Vec<u8>)], files: &[FileId]) {
-        use std::os::unix::ffi::OsStrExt;
-        let Some(notifier) = self.shared.notifier.get() else {
-            return;
-        };
         self.shared.no_caps.forget();
         for (dir, name) in names {
-            let _ = notifier.inval_entry(
-                self.shared.inos.ino(*dir),
-                std::ffi::OsStr::from_bytes(name),
-            );
+            let _ = self
+                .connection
+                .forget_entry(self.shared.inos.ino(*dir).0, name);
         }
         for id in files {
-            let _ = notifier.inval_inode(self.shared.inos.ino(*id), 0, 0);
+            let _ = self
+                .connection
+                .forget_inode(self.shared.inos.ino(*id).0, true);
         }
     }
 
@@ -442,28 +379,19 @@ impl Mounted {
         let Some(readers) = self.readers.take() else {
             return Ok(());
         };
-        let session = self.session.take();
-        if !connected(&self.device) {
+        if !connected(self.connection.device()) {
             // Unmounted from outside (or aborted): nothing of this mount is
             // left, and unmounting its path now could take what was mounted
-            // there since, a restarted door's mount, say. fuser's session
-            // would unmount the path all the same when dropped (its check
-            // for a live connection takes a dead one as live), so it is
-            // let go with what it holds (a descriptor or two).
-            std::mem::forget(session);
+            // there since, a restarted door's mount, say.
             self.say_routes("was unmounted");
             return Ok(());
         }
-        let unmounted = match (self.resumed, session) {
-            (false, Some(mut session)) => session.unmount(),
-            _ => unmount(&self.mountpoint),
-        };
-        match unmounted {
+        match mounting::unmount(&self.mountpoint) {
             Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
                 // In use: detached now, gone once its last user leaves,
                 // served until then.
                 tracing::warn!("{} is busy: detached", self.mountpoint.display());
-                detach(&self.mountpoint)
+                mounting::detach(&self.mountpoint)
             }
             Err(e) => Err(e),
             Ok(()) => {
@@ -506,112 +434,4 @@ fn connected(device: &OwnedFd) -> bool {
             Err(_) => return true,
         }
     }
-}
-
-/// Unmounts: directly where allowed, else through `fusermount3`.
-fn unmount(path: &Path) -> io::Result<()> {
-    unmount_with(path, rustix::mount::UnmountFlags::empty())
-}
-
-/// Detaches a busy mount: directly where allowed, else through `fusermount3`.
-fn detach(path: &Path) -> io::Result<()> {
-    unmount_with(path, rustix::mount::UnmountFlags::DETACH)
-}
-
-fn unmount_with(path: &Path, flags: rustix::mount::UnmountFlags) -> io::Result<()> {
-    match rustix::mount::unmount(path, flags) {
-        Err(rustix::io::Errno::PERM) => {
-            let lazy = flags.contains(rustix::mount::UnmountFlags::DETACH);
-            let mut command = std::process::Command::new("fusermount3");
-            if lazy {
-                command.args(["-u", "-z", "--"]);
-            } else {
-                // A refusal is met with a lazy detach: its words are not shown.
-                command
-                    .args(["-u", "--"])
-                    .stderr(std::process::Stdio::null());
-            }
-            let status = command.arg(path).status()?;
-            if status.success() {
-                Ok(())
-            } else if lazy {
-                Err(io::Error::other(format!(
-                    "fusermount3 -u -z {} failed: {status}",
-                    path.display()
-                )))
-            } else {
-                // fusermount3 says why only in words; busy is the usual
-                // reason, and the caller detaches lazily on it.
-                Err(io::Error::from_raw_os_error(libc::EBUSY))
-            }
-        }
-        other => Ok(other?),
-    }
-}
-
-/// The mount point as an absolute path, if it is an empty directory. A
-/// FUSE mount left there by a server that died (its users get ENOTCONN) is
-/// detached first, so starting again is all a crash asks of the user.
-fn usable_mountpoint(path: &Path) -> io::Result<PathBuf> {
-    let shown = path.display();
-    if let Err(e) = std::fs::metadata(path) {
-        if e.raw_os_error() == Some(libc::ENOTCONN) {
-            tracing::warn!("{shown}: the FUSE server of the mount there is gone; detaching it");
-            detach(path).map_err(|e| {
-                io::Error::new(
-                    e.kind(),
-                    format!(
-                        "mount point {shown}: a dead mount is there and cannot be detached: {e}"
-                    ),
-                )
-            })?;
-        }
-    }
-    let dir = path
-        .canonicalize()
-        .map_err(|e| io::Error::new(e.kind(), format!("mount point {shown}: {e}")))?;
-    let mut entries = std::fs::read_dir(&dir)
-        .map_err(|e| io::Error::new(e.kind(), format!("mount point {shown}: {e}")))?;
-    if entries.next().is_some() {
-        return Err(io::Error::new(
-            io::ErrorKind::DirectoryNotEmpty,
-            format!("mount point {shown} is not empty; mounting over files would hide them"),
-        ));
-    }
-    Ok(dir)
-}
-
-/// Whether this process can mount FUSE: `/dev/fuse` exists, and a user who
-/// is not root has `fusermount3` and may open the device (fusermount3
-/// opens it as that user, so where it is mode 0600 only root can mount).
-fn usable_fuse() -> io::Result<()> {
-    if !Path::new("/dev/fuse").exists() {
-        return Err(io::Error::new(
-            io::ErrorKind::NotFound,
-            "/dev/fuse is missing: load the fuse module (modprobe fuse) or, in a container, \
-             pass the device in (--device /dev/fuse)",
-        ));
-    }
-    if !rustix::process::geteuid().is_root() && !on_path("fusermount3") {
-        return Err(io::Error::new(
-            io::ErrorKind::NotFound,
-            "fusermount3 is missing, and a user who is not root mounts through it: \
-             install it (Debian and Ubuntu: apt install fuse3)",
-        ));
-    }
-    let may_open = rustix::fs::access("/dev/fuse", Access::READ_OK | Access::WRITE_OK).is_ok();
-    if !rustix::process::geteuid().is_root() && !may_open {
-        return Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            "/dev/fuse is not open to this user, and a user who is not root needs it \
-             readable and writable (mode 0666, as Debian and Ubuntu make it): ask for \
-             that, or run layerfs as root",
-        ));
-    }
-    Ok(())
-}
-
-fn on_path(program: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(program).is_file()))
 }

@@ -14,7 +14,7 @@ const ROOT: u64 = 1;
 
 fn door(dir: &std::path::Path) -> Door {
     let fs = LocalFs::open(dir).unwrap();
-    Door::new(Arc::new(fs), Caching::Shared, false)
+    Door::new(Arc::new(fs), Caching::Shared)
 }
 
 /// Puts request `opcode` on `nodeid`, its arguments `args` and

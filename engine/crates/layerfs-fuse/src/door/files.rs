@@ -123,8 +123,8 @@ impl Door {
             match self.drop_privilege(id) {
                 Ok(false) => {}
                 Ok(true) => {
-                    if let Some(notifier) = self.notifier.get() {
-                        let _ = notifier.inval_inode(ino, -1, 0);
+                    if let Some(connection) = &self.connection {
+                        let _ = connection.forget_inode(ino.0, false);
                     }
                 }
                 Err(e) => return reply.error(errno(e)),

@@ -27,7 +27,7 @@ impl Door {
         if !self.passthrough || attr.kind != FileKind::Regular || attr.mode & 0o6000 != 0 {
             return None;
         }
-        let device = self.device.get()?;
+        let device = self.connection.as_ref()?.device();
         let files = self.fs.host_files()?;
         let fd = match kept {
             Some(kept) if files.kept_is_host_file(attr.fileid, kept, write) => {

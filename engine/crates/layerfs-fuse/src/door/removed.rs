@@ -70,7 +70,7 @@ mod tests {
     /// door that starts afresh.
     fn stack_door(dir: &Path, opens: Option<OwnedFd>) -> (Door, OwnedFd) {
         let fs = StackFs::open(&[dir.join("lower")], &dir.join("upper"), &dir.join("state"));
-        let door = Door::new(Arc::new(fs.unwrap()), Caching::Shared, false);
+        let door = Door::new(Arc::new(fs.unwrap()), Caching::Shared);
         let (opens, fd) = match opens {
             Some(fd) => {
                 let (table, rows) = OpenTable::adopt(fd).unwrap();

@@ -26,7 +26,7 @@ pub(super) fn me() -> Who {
 /// A door over `dir`, without passthrough.
 pub(super) fn door(dir: &Path, caching: Caching) -> Door {
     let fs = layerfs_vfs::LocalFs::open(dir).unwrap();
-    Door::new(Arc::new(fs), caching, false)
+    Door::new(Arc::new(fs), caching)
 }
 
 /// What the door answered.

@@ -86,7 +86,7 @@ mod tests {
         std::fs::write(lower.path().join("f"), b"x").unwrap();
         let stack =
             layerfs_layers::StackFs::open_in_upper(&[lower.path().to_owned()], upper.path());
-        let d = Door::new(Arc::new(stack.unwrap()), Caching::Exclusive, false);
+        let d = Door::new(Arc::new(stack.unwrap()), Caching::Exclusive);
         assert!(d.xattrs, "a stack keeps extended attributes");
         let f = entry(ask(|r| d.lookup_as(me(), ROOT, b"f", r))).ino;
         let set =

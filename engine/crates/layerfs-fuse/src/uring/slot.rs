@@ -175,11 +175,7 @@ mod tests {
     const ROOT: u64 = 1;
 
     fn door(dir: &std::path::Path) -> Door {
-        Door::new(
-            Arc::new(LocalFs::open(dir).unwrap()),
-            Caching::Shared,
-            false,
-        )
+        Door::new(Arc::new(LocalFs::open(dir).unwrap()), Caching::Shared)
     }
 
     /// Puts request `opcode` on `nodeid` in `slot` as the kernel does: its

@@ -100,7 +100,7 @@ fn unchanging(opcode: u32, body: &[u8]) -> Vec<u8> {
 
 fn door(dir: &std::path::Path, caching: Caching) -> Door {
     let fs = LocalFs::open(dir).unwrap();
-    Door::new(Arc::new(fs), caching, false)
+    Door::new(Arc::new(fs), caching)
 }
 
 fn words(op: &[u32]) -> Vec<u8> {
@@ -633,7 +633,7 @@ fn extended_attributes_are_set_read_listed_and_removed_through_the_ring_s_answer
     let (lower, upper) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     std::fs::write(lower.path().join("f"), b"x").unwrap();
     let stack = layerfs_layers::StackFs::open_in_upper(&[lower.path().to_owned()], upper.path());
-    let d = Door::new(Arc::new(stack.unwrap()), Caching::Exclusive, false);
+    let d = Door::new(Arc::new(stack.unwrap()), Caching::Exclusive);
     let (f, _) = entry_of(&ask(&d, LOOKUP, ROOT, &[], b"f\0"));
     let set = |flags: i32, value: &[u8]| {
         let arg = SetxattrIn {
