@@ -3,8 +3,7 @@
 //! `#[repr(C)]` integers in native byte order, read from and written into
 //! the ring's buffers through zerocopy, never by byte offset.
 //!
-//! fuser declares the same structs but keeps them private; each size is
-//! checked here against the kernel's header at compile time.
+//! Each size is checked here against the kernel's header at compile time.
 
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 

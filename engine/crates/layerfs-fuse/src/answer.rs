@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use fuser::{Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo};
+use crate::types::{Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo};
 
 use crate::backing::Backing;
 

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use fuser::{FileAttr, FileType, INodeNo};
+use crate::types::{FileAttr, FileType, INodeNo};
 use layerfs_vfs::{Attr, FileId, FileKind, Timestamp};
 
 /// Who else may change the files under the mount, which bounds how long the

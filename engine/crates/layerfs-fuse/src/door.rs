@@ -11,7 +11,7 @@ use std::cell::RefCell;
 use std::os::fd::AsFd;
 use std::sync::Arc;
 
-use fuser::{
+use crate::types::{
     AccessFlags, Errno, FileHandle, FopenFlags, Generation, INodeNo, OpenAccMode, OpenFlags,
     RenameFlags, TimeOrNow, WriteFlags,
 };

@@ -10,7 +10,7 @@
 //! The kernel sends FUSE_INIT once per connection: the next server does not
 //! see it, and agrees again, by the same rule, to what the first server
 //! did, from what that INIT offered ([`KernelInit`], kept with the
-//! descriptor; [`crate::connection::Connection::resume`]).
+//! descriptor; `Connection::resume` in `connection.rs`).
 //!
 //! Requests the dead server had read and not answered are on the kernel's
 //! processing list, answered by nobody. FUSE_NOTIFY_RESEND (Linux 6.9)

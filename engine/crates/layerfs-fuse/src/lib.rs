@@ -53,6 +53,8 @@ mod resident;
 #[cfg(target_os = "linux")]
 mod routes;
 #[cfg(target_os = "linux")]
+mod types;
+#[cfg(target_os = "linux")]
 mod uring;
 #[cfg(target_os = "linux")]
 mod wire;

@@ -1,4 +1,5 @@
-//! Mounting a filesystem through the door, and taking it down.
+//! A mount served by the door: started on a new connection or resumed on a
+//! kept one, served on its threads and rings, and taken down.
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -98,7 +99,7 @@ pub fn mount(fs: Arc<dyn Filesystem>, mountpoint: &Path, options: &Options) -> i
         }
     };
     // Served first: it asks the mount for its device.
-    widen_readahead(&mounted.mountpoint);
+    mounting::widen_readahead(&mounted.mountpoint);
     Ok(mounted)
 }
 
@@ -225,52 +226,6 @@ impl Shared {
     }
 }
 
-/// Lets the kernel read ahead as much as one READ may carry.
-///
-/// A FUSE mount starts with the kernel's default readahead, 128 KiB, which
-/// cuts a sequential read of a file the door serves (a lower file) into
-/// READs of that size, each a round trip: measured, a cold 512 MiB read
-/// took 0.46 s at 128 KiB and 0.23 s at 1 MiB (tmpfs layer, 0.085 s read
-/// directly). The window is a setting of the mount's own backing device,
-/// which only root may change; elsewhere the default stays.
-fn widen_readahead(mountpoint: &Path) {
-    if !rustix::process::geteuid().is_root() {
-        return;
-    }
-    let dev = match rustix::fs::stat(mountpoint) {
-        Ok(st) => st.st_dev,
-        Err(e) => return tracing::debug!("readahead left as it is: {e}"),
-    };
-    let (major, minor) = (rustix::fs::major(dev), rustix::fs::minor(dev));
-    let setting = format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb");
-    // As large as one READ, and as a READ spliced whole.
-    let kib = crate::limits::largest_read() / 1024;
-    if let Err(e) = std::fs::write(&setting, kib.to_string()) {
-        tracing::debug!("readahead left as it is: {setting}: {e}");
-    }
-}
-
-/// Each thread serving a session zeroes a read buffer of over 1 MiB (the
-/// largest WRITE and its headers, [`crate::devfuse`]), of which a request
-/// touches what it holds. Once a buffer that large is freed, glibc raises its threshold for
-/// mapping allocations to that size and serves the next ones from a heap,
-/// where zeroing touches every page: measured, 50 mounts of the daemon took
-/// 1 GB resident and kept 400 MB after their unmount. A fixed threshold
-/// keeps each such buffer a mapping of its own, resident only where used
-/// and returned whole when freed.
-#[allow(unsafe_code)]
-fn map_large_buffers() {
-    #[cfg(target_env = "gnu")]
-    {
-        // SAFETY: mallopt takes two integers and changes a setting of the
-        // allocator, which glibc makes safe to call at any time.
-        let set = unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024) };
-        if set != 1 {
-            tracing::debug!("glibc kept its mapping threshold");
-        }
-    }
-}
-
 impl Mounted {
     /// Serves `connection` with `door` (and its siblings): on the rings
     /// where it agreed to them, and through `/dev/fuse`.
@@ -280,8 +235,6 @@ impl Mounted {
         options: &Options,
         mountpoint: PathBuf,
     ) -> io::Result<Mounted> {
-        static LARGE_BUFFERS_MAPPED: std::sync::Once = std::sync::Once::new();
-        LARGE_BUFFERS_MAPPED.call_once(map_large_buffers);
         if options.io_uring {
             join_rings(&connection, &door);
         }

@@ -256,3 +256,28 @@ fn on_path(program: &str) -> bool {
     std::env::var_os("PATH")
         .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(program).is_file()))
 }
+
+/// Lets the kernel read ahead as much as one READ may carry.
+///
+/// A FUSE mount starts with the kernel's default readahead, 128 KiB, which
+/// cuts a sequential read of a file the door serves (a lower file) into
+/// READs of that size, each a round trip: measured, a cold 512 MiB read
+/// took 0.46 s at 128 KiB and 0.23 s at 1 MiB (tmpfs layer, 0.085 s read
+/// directly). The window is a setting of the mount's own backing device,
+/// which only root may change; elsewhere the default stays.
+pub(crate) fn widen_readahead(mountpoint: &Path) {
+    if !rustix::process::geteuid().is_root() {
+        return;
+    }
+    let dev = match rustix::fs::stat(mountpoint) {
+        Ok(st) => st.st_dev,
+        Err(e) => return tracing::debug!("readahead left as it is: {e}"),
+    };
+    let (major, minor) = (rustix::fs::major(dev), rustix::fs::minor(dev));
+    let setting = format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb");
+    // As large as one READ, and as a READ spliced whole.
+    let kib = crate::limits::largest_read() / 1024;
+    if let Err(e) = std::fs::write(&setting, kib.to_string()) {
+        tracing::debug!("readahead left as it is: {setting}: {e}");
+    }
+}

@@ -22,7 +22,7 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 
-use fuser::FileHandle;
+use crate::types::FileHandle;
 use layerfs_vfs::{FileId, KeptFile};
 
 use crate::open_table::{OpenTable, Row};

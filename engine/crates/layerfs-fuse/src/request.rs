@@ -9,7 +9,7 @@
 //! data) to its payload; a request without such a struct (LOOKUP, UNLINK)
 //! has an empty first argument there. [`Body`] reads both alike.
 
-use fuser::Errno;
+use crate::types::Errno;
 use zerocopy::FromBytes;
 
 use crate::abi::{

@@ -7,7 +7,7 @@
 //! door's handler for it; the answer is written as the kernel reads it
 //! ([`reply`]).
 
-use fuser::{
+use crate::types::{
     AccessFlags, Errno, FileHandle, INodeNo, OpenFlags, RenameFlags, TimeOrNow, WriteFlags,
 };
 use layerfs_vfs::SetAttr;
@@ -45,7 +45,7 @@ pub fn out_header(unique: u64, error: i32, body: usize) -> OutHeader {
     }
 }
 
-/// What a SETATTR asks to set, as fuser reads it: the change time, the
+/// What a SETATTR asks to set: the change time, the
 /// file handle and FATTR_KILL_SUIDGID are not the door's to use.
 fn setattr_in(op: &SetattrIn) -> SetAttr {
     let has = |bit: u32| op.valid & bit != 0;

@@ -211,7 +211,7 @@ mod tests {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     use std::path::Path;
 
-    use fuser::FileType;
+    use crate::types::FileType;
 
     use super::super::testing::{ask, ask_with_room, door, entry, me, Got, ROOT};
     use super::*;
@@ -241,7 +241,7 @@ mod tests {
             "a directory through MKNOD"
         );
         let taken = ask(|r| d.mkdir_as(me(), ROOT, b"f", 0o755, r));
-        assert_eq!(taken, Got::Error(Errno::EEXIST));
+        assert_eq!(taken, Got::Error(Errno::from_i32(libc::EEXIST)));
 
         let link = entry(ask(|r| d.symlink_as(me(), ROOT, b"l", b"sub/pipe", r)));
         assert_eq!(link.kind, FileType::Symlink);
@@ -273,10 +273,10 @@ mod tests {
         assert_eq!(moved, Got::Ok);
         assert!(dir.path().join("moved/f").exists() && !dir.path().join("full").exists());
         let missing = ask(|r| d.rename_as(me(), (ROOT, b"full"), (ROOT, b"y"), flags, r));
-        assert_eq!(missing, Got::Error(Errno::ENOENT));
+        assert_eq!(missing, Got::Error(Errno::from_i32(libc::ENOENT)));
 
         let not_empty = ask(|r| d.rmdir_as(me(), ROOT, b"moved", r));
-        assert_eq!(not_empty, Got::Error(Errno::ENOTEMPTY));
+        assert_eq!(not_empty, Got::Error(Errno::from_i32(libc::ENOTEMPTY)));
         assert_eq!(ask(|r| d.rmdir_as(me(), ROOT, b"empty", r)), Got::Ok);
         assert!(!dir.path().join("empty").exists());
     }

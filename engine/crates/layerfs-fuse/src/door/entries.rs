@@ -135,7 +135,7 @@ mod tests {
         let f = entry(ask(|r| d.lookup_as(me(), ROOT, b"f", r)));
         assert_eq!(f.size, 11);
         let missing = ask(|r| d.lookup_as(me(), ROOT, b"none", r));
-        assert_eq!(missing, Got::Error(Errno::ENOENT));
+        assert_eq!(missing, Got::Error(Errno::from_i32(libc::ENOENT)));
         // Where nothing changes behind the door, a negative entry instead.
         let alone = door(dir.path(), Caching::Exclusive);
         let negative = entry(ask(|r| alone.lookup_as(me(), ROOT, b"none", r)));
@@ -160,7 +160,7 @@ mod tests {
         assert_eq!(ask(|r| d.unlink_as(me(), ROOT, b"f", r)), Got::Ok);
         assert!(!dir.path().join("f").exists());
         let again = ask(|r| d.unlink_as(me(), ROOT, b"f", r));
-        assert_eq!(again, Got::Error(Errno::ENOENT));
+        assert_eq!(again, Got::Error(Errno::from_i32(libc::ENOENT)));
     }
 
     #[test]

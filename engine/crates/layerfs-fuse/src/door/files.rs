@@ -274,7 +274,7 @@ mod tests {
         };
         assert_eq!(attr.perm, 0o640);
         let again = ask(|r| d.create_as(me(), ROOT, b"new", 0o100640, flags, r));
-        assert_eq!(again, Got::Error(Errno::EEXIST), "O_EXCL");
+        assert_eq!(again, Got::Error(Errno::from_i32(libc::EEXIST)), "O_EXCL");
 
         let rw = OpenFlags(libc::O_RDWR);
         let written = ask(|r| d.write_as(attr.ino, 0, b"hello", WriteFlags::empty(), rw, r));

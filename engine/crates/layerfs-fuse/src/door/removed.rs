@@ -143,7 +143,7 @@ mod tests {
         assert_eq!((attr.size, attr.nlink), (5, 0));
         assert_eq!(
             ask(|r| d.lookup_as(me(), ROOT, b"open", r)),
-            Got::Error(Errno::ENOENT)
+            Got::Error(Errno::from_i32(libc::ENOENT))
         );
 
         // The last release lets go of it.

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::rc::Rc;
 use std::time::Duration;
 
-use fuser::{FileAttr, FileType};
+use crate::types::{FileAttr, FileType};
 
 use super::*;
 use crate::answer::Answer;

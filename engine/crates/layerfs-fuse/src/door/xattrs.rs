@@ -94,7 +94,10 @@ mod tests {
         let replace = set(libc::XATTR_REPLACE, b"v");
         assert_eq!(replace, Got::Error(Errno::ENODATA), "nothing to replace");
         assert_eq!(set(libc::XATTR_CREATE, b"v1"), Got::Ok);
-        assert_eq!(set(libc::XATTR_CREATE, b"v2"), Got::Error(Errno::EEXIST));
+        assert_eq!(
+            set(libc::XATTR_CREATE, b"v2"),
+            Got::Error(Errno::from_i32(libc::EEXIST))
+        );
         assert_eq!(set(libc::XATTR_REPLACE, b"value"), Got::Ok);
         assert_eq!(
             set(0x40, b"v"),

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use fuser::{Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo};
+use crate::types::{Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo};
 use zerocopy::IntoBytes;
 
 use super::Answered;
