@@ -86,8 +86,9 @@ daemon_pid() {
 kill_daemons_under() {
 	local p
 	for p in /proc/[0-9]*; do
-		[[ $(tr '\0' ' ' <"$p/cmdline" 2>/dev/null) == *"layerfs daemon"* ]] || continue
-		tr '\0' '\n' <"$p/environ" 2>/dev/null | grep -q "^LAYERFS_STORE=$1/" && kill -KILL "${p#/proc/}" 2>/dev/null
+		# (2> before <: a process gone meanwhile is no message.)
+		[[ $(tr '\0' ' ' 2>/dev/null <"$p/cmdline") == *"layerfs daemon"* ]] || continue
+		tr '\0' '\n' 2>/dev/null <"$p/environ" | grep -q "^LAYERFS_STORE=$1/" && kill -KILL "${p#/proc/}" 2>/dev/null
 	done
 	return 0
 }

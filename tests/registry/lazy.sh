@@ -57,6 +57,31 @@ echo "   the first 100 bytes of a 6 MB file sent $chunk bytes"
 "$layerfs" rm --force w-chunk >/dev/null
 "$layerfs" image rm "$reg/lazy/es:v1" >/dev/null
 "$layerfs" layer prune >/dev/null
+step "eStargz with small files packed into shared members (innerOffset), lazily through $door"
+"$here/estargz.py" "$t/want/rootfs" "$t/es-pack" v1 --chunk 1000000 --pack 65536
+skopeo copy -q --preserve-digests --dest-tls-verify=false "oci:$t/es-pack:v1" "docker://$reg/lazy/es-pack:v1"
+packed=$(python3 - "$t/es-pack" <<'PY'
+import glob, gzip, io, json, sys, tarfile
+for f in glob.glob(f"{sys.argv[1]}/blobs/sha256/*"):
+    blob = open(f, "rb").read()
+    if blob[-51 + 32:-51 + 38] == b"STARGZ":
+        at = int(blob[-51 + 16:-51 + 32], 16)
+        toc = tarfile.open(fileobj=io.BytesIO(gzip.decompress(blob[at:-51]))).extractfile("stargz.index.json")
+        print(sum(1 for e in json.load(toc)["entries"] if e.get("innerOffset")))
+PY
+)
+echo "   $packed files found by an innerOffset"
+((packed > 10)) || fail "the packed image has $packed files found by an innerOffset"
+"$layerfs" pull "$reg/lazy/es-pack:v1" --insecure-registry "$reg" --on-read | grep -q "lazy: 0 of" ||
+	fail "the packed image was not pulled lazily"
+"$layerfs" create w-pack --from "$reg/lazy/es-pack:v1" >/dev/null
+mkdir "$t/w-pack"
+"$layerfs" mount w-pack "$t/w-pack" --$door >/dev/null
+"$here/tree.py" "$t/w-pack" >"$t/pack.got"
+diff -u "$t/estargz.want" "$t/pack.got" || fail "the packed image's workspace differs from umoci's unpack"
+"$layerfs" rm --force w-pack >/dev/null
+"$layerfs" image rm "$reg/lazy/es-pack:v1" >/dev/null
+"$layerfs" layer prune >/dev/null
 lazy es estargz
 
 # The rest no door changes, but the corrupted piece and the registry gone.

@@ -111,6 +111,7 @@ pub fn run(config: DaemonConfig, stop: Receiver<()>) -> Result<(), ControlError>
             break;
         }
         daemon.notice_lost_mounts();
+        daemon.note_lazy_pieces();
     }
     if daemon.handing_over.load(Ordering::SeqCst) {
         crate::service::stopping("handing over: every mount is left to the next daemon");
@@ -124,6 +125,7 @@ pub fn run(config: DaemonConfig, stop: Receiver<()>) -> Result<(), ControlError>
     if let Some(mut server) = daemon.server.lock().take() {
         server.stop();
     }
+    daemon.note_lazy_pieces();
     let _ = std::fs::remove_file(&socket);
     Ok(())
 }

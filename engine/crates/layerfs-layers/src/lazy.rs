@@ -35,22 +35,33 @@ use serde::{Deserialize, Serialize};
 mod attached;
 mod layer;
 mod log;
+mod pieces;
 mod tree;
 
 pub use attached::Attached;
 pub use layer::LazyLayer;
+pub use pieces::{NOTE_AFTER, NOTE_BYTES};
 pub(crate) use tree::{files_in, utf8_path};
 
 /// `len` bytes at `at` in a file, which the source finds at `start..end` of
-/// its blob (compressed: the fetcher decompresses), checked by `digest`
-/// (`sha256:<hex>`) of the `len` bytes.
+/// its blob (compressed: the fetcher decompresses), after the first `skip`
+/// bytes that range decompresses to, checked by `digest` (`sha256:<hex>`)
+/// of the `len` bytes.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Piece {
     pub at: u64,
     pub len: u64,
     pub start: u64,
     pub end: u64,
+    /// Non-zero where one compressed stream holds several pieces, one after
+    /// another (eStargz's `innerOffset`: small files packed together).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub skip: u64,
     pub digest: String,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A regular file of a lazy layer: its path in the layer and its pieces,
@@ -152,8 +163,13 @@ pub fn parse_digest(digest: &str) -> Option<[u8; 32]> {
     Some(out)
 }
 
-/// Checks that `pieces` cover a file of `size` bytes exactly, in order, and
-/// lie inside a blob of `blob` bytes.
+/// The most a piece's stream holds before it ([`Piece::skip`]): a table
+/// that says more would have each read decompress that much for nothing.
+pub const MAX_SKIP: u64 = 64 << 20;
+
+/// Checks that `pieces` cover a file of `size` bytes exactly, in order, lie
+/// inside a blob of `blob` bytes, and begin at most [`MAX_SKIP`] bytes into
+/// their streams.
 pub fn check_pieces(pieces: &[Piece], size: u64, blob: u64) -> Result<(), String> {
     let mut at = 0;
     for piece in pieces {
@@ -167,6 +183,12 @@ pub fn check_pieces(pieces: &[Piece], size: u64, blob: u64) -> Result<(), String
             return Err(format!(
                 "a piece at {}..{} is outside the blob of {blob} bytes",
                 piece.start, piece.end
+            ));
+        }
+        if piece.skip > MAX_SKIP {
+            return Err(format!(
+                "a piece at {} lies {} bytes into its stream, past {MAX_SKIP}",
+                piece.at, piece.skip
             ));
         }
         if parse_digest(&piece.digest).is_none() {

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use layerfs_layers::lazy::{check_pieces, Entry, EntryKind, Fetch, Piece, Source};
+use layerfs_layers::lazy::{check_pieces, Entry, EntryKind, Fetch, LazyLayer, Piece, Source};
 use layerfs_layers::{LayerId, StackFs, Store};
 use layerfs_vfs::{Caller, Error, FileId, Filesystem};
 use sha2::{Digest, Sha256};
@@ -66,6 +66,7 @@ fn image(files: &[(&str, Vec<u8>)], piece: usize) -> Image {
                 len: chunk.len() as u64,
                 start,
                 end: bytes.len() as u64,
+                skip: 0,
                 digest: digest(chunk),
             });
         }
@@ -144,6 +145,22 @@ fn lazy_stack(store: &Store, img: &Image, upper: &std::path::Path) -> (LayerId, 
         .open_stack_in_upper(&[store.layer_dir(&id)], upper)
         .unwrap();
     (id, fs)
+}
+
+/// The store at `root` opened afresh, as the next process opens it: lazy
+/// layer `id` of `img` attached and served under `upper`.
+fn reopened(
+    root: &std::path::Path,
+    id: &LayerId,
+    img: &Image,
+    upper: &std::path::Path,
+) -> (Store, Arc<LazyLayer>, StackFs) {
+    let store = Store::open(root).unwrap();
+    let layer = store.attach_lazy(id, Some(img.blob.clone())).unwrap();
+    let fs = store
+        .open_stack_in_upper(&[store.layer_dir(id)], upper)
+        .unwrap();
+    (store, layer, fs)
 }
 
 fn read(fs: &StackFs, path: &str, offset: u64, count: usize) -> Result<Vec<u8>, Error> {
@@ -382,12 +399,8 @@ fn a_store_reopened_keeps_what_was_fetched() {
     };
     // Another store on the same root reads the layer's state afresh, as
     // the next process does: what was fetched is not fetched again.
-    let store = Store::open(&root).unwrap();
-    let layer = store.attach_lazy(&id, Some(img.blob.clone())).unwrap();
+    let (_store, layer, fs) = reopened(&root, &id, &img, &t.path().join("u"));
     assert_eq!(layer.bytes(), (P as u64, P as u64 * 3));
-    let fs = store
-        .open_stack_in_upper(&[store.layer_dir(&id)], &t.path().join("u"))
-        .unwrap();
     assert_eq!(
         read(&fs, "data/f", 0, 10).unwrap(),
         img.files["data/f"][..10]
@@ -398,6 +411,50 @@ fn a_store_reopened_keeps_what_was_fetched() {
         img.files["data/f"][P..P + 10]
     );
     assert_eq!(img.blob.asked.load(Ordering::SeqCst), 2);
+}
+
+#[test]
+fn written_pieces_are_noted_together_and_a_kill_before_fetches_them_again() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("store");
+    const P: usize = 300 * 1024;
+    let img = image(&[("data/f", content(P * 3, 4))], P);
+    let store = Store::open(&root).unwrap();
+    let (id, fs) = lazy_stack(&store, &img, &t.path().join("u"));
+    let layer = store.lazy_layer(&id).unwrap();
+    let log = root.join("lazy").join(id.as_str()).join("filled");
+    let noted = || std::fs::metadata(&log).map_or(0, |m| m.len().saturating_sub(8) / 8);
+    // A read is served without waiting for a sync: its piece is written,
+    // not noted.
+    assert_eq!(
+        read(&fs, "data/f", 0, 10).unwrap(),
+        img.files["data/f"][..10]
+    );
+    assert_eq!(layer.bytes(), (P as u64, P as u64 * 3));
+    assert_eq!(noted(), 0, "a read's piece noted before its time");
+    assert!(!layer.is_complete());
+    // A process killed now (nothing let go of) leaves the piece unnoted: the
+    // next one fetches it again, and reads it right.
+    let killed = (store, layer, fs);
+    let (_again, layer2, fs2) = reopened(&root, &id, &img, &t.path().join("u2"));
+    assert_eq!(layer2.bytes(), (0, P as u64 * 3));
+    assert_eq!(
+        read(&fs2, "data/f", 5, 10).unwrap(),
+        img.files["data/f"][5..15]
+    );
+    assert_eq!(img.blob.asked.load(Ordering::SeqCst), 2, "fetched again");
+    // Noted, it is durable and in the log, and the layer once completed says
+    // so.
+    layer2.note_written().unwrap();
+    assert_eq!(noted(), 1);
+    assert!(layer2.complete(1 << 20, &AtomicBool::new(false)).unwrap());
+    assert_eq!(noted(), 3);
+    assert!(root
+        .join("lazy")
+        .join(id.as_str())
+        .join("complete")
+        .exists());
+    std::mem::forget(killed);
 }
 
 /// The files of [`torn`]'s layer: pieces of 32 bytes, numbered across
@@ -715,9 +772,17 @@ fn entries_and_pieces_out_of_bounds_are_refused() {
         len,
         start,
         end,
+        skip: 0,
         digest: digest(b""),
     };
     assert!(check_pieces(&[piece(0, 10, 0, 5)], 10, 100).is_ok());
+    let deep = Piece {
+        skip: layerfs_layers::lazy::MAX_SKIP + 1,
+        ..piece(0, 10, 0, 5)
+    };
+    assert!(check_pieces(&[deep], 10, 100)
+        .unwrap_err()
+        .contains("into its stream"));
     assert!(check_pieces(&[piece(0, 10, 90, 101)], 10, 100)
         .unwrap_err()
         .contains("outside the blob"));

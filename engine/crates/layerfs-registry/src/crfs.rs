@@ -54,6 +54,10 @@ pub(crate) struct TocEntry {
     pub end_offset: u64,
     #[serde(skip_serializing_if = "is_zero")]
     pub chunk_offset: u64,
+    /// Where the data begins in what the stream at `offset` decompresses
+    /// to: eStargz packs small files into one gzip member this way.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub inner_offset: u64,
     /// 0 for the rest of the file.
     #[serde(skip_serializing_if = "is_zero")]
     pub chunk_size: u64,

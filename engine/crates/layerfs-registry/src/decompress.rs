@@ -45,6 +45,22 @@ impl Compression {
         }
     }
 
+    /// A lazy layer's piece from `range`, its compressed bytes in the blob:
+    /// exactly its length, after what comes before it in the stream (a
+    /// member may go on into the next entry's header, or hold other files
+    /// first). What cannot be decompressed is an error.
+    pub(crate) fn piece(
+        self,
+        range: &[u8],
+        piece: &layerfs_layers::lazy::Piece,
+    ) -> io::Result<Vec<u8>> {
+        let mut data = Vec::with_capacity(piece.len as usize);
+        let mut decoder = self.decoder(range);
+        io::copy(&mut (&mut decoder).take(piece.skip), &mut io::sink())?;
+        decoder.take(piece.len).read_to_end(&mut data)?;
+        Ok(data)
+    }
+
     /// A reader of the whole tar stream `blob` holds.
     pub(crate) fn decoder<'a>(self, blob: impl Read + 'a) -> Box<dyn Read + 'a> {
         match self {

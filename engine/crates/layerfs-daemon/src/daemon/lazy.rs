@@ -125,6 +125,14 @@ impl Daemon {
         Ok(())
     }
 
+    /// Makes the pieces lazy layers have written durable and notes them:
+    /// each second, and as the daemon stops.
+    pub(super) fn note_lazy_pieces(&self) {
+        if let Err(e) = self.store.lazy().note_written() {
+            tracing::warn!("noting the pieces written to lazy layers: {e}");
+        }
+    }
+
     /// Of the file data of `layers` that are lazy: the bytes here, and in all.
     pub(super) fn lazy_bytes(&self, layers: &[String]) -> Option<(u64, u64)> {
         let mut sum = None;

@@ -110,6 +110,21 @@ impl Attached {
         Ok(layer)
     }
 
+    /// Notes the pieces every layer has written (`LazyLayer::note_written`):
+    /// called now and then, and before the process ends, so that what a
+    /// kill fetches again is bounded in time as well as in bytes. Returns
+    /// the first error; every layer is tried.
+    pub fn note_written(&self) -> io::Result<()> {
+        let layers: Vec<Arc<LazyLayer>> = self.layers.lock().values().cloned().collect();
+        let mut first = Ok(());
+        for layer in layers {
+            if let Err(e) = layer.note_written() {
+                first = first.and(Err(e));
+            }
+        }
+        first
+    }
+
     /// Forgets lazy layer `id` (it is being removed).
     pub(crate) fn detach(&self, id: &LayerId) {
         let Some(layer) = self.layers.lock().remove(id) else {
@@ -144,6 +159,16 @@ impl Attached {
         let mut waiting = self.waiting.write();
         waiting.remove(&key);
         self.count.store(waiting.len(), Ordering::Release);
+    }
+}
+
+/// A store let go of cleanly notes what its layers wrote: only a kill or a
+/// crash fetches it again.
+impl Drop for Attached {
+    fn drop(&mut self) {
+        if let Err(e) = self.note_written() {
+            tracing::warn!("noting the pieces of lazy layers as their store closes: {e}");
+        }
     }
 }
 

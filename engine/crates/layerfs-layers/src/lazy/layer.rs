@@ -1,12 +1,14 @@
 //! One lazy layer: its pieces, which are in, and how a missing one is
 //! brought in: from a layer that has it, else fetched; checked; written
-//! with its file's times kept; synced; noted.
+//! with its file's times kept; later synced with others and noted
+//! (`pieces.rs`).
 
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::sync_channel;
 use std::sync::{Arc, Weak};
 
 use parking_lot::{Mutex, RwLock};
@@ -17,6 +19,7 @@ use sha2::{Digest, Sha256};
 
 use super::attached::{Attached, HostKey};
 use super::log::{Log, Noted};
+use super::pieces::Pieces;
 use super::tree::Dirs;
 use super::{
     parse_digest, Fetch, Index, LazyFile, Piece, Source, COMPLETE, FILLED, INDEX, ON_READ,
@@ -43,8 +46,7 @@ pub struct LazyLayer {
     /// one past the last.
     first: Vec<u32>,
     digests: Vec<[u8; 32]>,
-    filled: Vec<AtomicBool>,
-    left: AtomicUsize,
+    states: Pieces,
     log: Mutex<Log>,
     fetch: RwLock<Option<Arc<dyn Fetch>>>,
     /// The store's lazy layers, which this one lends pieces to and borrows
@@ -83,7 +85,6 @@ impl LazyLayer {
             }
         }
         first.push(digests.len() as u32);
-        let filled: Vec<AtomicBool> = digests.iter().map(|_| AtomicBool::new(false)).collect();
         let complete = state.join(COMPLETE).exists();
         let (log, noted) = Log::open(&state.join(FILLED))?;
         let mut layer = LazyLayer {
@@ -93,9 +94,8 @@ impl LazyLayer {
             source: index.source,
             files: index.files,
             first,
+            states: Pieces::new(0, []),
             digests,
-            filled,
-            left: AtomicUsize::new(0),
             log: Mutex::new(log),
             fetch: RwLock::new(fetch),
             store,
@@ -117,23 +117,11 @@ impl LazyLayer {
                 kept
             }
         };
-        for n in noted {
-            if let Some(piece) = layer.filled.get(n as usize) {
-                piece.store(true, Ordering::Relaxed);
-            }
-        }
-        if complete {
-            layer
-                .filled
-                .iter()
-                .for_each(|p| p.store(true, Ordering::Relaxed));
-        }
-        let left = layer
-            .filled
-            .iter()
-            .filter(|p| !p.load(Ordering::Relaxed))
-            .count();
-        layer.left = AtomicUsize::new(left);
+        let count = layer.digests.len();
+        layer.states = match complete {
+            true => Pieces::new(count, 0..count as u32),
+            false => Pieces::new(count, noted),
+        };
         Ok(Arc::new_cyclic(|me| LazyLayer {
             me: me.clone(),
             ..layer
@@ -195,7 +183,7 @@ impl LazyLayer {
 
     /// The numbers of the pieces in.
     pub(super) fn filled_pieces(&self) -> impl Iterator<Item = u32> + '_ {
-        (0..self.filled.len() as u32).filter(|&n| self.filled[n as usize].load(Ordering::Acquire))
+        (0..self.states.len() as u32).filter(|&n| !self.states.is_missing(n))
     }
 
     pub(super) fn digest(&self, n: u32) -> [u8; 32] {
@@ -246,18 +234,18 @@ impl LazyLayer {
         }
     }
 
-    /// Whether every piece is in.
+    /// Whether every piece is in, durable and noted.
     pub fn is_complete(&self) -> bool {
-        self.left.load(Ordering::Acquire) == 0
+        self.states.all_noted()
     }
 
     /// Bytes of file data in, and in all.
     pub fn bytes(&self) -> (u64, u64) {
         let mut local = 0;
         let mut all = 0;
-        for (n, piece) in self.pieces().enumerate() {
+        for (n, piece) in self.all_pieces().enumerate() {
             all += piece.len;
-            if self.filled[n].load(Ordering::Relaxed) {
+            if !self.states.is_missing(n as u32) {
                 local += piece.len;
             }
         }
@@ -265,7 +253,7 @@ impl LazyLayer {
     }
 
     /// Every piece, in number order.
-    fn pieces(&self) -> impl Iterator<Item = &Piece> {
+    fn all_pieces(&self) -> impl Iterator<Item = &Piece> {
         self.files.iter().flat_map(|f| f.pieces.iter())
     }
 
@@ -275,9 +263,11 @@ impl LazyLayer {
         (file as u32, piece)
     }
 
+    /// Whether every piece of `file` is noted: it need not be waited for
+    /// again, in this process or the next.
     fn file_is_whole(&self, file: u32) -> bool {
         let (from, to) = (self.first[file as usize], self.first[file as usize + 1]);
-        (from..to).all(|n| self.filled[n as usize].load(Ordering::Acquire))
+        (from..to).all(|n| self.states.is_noted(n))
     }
 
     /// Brings in the pieces of `file` that `len` bytes at `offset` need.
@@ -288,9 +278,7 @@ impl LazyLayer {
             (from..to)
                 .filter(|&n| {
                     let piece = self.piece(n).1;
-                    piece.at < end
-                        && piece.at + piece.len > offset
-                        && !self.filled[n as usize].load(Ordering::Acquire)
+                    piece.at < end && piece.at + piece.len > offset && self.states.is_missing(n)
                 })
                 .collect()
         };
@@ -303,7 +291,15 @@ impl LazyLayer {
         if let Some(&last) = wanted.last() {
             wanted.extend(self.neighbours(last));
         }
-        self.bring(&wanted, needed)
+        let got = self.gather(&wanted, needed)?;
+        self.keep(&got)?;
+        // A read waits for a sync only past the bound in bytes: noting
+        // after a while is left to whoever notes now and then (the daemon,
+        // each second), so a read does not stall its door for one.
+        if self.states.note_due(false) {
+            self.note_written()?;
+        }
+        Ok(())
     }
 
     /// Pieces missing after piece `n` in the blob, of files in the same
@@ -319,7 +315,7 @@ impl LazyLayer {
         };
         let limit = piece.end + READ_AHEAD;
         let mut out = Vec::new();
-        for m in n + 1..self.filled.len() as u32 {
+        for m in n + 1..self.states.len() as u32 {
             let (next_file, next) = self.piece(m);
             if next.start < piece.end
                 || next.end > limit
@@ -327,7 +323,7 @@ impl LazyLayer {
             {
                 break;
             }
-            if !self.filled[m as usize].load(Ordering::Acquire) {
+            if self.states.is_missing(m) {
                 out.push(m);
             }
         }
@@ -336,41 +332,66 @@ impl LazyLayer {
 
     /// Brings in every piece still missing, a batch of about `batch` bytes
     /// of the blob at a time, in the blob's order (an eStargz blob puts the
-    /// files to prefetch first), until done or `stop` is set. Returns
-    /// whether the layer is complete.
+    /// files to prefetch first), until done or `stop` is set; then notes
+    /// what it wrote. The next batch is fetched while one is written, so
+    /// the link and the disk are busy at once. Returns whether the layer is
+    /// complete.
     pub fn complete(&self, batch: u64, stop: &AtomicBool) -> io::Result<bool> {
-        let mut missing: Vec<u32> = (0..self.filled.len() as u32)
-            .filter(|&n| !self.filled[n as usize].load(Ordering::Acquire))
+        let mut missing: Vec<u32> = (0..self.states.len() as u32)
+            .filter(|&n| self.states.is_missing(n))
             .collect();
         missing.sort_by_key(|&n| self.piece(n).1.start);
+        let mut batches = Vec::new();
         let mut at = 0;
         while at < missing.len() {
-            if stop.load(Ordering::Relaxed) || self.detached.load(Ordering::Acquire) {
-                return Ok(false);
-            }
             let first = self.piece(missing[at]).1.start;
             let mut to = at + 1;
             while to < missing.len() && self.piece(missing[to]).1.end - first <= batch {
                 to += 1;
             }
-            self.bring(&missing[at..to], to - at)?;
+            batches.push(&missing[at..to]);
             at = to;
         }
+        let stopped = || stop.load(Ordering::Relaxed) || self.detached.load(Ordering::Acquire);
+        let kept = std::thread::scope(|scope| -> io::Result<()> {
+            let (ahead, fetched) = sync_channel(1);
+            scope.spawn(move || {
+                for numbers in batches {
+                    if stopped() {
+                        break;
+                    }
+                    let got = self.gather(numbers, numbers.len());
+                    let failed = got.is_err();
+                    if ahead.send(got).is_err() || failed {
+                        break;
+                    }
+                }
+            });
+            for got in fetched {
+                self.keep(&got?)?;
+                if self.states.note_due(true) {
+                    self.note_written()?;
+                }
+            }
+            Ok(())
+        });
+        // What was written is noted even when a batch failed.
+        let noted = self.note_written();
+        kept?;
+        noted?;
         Ok(self.is_complete())
     }
 
-    /// Brings in pieces `numbers`: each from a layer that has it already,
-    /// else from the source; checks each; writes it; notes it.
-    /// The first `needed` of them must come: another that cannot (brought
-    /// along, ahead of a read) is left out.
-    fn bring(&self, numbers: &[u32], needed: usize) -> io::Result<()> {
-        let is_missing = |&(_, n): &(usize, u32)| !self.filled[n as usize].load(Ordering::Acquire);
+    /// Pieces `numbers` still missing, checked: each from a layer that has
+    /// it already, else from the source. The first `needed` of them must
+    /// come: another that cannot (brought along, ahead of a read) is left
+    /// out.
+    fn gather(&self, numbers: &[u32], needed: usize) -> io::Result<Vec<(u32, Vec<u8>)>> {
         let (numbers, needed): (Vec<u32>, Vec<bool>) = numbers
             .iter()
-            .copied()
             .enumerate()
-            .filter(is_missing)
-            .map(|(i, n)| (n, i < needed))
+            .filter(|&(_, &n)| self.states.is_missing(n))
+            .map(|(i, &n)| (n, i < needed))
             .unzip();
         let mut data: Vec<Option<Vec<u8>>> = numbers.iter().map(|&n| self.shared(n)).collect();
         let to_fetch: Vec<usize> = (0..numbers.len()).filter(|&i| data[i].is_none()).collect();
@@ -402,44 +423,39 @@ impl LazyLayer {
             }
         }
         // What could not be had was only brought along: left out.
-        let (numbers, data): (Vec<u32>, Vec<Vec<u8>>) = numbers
+        Ok(numbers
             .into_iter()
             .zip(data)
             .filter_map(|(n, bytes)| Some((n, bytes?)))
-            .unzip();
-        // Written file by file, made durable at once (one file synced, or
-        // the whole filesystem for many), then noted.
-        let mut runs = Vec::new();
-        let mut at = 0;
-        while at < numbers.len() {
-            let file = self.piece(numbers[at]).0;
-            let to = at
-                + numbers[at..]
-                    .iter()
-                    .take_while(|&&n| self.piece(n).0 == file)
-                    .count();
-            runs.push((file, at..to));
-            at = to;
-        }
+            .collect())
+    }
+
+    /// Writes checked pieces into their files, file by file. From then on
+    /// reads are served from them; they are noted by
+    /// [`LazyLayer::note_written`].
+    fn keep(&self, got: &[(u32, Vec<u8>)]) -> io::Result<()> {
         let mut dirs = Dirs::new(&self.root)?;
-        let mut written = Vec::new();
-        for (file, run) in &runs {
+        for run in got.chunk_by(|(a, _), (b, _)| self.piece(*a).0 == self.piece(*b).0) {
+            let file = self.piece(run[0].0).0;
+            // Another writer may have got there first.
             let pieces: Vec<(&Piece, &[u8])> = run
-                .clone()
-                .map(|i| (self.piece(numbers[i]).1, data[i].as_slice()))
+                .iter()
+                .filter(|(n, _)| self.states.is_missing(*n))
+                .map(|(n, bytes)| (self.piece(*n).1, bytes.as_slice()))
                 .collect();
-            written.push(self.write(&mut dirs, *file, &pieces)?);
-        }
-        match written.as_slice() {
-            [] => {}
-            [one] => one.sync_data()?,
-            #[cfg(target_os = "linux")]
-            [first, ..] => rustix::fs::syncfs(first)?,
-            #[cfg(not(target_os = "linux"))]
-            many => many.iter().try_for_each(File::sync_data)?,
-        }
-        for (_, run) in runs {
-            self.note(&numbers[run])?;
+            if pieces.is_empty() {
+                continue;
+            }
+            self.write(&mut dirs, file, &pieces)?;
+            let store = self.store.upgrade().filter(|_| !self.is_detached());
+            for (n, _) in run {
+                let piece = self.piece(*n).1;
+                if self.states.written(*n, piece.end - piece.start) {
+                    if let Some(store) = &store {
+                        store.lend(&self.me, *n, self.digests[*n as usize]);
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -477,9 +493,9 @@ impl LazyLayer {
         )))
     }
 
-    /// Writes `pieces` into `file` and makes them durable, its times kept
-    /// (the layer's file is read-only to everyone else).
-    fn write(&self, dirs: &mut Dirs, file: u32, pieces: &[(&Piece, &[u8])]) -> io::Result<File> {
+    /// Writes `pieces` into `file`, its times kept (the layer's file is
+    /// read-only to everyone else).
+    fn write(&self, dirs: &mut Dirs, file: u32, pieces: &[(&Piece, &[u8])]) -> io::Result<()> {
         let path = &self.files[file as usize].path;
         let (parent, name) = dirs.parent(path)?;
         let stat = rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW)?;
@@ -525,39 +541,69 @@ impl LazyLayer {
         }
         written?;
         kept?;
-        Ok(out)
+        Ok(())
     }
 
-    /// Notes pieces `numbers` as in (their data durable already).
-    fn note(&self, numbers: &[u32]) -> io::Result<()> {
-        let newly: Vec<u32> = numbers
-            .iter()
-            .copied()
-            .filter(|&n| !self.filled[n as usize].load(Ordering::Acquire))
-            .collect();
-        self.log.lock().append(&newly)?;
-        let Some(store) = self.store.upgrade().filter(|_| !self.is_detached()) else {
+    /// Makes the pieces written so far durable (one sync for them all) and
+    /// notes them; a file all of whose pieces are noted waits no more. If
+    /// the sync fails they are missing again: fetched again when next
+    /// needed, never served from a file that may have lost them.
+    pub fn note_written(&self) -> io::Result<()> {
+        // One note at a time: each is appended after its own sync.
+        let mut log = self.log.lock();
+        let numbers = self.states.take_unnoted();
+        if numbers.is_empty() {
             return Ok(());
-        };
-        for &n in &newly {
-            if !self.filled[n as usize].swap(true, Ordering::AcqRel) {
-                self.left.fetch_sub(1, Ordering::AcqRel);
-                store.lend(&self.me, n, self.digests[n as usize]);
-            }
         }
-        let file = self.piece(numbers[0]).0;
-        if self.file_is_whole(file) {
-            let key = self.keys.lock().remove(&file);
-            if let Some(key) = key {
-                store.whole(key);
+        let durable = self
+            .sync_files(&numbers)
+            .and_then(|()| log.append(&numbers));
+        if let Err(e) = durable {
+            self.states.lost(&numbers);
+            tracing::error!(layer = %self.id, pieces = numbers.len(), error = %e,
+                "pieces written to a lazy layer could not be made durable: fetched again");
+            return Err(e);
+        }
+        self.states.noted(&numbers);
+        let mut files: Vec<u32> = numbers.iter().map(|&n| self.piece(n).0).collect();
+        files.dedup();
+        let store = self.store.upgrade().filter(|_| !self.is_detached());
+        for file in files {
+            if self.file_is_whole(file) {
+                let key = self.keys.lock().remove(&file);
+                if let (Some(key), Some(store)) = (key, &store) {
+                    store.whole(key);
+                }
             }
         }
         if self.is_complete() {
-            self.log.lock().sync()?;
+            log.sync()?;
             let marker = File::create(self.state.join(COMPLETE))?;
             marker.sync_all()?;
             File::open(&self.state)?.sync_all()?;
             tracing::info!(layer = %self.id, image = %self.source.name, "lazy layer complete");
+        }
+        Ok(())
+    }
+
+    /// Syncs the files of pieces `numbers`: on Linux the layer's whole
+    /// filesystem at once, elsewhere each file.
+    fn sync_files(&self, numbers: &[u32]) -> io::Result<()> {
+        #[cfg(target_os = "linux")]
+        {
+            let _ = numbers;
+            rustix::fs::syncfs(super::tree::open_dir(&self.root)?)?;
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            let mut dirs = Dirs::new(&self.root)?;
+            let mut files: Vec<u32> = numbers.iter().map(|&n| self.piece(n).0).collect();
+            files.sort_unstable();
+            files.dedup();
+            for file in files {
+                let fd = dirs.open(&self.files[file as usize].path, OFlags::RDONLY)?;
+                File::from(fd).sync_data()?;
+            }
         }
         Ok(())
     }

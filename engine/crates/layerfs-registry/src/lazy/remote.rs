@@ -7,7 +7,7 @@
 //! digest in the table of contents before a byte of it is used or kept
 //! ([`layerfs_layers::lazy`]).
 
-use std::io::{self, Read};
+use std::io;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -235,20 +235,12 @@ impl Fetch for Remote {
             for &i in &order[at..to] {
                 let piece = pieces[i];
                 let slice = &bytes[(piece.start - start) as usize..(piece.end - start) as usize];
-                // Exactly the piece's length: a member may go on into the
-                // next entry's header. One that cannot be decompressed is
-                // handed on empty, and fails its check like any damaged one.
-                let mut data = Vec::with_capacity(piece.len as usize);
-                let decoded = self
-                    .compression
-                    .decoder(slice)
-                    .take(piece.len)
-                    .read_to_end(&mut data);
-                if let Err(e) = decoded {
+                // One that cannot be decompressed is handed on empty, and
+                // fails its check like any damaged one.
+                out[i] = self.compression.piece(slice, piece).unwrap_or_else(|e| {
                     tracing::warn!(blob = %self.blob.digest, at = piece.start, "a piece cannot be decompressed: {e}");
-                    data.clear();
-                }
-                out[i] = data;
+                    Vec::new()
+                });
             }
             at = to;
         }

@@ -239,6 +239,7 @@ pub(crate) fn entries(
                     len,
                     start,
                     end,
+                    skip: e.inner_offset,
                     digest: e.chunk_digest.clone().unwrap_or_default(),
                 });
             }
@@ -276,6 +277,7 @@ pub(crate) fn entries(
                         len,
                         start: e.offset,
                         end,
+                        skip: e.inner_offset,
                         digest: e.chunk_digest.clone().or(whole).unwrap_or_default(),
                     });
                 } else if e.size > 0 {
@@ -285,6 +287,7 @@ pub(crate) fn entries(
                         len: e.size,
                         start: e.offset,
                         end: e.end_offset,
+                        skip: 0,
                         digest: e.digest.clone().unwrap_or_default(),
                     });
                 }
@@ -373,6 +376,41 @@ mod tests {
     }
 
     const D: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000000";
+
+    #[test]
+    fn files_packed_into_one_member_are_read_past_their_inner_offset() {
+        use std::io::Write;
+        // Two small files in one gzip member, as stargz-snapshotter packs
+        // files under its minimum chunk size: the second at innerOffset 5.
+        let mut member = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        member.write_all(b"firstsecond!").unwrap();
+        let mut blob = vec![0u8; 10];
+        blob.extend(member.finish().unwrap());
+        let toc_at = blob.len() as u64;
+        let sha = |b: &[u8]| format!("sha256:{}", crate::hex(&Sha256::digest(b)));
+        let json = format!(
+            r#"{{"version":1,"entries":[
+            {{"name":"a","type":"reg","size":5,"offset":10,"digest":"{}","chunkDigest":"{}"}},
+            {{"name":"b","type":"reg","size":7,"offset":10,"innerOffset":5,"digest":"{}","chunkDigest":"{}"}}
+            ]}}"#,
+            sha(b"first"),
+            sha(b"first"),
+            sha(b"second!"),
+            sha(b"second!")
+        );
+        let tree = entries(json.as_bytes(), &estargz(), toc_at + 100, toc_at).unwrap();
+        for (entry, want) in tree.iter().zip([&b"first"[..], b"second!"]) {
+            let EntryKind::File { pieces, .. } = &entry.kind else {
+                panic!("not a file: {entry:?}");
+            };
+            let [piece] = &pieces[..] else {
+                panic!("{entry:?}: one piece")
+            };
+            assert_eq!((piece.start, piece.end), (10, toc_at), "{entry:?}");
+            let range = &blob[piece.start as usize..piece.end as usize];
+            assert_eq!(Compression::Gzip.piece(range, piece).unwrap(), want);
+        }
+    }
 
     #[test]
     fn an_estargz_table_gives_the_tree_and_each_chunk_ends_where_the_next_begins() {
