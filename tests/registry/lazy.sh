@@ -72,8 +72,8 @@ PY
 )
 echo "   $packed files found by an innerOffset"
 ((packed > 10)) || fail "the packed image has $packed files found by an innerOffset"
-"$layerfs" pull "$reg/lazy/es-pack:v1" --insecure-registry "$reg" --on-read | grep -q "lazy: 0 of" ||
-	fail "the packed image was not pulled lazily"
+out=$("$layerfs" pull "$reg/lazy/es-pack:v1" --insecure-registry "$reg" --on-read 2>&1)
+[[ $out == *"lazy: 0 of"* ]] || fail "the packed image was not pulled lazily: $out"
 "$layerfs" create w-pack --from "$reg/lazy/es-pack:v1" >/dev/null
 mkdir "$t/w-pack"
 "$layerfs" mount w-pack "$t/w-pack" --$door >/dev/null

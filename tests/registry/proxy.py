@@ -7,7 +7,8 @@ usage: proxy.py LISTEN_PORT TARGET_PORT STATS_FILE [--rate BYTES_PER_S] [--laten
 STATS_FILE holds {"requests": N, "bytes": M} (HTTP requests seen, bytes
 sent to the client), rewritten as they change; a relay started again over
 the same file counts on from what it holds. --rate caps what the server
-sends; --latency delays each request on its way to the server."""
+sends over all connections together, as one link does; --latency delays
+each request on its way to the server."""
 import argparse
 import asyncio
 import json
@@ -26,6 +27,9 @@ try:
 except FileNotFoundError:
     stats = {"requests": 0, "bytes": 0}
 CHUNK = 64 * 1024
+# When the shaped link is next free (the event loop's clock): every
+# connection's chunks take their turn on it.
+link_free = 0.0
 METHODS = (b"GET ", b"HEAD ", b"POST ", b"PUT ", b"PATCH ", b"DELETE ")
 
 
@@ -55,14 +59,18 @@ async def upstream(reader, writer):
 
 
 async def downstream(reader, writer):
+    global link_free
+    loop = asyncio.get_running_loop()
     try:
         while data := await reader.read(CHUNK):
+            if args.rate:
+                now = loop.time()
+                link_free = max(now, link_free) + len(data) / args.rate
+                await asyncio.sleep(link_free - now)
             writer.write(data)
             await writer.drain()
             stats["bytes"] += len(data)
             save()
-            if args.rate:
-                await asyncio.sleep(len(data) / args.rate)
     except (ConnectionError, asyncio.CancelledError):
         pass
     finally:
